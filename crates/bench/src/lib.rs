@@ -1,0 +1,16 @@
+//! RowanKV's experiments: the evaluation sections of the seed papers, reproduced on
+//! the fabric and pmem stand-ins.
+//!
+//! This crate sits at the top of the stack (it may use every layer below it) and is
+//! used only by the `rowankv` command line. Each experiment returns plain result
+//! records (serde-serialisable, one per measured point) and has a table printer; the
+//! command line chooses between the table and `--json`.
+//!
+//! Experiments:
+//! - [`dlwa`]: seed 000 Figure 2 and Figure 8 — device-level write amplification of
+//!   many remote write streams (one-sided WRITE into a log per sender) against one
+//!   Rowan stream, with and without local sequential PM writers.
+#![forbid(unsafe_code)]
+
+pub mod dlwa;
+pub mod table;

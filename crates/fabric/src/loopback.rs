@@ -1,0 +1,1092 @@
+//! `LoopbackFabric`: many nodes in one process.
+//!
+//! A one-sided operation is carried out by the thread that posts it, directly on the
+//! target's registered memory, as an RNIC's DMA engine would: the target's threads
+//! do no work for it. A SEND lands in the target queue pair's shared receive queue in
+//! the same way. This makes the backend the vehicle for deterministic tests, fault
+//! injection and like-for-like comparisons.
+//!
+//! Where it differs from hardware (all documented in `docs/fabric.md`):
+//! - operations execute synchronously at `post_send` unless the link has a delay; a
+//!   delayed operation executes when its deadline has passed and the initiator next
+//!   posts to that queue pair or polls its send completion queue (the initiator's
+//!   threads stand in for the NIC's engine);
+//! - a SEND that finds no receive buffer fails at once with `RnrRetryExceeded`
+//!   (RC with `rnr_retry = 0`);
+//! - remote keys are offsets-based: `RemoteAddr::offset` counts from the start of the
+//!   registered region, not a virtual address.
+//!
+//! Lock order: a queue pair's `core` → the target node's tables → the target SRQ →
+//! completion queues. Landing copies happen outside the SRQ lock so messages from
+//! different queue pairs land in parallel, as with DMA.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
+use std::sync::{Arc, Weak};
+
+use parking_lot::{Mutex, RwLock};
+use rowankv_types::{Clock, NodeId, QpNum, Rkey, SystemClock};
+
+use crate::memory::{PowerFailure, RegionMemory};
+use crate::verbs::*;
+
+/// The in-process fabric. Cheap to clone; clones share the same network.
+#[derive(Clone)]
+pub struct LoopbackFabric {
+    inner: Arc<FabricInner>,
+}
+
+struct FabricInner {
+    clock: Arc<dyn Clock>,
+    nodes: RwLock<HashMap<NodeId, Arc<NodeInner>>>,
+    links: RwLock<HashMap<(NodeId, NodeId), Link>>,
+    /// Set while any link is cut or delayed, so the common path skips the map.
+    links_touched: AtomicBool,
+}
+
+#[derive(Clone, Copy, Debug, Default)]
+struct Link {
+    cut: bool,
+    delay_ns: u64,
+}
+
+fn link_key(a: NodeId, b: NodeId) -> (NodeId, NodeId) {
+    if a <= b {
+        (a, b)
+    } else {
+        (b, a)
+    }
+}
+
+struct NodeInner {
+    id: NodeId,
+    alive: AtomicBool,
+    mrs: RwLock<HashMap<Rkey, MemoryRegion>>,
+    qps: RwLock<HashMap<QpNum, Arc<QpInner>>>,
+    next_rkey: AtomicU32,
+    next_qpn: AtomicU32,
+}
+
+impl Default for LoopbackFabric {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl LoopbackFabric {
+    pub fn new() -> Self {
+        Self::with_clock(SystemClock::new())
+    }
+
+    /// A fabric whose delays are measured on `clock` (a simulator's clock).
+    pub fn with_clock(clock: Arc<dyn Clock>) -> Self {
+        LoopbackFabric {
+            inner: Arc::new(FabricInner {
+                clock,
+                nodes: RwLock::new(HashMap::new()),
+                links: RwLock::new(HashMap::new()),
+                links_touched: AtomicBool::new(false),
+            }),
+        }
+    }
+
+    fn node(&self, id: NodeId) -> Option<Arc<NodeInner>> {
+        self.inner.nodes.read().get(&id).cloned()
+    }
+
+    fn update_link(&self, a: NodeId, b: NodeId, f: impl FnOnce(&mut Link)) {
+        let mut links = self.inner.links.write();
+        f(links.entry(link_key(a, b)).or_default());
+        self.inner.links_touched.store(true, Ordering::Release);
+    }
+}
+
+impl FabricInner {
+    fn link(&self, a: NodeId, b: NodeId) -> Link {
+        if !self.links_touched.load(Ordering::Acquire) {
+            return Link::default();
+        }
+        self.links
+            .read()
+            .get(&link_key(a, b))
+            .copied()
+            .unwrap_or_default()
+    }
+}
+
+impl Fabric for LoopbackFabric {
+    type Nic = LoopbackNic;
+
+    fn attach(&self, node: NodeId) -> Result<LoopbackNic, FabricError> {
+        let mut nodes = self.inner.nodes.write();
+        // A re-attached node continues its predecessor's key and QP numbering, so
+        // that a peer's stale rkey or QP address never names the new incarnation's
+        // region or queue pair.
+        let (mut next_rkey, mut next_qpn) = (1, 1);
+        if let Some(old) = nodes.get(&node) {
+            if old.alive.load(Ordering::Acquire) {
+                return Err(FabricError::Invalid(format!(
+                    "node {node} is already attached"
+                )));
+            }
+            next_rkey = old.next_rkey.load(Ordering::Relaxed);
+            next_qpn = old.next_qpn.load(Ordering::Relaxed);
+        }
+        let inner = Arc::new(NodeInner {
+            id: node,
+            alive: AtomicBool::new(true),
+            mrs: RwLock::new(HashMap::new()),
+            qps: RwLock::new(HashMap::new()),
+            next_rkey: AtomicU32::new(next_rkey),
+            next_qpn: AtomicU32::new(next_qpn),
+        });
+        nodes.insert(node, inner.clone());
+        Ok(LoopbackNic {
+            node: inner,
+            fabric: self.inner.clone(),
+        })
+    }
+}
+
+impl FaultInjector for LoopbackFabric {
+    fn cut_link(&self, a: NodeId, b: NodeId) {
+        self.update_link(a, b, |l| l.cut = true);
+    }
+
+    fn heal_link(&self, a: NodeId, b: NodeId) {
+        self.update_link(a, b, |l| l.cut = false);
+    }
+
+    fn set_delay_ns(&self, a: NodeId, b: NodeId, delay_ns: u64) {
+        self.update_link(a, b, |l| l.delay_ns = delay_ns);
+    }
+
+    fn crash_node(&self, node: NodeId) {
+        let Some(n) = self.node(node) else { return };
+        n.alive.store(false, Ordering::Release);
+        n.mrs.write().clear();
+        let qps: Vec<_> = n.qps.write().drain().map(|(_, q)| q).collect();
+        for qp in qps {
+            qp.enter_error(&mut qp.core.lock());
+        }
+    }
+
+    fn power_fail(&self, node: NodeId, policy: PowerFailure) {
+        let Some(n) = self.node(node) else { return };
+        // Each distinct memory once, however many regions cover it.
+        let mut memories: Vec<Arc<dyn RegionMemory>> = Vec::new();
+        for mr in n.mrs.read().values() {
+            if !memories.iter().any(|m| Arc::ptr_eq(m, mr.memory())) {
+                memories.push(mr.memory().clone());
+            }
+        }
+        self.crash_node(node);
+        for m in memories {
+            m.power_fail(policy);
+        }
+    }
+}
+
+/// A node's NIC on the loopback fabric.
+#[derive(Clone)]
+pub struct LoopbackNic {
+    node: Arc<NodeInner>,
+    fabric: Arc<FabricInner>,
+}
+
+impl LoopbackNic {
+    fn check_alive(&self) -> Result<(), FabricError> {
+        if self.node.alive.load(Ordering::Acquire) {
+            Ok(())
+        } else {
+            Err(FabricError::NodeDown(self.node.id))
+        }
+    }
+}
+
+/// Scramble a counter so that keys are not small consecutive numbers: a wrong key
+/// is then wrong, not merely someone else's region.
+fn scramble_rkey(n: u32) -> Rkey {
+    Rkey(n.wrapping_mul(0x9E37_79B1) | 1)
+}
+
+impl Nic for LoopbackNic {
+    type Cq = LoopbackCq;
+    type Srq = LoopbackSrq;
+    type Qp = LoopbackQp;
+
+    fn node(&self) -> NodeId {
+        self.node.id
+    }
+
+    fn register(
+        &self,
+        memory: Arc<dyn RegionMemory>,
+        offset: usize,
+        len_bytes: usize,
+        access: Access,
+    ) -> Result<MemoryRegion, FabricError> {
+        self.check_alive()?;
+        if offset
+            .checked_add(len_bytes)
+            .is_none_or(|end| end > memory.len_bytes())
+        {
+            return Err(FabricError::Invalid(format!(
+                "region [{offset}, +{len_bytes}) exceeds memory of {} bytes",
+                memory.len_bytes()
+            )));
+        }
+        let rkey = scramble_rkey(self.node.next_rkey.fetch_add(1, Ordering::Relaxed));
+        let mr = MemoryRegion::new(self.node.id, rkey, access, memory, offset, len_bytes);
+        self.node.mrs.write().insert(rkey, mr.clone());
+        Ok(mr)
+    }
+
+    fn deregister(&self, rkey: Rkey) -> Result<(), FabricError> {
+        self.check_alive()?;
+        match self.node.mrs.write().remove(&rkey) {
+            Some(_) => Ok(()),
+            None => Err(FabricError::Invalid(format!("{rkey} is not registered"))),
+        }
+    }
+
+    fn create_cq(&self, kind: CqKind) -> Result<LoopbackCq, FabricError> {
+        self.check_alive()?;
+        let capacity = match kind {
+            CqKind::Bounded { capacity } | CqKind::Ring { capacity } => capacity,
+        };
+        if capacity == 0 {
+            return Err(FabricError::Invalid("completion queue capacity 0".into()));
+        }
+        Ok(LoopbackCq {
+            inner: Arc::new(CqInner {
+                kind,
+                state: Mutex::new(CqState {
+                    entries: VecDeque::with_capacity(capacity.min(1 << 16)),
+                    overflowed: false,
+                    overwritten: 0,
+                }),
+                delayed_qps: Mutex::new(Vec::new()),
+            }),
+        })
+    }
+
+    fn create_srq(&self, config: SrqConfig) -> Result<LoopbackSrq, FabricError> {
+        self.check_alive()?;
+        if config.buffers_max == 0 || config.stride_bytes == Some(0) {
+            return Err(FabricError::Invalid(format!("bad SRQ config {config:?}")));
+        }
+        Ok(LoopbackSrq {
+            inner: Arc::new(SrqInner {
+                config,
+                state: Mutex::new(SrqState {
+                    buffers: VecDeque::new(),
+                    cursor: 0,
+                }),
+            }),
+        })
+    }
+
+    fn create_qp(
+        &self,
+        send_cq: &LoopbackCq,
+        recv_cq: &LoopbackCq,
+        srq: Option<&LoopbackSrq>,
+        send_depth: usize,
+    ) -> Result<LoopbackQp, FabricError> {
+        self.check_alive()?;
+        if send_depth == 0 {
+            return Err(FabricError::Invalid("send_depth 0".into()));
+        }
+        let qpn = QpNum(self.node.next_qpn.fetch_add(1, Ordering::Relaxed));
+        let inner = Arc::new(QpInner {
+            addr: QpAddr {
+                node: self.node.id,
+                qpn,
+            },
+            node: self.node.clone(),
+            fabric: Arc::downgrade(&self.fabric),
+            send_cq: send_cq.inner.clone(),
+            recv_cq: recv_cq.inner.clone(),
+            srq: srq.map(|s| s.inner.clone()),
+            send_depth,
+            state: AtomicU8::new(STATE_INIT),
+            peer_addr: RwLock::new(None),
+            core: Mutex::new(QpCore {
+                peer: None,
+                pending: VecDeque::new(),
+                posted: 0,
+            }),
+            retired: Arc::new(AtomicU64::new(0)),
+            posted: AtomicU64::new(0),
+        });
+        self.node.qps.write().insert(qpn, inner.clone());
+        Ok(LoopbackQp { inner })
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Completion queues
+
+struct CqEntry {
+    wc: Completion,
+    /// For send completions: the queue pair's retired counter and the request's
+    /// sequence number; polling the entry retires every slot up to it.
+    retire: Option<(Arc<AtomicU64>, u64)>,
+}
+
+struct CqState {
+    entries: VecDeque<CqEntry>,
+    overflowed: bool,
+    overwritten: u64,
+}
+
+struct CqInner {
+    kind: CqKind,
+    state: Mutex<CqState>,
+    /// Queue pairs with delayed work that completes into this CQ; polling drives them.
+    delayed_qps: Mutex<Vec<Weak<QpInner>>>,
+}
+
+/// Outcome of pushing a completion.
+enum Pushed {
+    Ok,
+    /// A bounded CQ overflowed: the queue pair that pushed enters the error state.
+    Overflow,
+}
+
+impl CqInner {
+    fn push(&self, entry: CqEntry) -> Pushed {
+        let mut s = self.state.lock();
+        match self.kind {
+            CqKind::Bounded { capacity } => {
+                if s.overflowed || s.entries.len() >= capacity {
+                    s.overflowed = true;
+                    return Pushed::Overflow;
+                }
+                s.entries.push_back(entry);
+            }
+            CqKind::Ring { capacity } => {
+                if s.entries.len() >= capacity {
+                    // The NIC overwrites the oldest entry of the ring.
+                    s.entries.pop_front();
+                    s.overwritten += 1;
+                }
+                s.entries.push_back(entry);
+            }
+        }
+        Pushed::Ok
+    }
+
+    fn drive_delayed(&self) {
+        let qps: Vec<Arc<QpInner>> = {
+            let mut d = self.delayed_qps.lock();
+            d.retain(|w| w.strong_count() > 0);
+            d.iter().filter_map(Weak::upgrade).collect()
+        };
+        for qp in qps {
+            qp.progress();
+        }
+    }
+}
+
+/// A completion queue on the loopback fabric.
+#[derive(Clone)]
+pub struct LoopbackCq {
+    inner: Arc<CqInner>,
+}
+
+impl CompletionQueue for LoopbackCq {
+    fn poll(&self, out: &mut [Completion]) -> Result<usize, FabricError> {
+        self.inner.drive_delayed();
+        let mut s = self.inner.state.lock();
+        if s.overflowed {
+            if let CqKind::Bounded { capacity } = self.inner.kind {
+                return Err(FabricError::CqOverflow { capacity });
+            }
+        }
+        let n = out.len().min(s.entries.len());
+        for slot in out.iter_mut().take(n) {
+            let e = s.entries.pop_front().expect("counted above");
+            if let Some((retired, seq)) = e.retire {
+                retired.fetch_max(seq + 1, Ordering::AcqRel);
+            }
+            *slot = e.wc;
+        }
+        Ok(n)
+    }
+
+    fn overwritten(&self) -> u64 {
+        self.inner.state.lock().overwritten
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Shared receive queues
+
+struct SrqState {
+    buffers: VecDeque<RecvBuffer>,
+    /// Multi-packet: bytes of the front buffer already consumed.
+    cursor: usize,
+}
+
+struct SrqInner {
+    config: SrqConfig,
+    state: Mutex<SrqState>,
+}
+
+/// Where a message lands, decided under the SRQ lock and written outside it.
+struct Landing {
+    wr_id: u64,
+    mr: MemoryRegion,
+    /// Offset of the message within the receive buffer.
+    offset_in_buffer: usize,
+    /// Offset of the message within the region.
+    offset_in_region: usize,
+}
+
+enum LandError {
+    NoBuffer,
+    /// The message is larger than a receive buffer; the completion names it.
+    TooLarge {
+        wr_id: u64,
+    },
+}
+
+impl SrqInner {
+    fn claim(&self, len: usize) -> Result<Landing, LandError> {
+        let mut s = self.state.lock();
+        match self.config.stride_bytes {
+            None => {
+                let b = s.buffers.pop_front().ok_or(LandError::NoBuffer)?;
+                if len > b.len_bytes {
+                    return Err(LandError::TooLarge { wr_id: b.wr_id });
+                }
+                Ok(Landing {
+                    wr_id: b.wr_id,
+                    offset_in_region: b.offset,
+                    offset_in_buffer: 0,
+                    mr: b.mr,
+                })
+            }
+            Some(stride) => {
+                let front_len = s.buffers.front().ok_or(LandError::NoBuffer)?.len_bytes;
+                if s.cursor > 0 && s.cursor + len > front_len {
+                    // Does not fit in the rest of this buffer: take the next one.
+                    // (A message too large for a whole, unused buffer is refused
+                    // below without consuming that buffer.)
+                    s.buffers.pop_front();
+                    s.cursor = 0;
+                }
+                let b = s.buffers.front().ok_or(LandError::NoBuffer)?;
+                if len > b.len_bytes {
+                    return Err(LandError::TooLarge { wr_id: b.wr_id });
+                }
+                let at = s.cursor;
+                let landing = Landing {
+                    wr_id: b.wr_id,
+                    mr: b.mr.clone(),
+                    offset_in_buffer: at,
+                    offset_in_region: b.offset + at,
+                };
+                let b_len = b.len_bytes;
+                s.cursor = at + len.div_ceil(stride) * stride;
+                if s.cursor >= b_len {
+                    s.buffers.pop_front();
+                    s.cursor = 0;
+                }
+                Ok(landing)
+            }
+        }
+    }
+}
+
+/// A shared receive queue on the loopback fabric.
+#[derive(Clone)]
+pub struct LoopbackSrq {
+    inner: Arc<SrqInner>,
+}
+
+impl SharedReceiveQueue for LoopbackSrq {
+    fn post_recv(&self, buffers: &[RecvBuffer]) -> Result<(), FabricError> {
+        for b in buffers {
+            if b.offset
+                .checked_add(b.len_bytes)
+                .is_none_or(|end| end > b.mr.len_bytes())
+                || b.len_bytes == 0
+            {
+                return Err(FabricError::Invalid(format!(
+                    "receive buffer [{}, +{}) outside its region of {} bytes",
+                    b.offset,
+                    b.len_bytes,
+                    b.mr.len_bytes()
+                )));
+            }
+            if let Some(stride) = self.inner.config.stride_bytes {
+                if b.len_bytes % stride != 0 {
+                    return Err(FabricError::Invalid(format!(
+                        "multi-packet buffer of {} bytes is not a multiple of the {stride} B stride",
+                        b.len_bytes
+                    )));
+                }
+            }
+        }
+        let mut s = self.inner.state.lock();
+        let max = self.inner.config.buffers_max;
+        if s.buffers.len() + buffers.len() > max {
+            return Err(FabricError::RecvQueueFull {
+                posted: s.buffers.len(),
+                buffers_max: max,
+            });
+        }
+        s.buffers.extend(buffers.iter().cloned());
+        Ok(())
+    }
+
+    fn posted(&self) -> usize {
+        self.inner.state.lock().buffers.len()
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Queue pairs
+
+const STATE_INIT: u8 = 0;
+const STATE_READY: u8 = 1;
+const STATE_ERROR: u8 = 2;
+
+/// An operation whose bytes were copied at post time, waiting for a link delay.
+enum OwnedOp {
+    Send {
+        data: Vec<u8>,
+        imm: Option<u32>,
+    },
+    Write {
+        data: Vec<u8>,
+        remote: RemoteAddr,
+        imm: Option<u32>,
+    },
+    Read {
+        remote: RemoteAddr,
+        len: usize,
+        local: (MemoryRegion, usize),
+    },
+    CompareSwap {
+        remote: RemoteAddr,
+        expect: u64,
+        swap: u64,
+        local: (MemoryRegion, usize),
+    },
+    FetchAdd {
+        remote: RemoteAddr,
+        add: u64,
+        local: (MemoryRegion, usize),
+    },
+}
+
+impl OwnedOp {
+    fn from_op(op: &Op<'_>) -> OwnedOp {
+        match *op {
+            Op::Send { data, imm } => OwnedOp::Send {
+                data: data.to_vec(),
+                imm,
+            },
+            Op::Write { data, remote, imm } => OwnedOp::Write {
+                data: data.to_vec(),
+                remote,
+                imm,
+            },
+            Op::Read { remote, len, local } => OwnedOp::Read {
+                remote,
+                len,
+                local: (local.mr.clone(), local.offset),
+            },
+            Op::CompareSwap {
+                remote,
+                expect,
+                swap,
+                local,
+            } => OwnedOp::CompareSwap {
+                remote,
+                expect,
+                swap,
+                local: (local.mr.clone(), local.offset),
+            },
+            Op::FetchAdd { remote, add, local } => OwnedOp::FetchAdd {
+                remote,
+                add,
+                local: (local.mr.clone(), local.offset),
+            },
+        }
+    }
+
+    fn as_op(&self) -> Op<'_> {
+        match self {
+            OwnedOp::Send { data, imm } => Op::Send { data, imm: *imm },
+            OwnedOp::Write { data, remote, imm } => Op::Write {
+                data,
+                remote: *remote,
+                imm: *imm,
+            },
+            OwnedOp::Read { remote, len, local } => Op::Read {
+                remote: *remote,
+                len: *len,
+                local: LocalAddr {
+                    mr: &local.0,
+                    offset: local.1,
+                },
+            },
+            OwnedOp::CompareSwap {
+                remote,
+                expect,
+                swap,
+                local,
+            } => Op::CompareSwap {
+                remote: *remote,
+                expect: *expect,
+                swap: *swap,
+                local: LocalAddr {
+                    mr: &local.0,
+                    offset: local.1,
+                },
+            },
+            OwnedOp::FetchAdd { remote, add, local } => Op::FetchAdd {
+                remote: *remote,
+                add: *add,
+                local: LocalAddr {
+                    mr: &local.0,
+                    offset: local.1,
+                },
+            },
+        }
+    }
+}
+
+struct PendingWr {
+    deadline_ns: u64,
+    seq: u64,
+    wr_id: u64,
+    signaled: bool,
+    persist: bool,
+    op: OwnedOp,
+}
+
+struct QpCore {
+    peer: Option<Arc<QpInner>>,
+    pending: VecDeque<PendingWr>,
+    /// Sequence number of the next posted request.
+    posted: u64,
+}
+
+struct QpInner {
+    addr: QpAddr,
+    node: Arc<NodeInner>,
+    fabric: Weak<FabricInner>,
+    send_cq: Arc<CqInner>,
+    recv_cq: Arc<CqInner>,
+    srq: Option<Arc<SrqInner>>,
+    send_depth: usize,
+    state: AtomicU8,
+    /// The connected peer's address, readable without the core lock (a sender
+    /// checks that the target is connected back to it).
+    peer_addr: RwLock<Option<QpAddr>>,
+    core: Mutex<QpCore>,
+    retired: Arc<AtomicU64>,
+    posted: AtomicU64,
+}
+
+fn opcode_of(op: &Op<'_>) -> WcOpcode {
+    match op {
+        Op::Send { .. } => WcOpcode::Send,
+        Op::Write { .. } => WcOpcode::Write,
+        Op::Read { .. } => WcOpcode::Read,
+        Op::CompareSwap { .. } => WcOpcode::CompareSwap,
+        Op::FetchAdd { .. } => WcOpcode::FetchAdd,
+    }
+}
+
+impl QpInner {
+    fn completion(&self, wr_id: u64, status: WcStatus, opcode: WcOpcode) -> Completion {
+        Completion {
+            wr_id,
+            status,
+            opcode,
+            qpn: self.addr.qpn,
+            byte_len: 0,
+            offset: 0,
+            imm: None,
+            src: None,
+        }
+    }
+
+    fn push_send_completion(&self, core: &mut QpCore, wc: Completion, seq: u64) {
+        let entry = CqEntry {
+            wc,
+            retire: Some((self.retired.clone(), seq)),
+        };
+        if let Pushed::Overflow = self.send_cq.push(entry) {
+            self.enter_error(core);
+        }
+    }
+
+    /// Move to the error state and flush what is queued.
+    fn enter_error(&self, core: &mut QpCore) {
+        self.state.store(STATE_ERROR, Ordering::Release);
+        while let Some(p) = core.pending.pop_front() {
+            let wc = self.completion(p.wr_id, WcStatus::WrFlushError, opcode_of(&p.op.as_op()));
+            // A flush into an overflowed CQ has nowhere to go; the CQ already
+            // reports the overflow.
+            let _ = self.send_cq.push(CqEntry {
+                wc,
+                retire: Some((self.retired.clone(), p.seq)),
+            });
+        }
+    }
+
+    /// Execute delayed requests whose deadline has passed, in order.
+    fn progress(&self) {
+        let Some(fabric) = self.fabric.upgrade() else {
+            return;
+        };
+        let mut core = self.core.lock();
+        let now = fabric.clock.now_ns();
+        while core.pending.front().is_some_and(|p| p.deadline_ns <= now) {
+            let p = core.pending.pop_front().expect("checked");
+            if self.state.load(Ordering::Acquire) == STATE_ERROR {
+                let wc = self.completion(p.wr_id, WcStatus::WrFlushError, opcode_of(&p.op.as_op()));
+                self.push_send_completion(&mut core, wc, p.seq);
+                continue;
+            }
+            let op = p.op.as_op();
+            self.execute(
+                &fabric, &mut core, p.seq, p.wr_id, &op, p.signaled, p.persist,
+            );
+        }
+    }
+
+    /// Carry out one request against the peer, as the NIC would, and complete it.
+    #[allow(clippy::too_many_arguments)]
+    fn execute(
+        &self,
+        fabric: &FabricInner,
+        core: &mut QpCore,
+        seq: u64,
+        wr_id: u64,
+        op: &Op<'_>,
+        signaled: bool,
+        persist: bool,
+    ) {
+        let opcode = opcode_of(op);
+        let status = match core.peer.clone() {
+            None => WcStatus::RetryExceeded,
+            Some(peer) => self.execute_on(fabric, &peer, op, persist),
+        };
+        if status != WcStatus::Success {
+            let wc = self.completion(wr_id, status, opcode);
+            self.push_send_completion(core, wc, seq);
+            self.enter_error(core);
+            return;
+        }
+        if signaled {
+            let wc = self.completion(wr_id, WcStatus::Success, opcode);
+            self.push_send_completion(core, wc, seq);
+        }
+    }
+
+    fn execute_on(
+        &self,
+        fabric: &FabricInner,
+        peer: &Arc<QpInner>,
+        op: &Op<'_>,
+        persist: bool,
+    ) -> WcStatus {
+        let target = &peer.node;
+        if !target.alive.load(Ordering::Acquire)
+            || fabric.link(self.addr.node, target.id).cut
+            || peer.state.load(Ordering::Acquire) != STATE_READY
+            || *peer.peer_addr.read() != Some(self.addr)
+        {
+            return WcStatus::RetryExceeded;
+        }
+        match *op {
+            Op::Send { data, imm } => self.land_message(peer, data, imm, persist, None),
+            Op::Write { data, remote, imm } => {
+                let Some((mr, at)) =
+                    check_remote(target, remote, data.len(), Access::REMOTE_WRITE, false)
+                else {
+                    return WcStatus::RemoteAccessError;
+                };
+                if imm.is_some() {
+                    // WRITE-with-immediate needs a receive at the target; check
+                    // first so that a refused request changes nothing.
+                    return self.land_message(peer, &[], imm, persist, Some((&mr, at, data)));
+                }
+                mr.memory().dma_write(at, data);
+                if persist {
+                    mr.memory().dma_persist(at, data.len());
+                }
+                WcStatus::Success
+            }
+            Op::Read { remote, len, local } => {
+                if !local.mr.contains(local.offset as u64, len) {
+                    return WcStatus::RemoteAccessError;
+                }
+                let Some((mr, at)) = check_remote(target, remote, len, Access::REMOTE_READ, false)
+                else {
+                    return WcStatus::RemoteAccessError;
+                };
+                let mut buf = vec![0u8; len];
+                mr.memory().dma_read(at, &mut buf);
+                local.mr.write(local.offset, &buf);
+                WcStatus::Success
+            }
+            Op::CompareSwap {
+                remote,
+                expect,
+                swap,
+                local,
+            } => {
+                let Some((mr, at)) = check_remote(target, remote, 8, Access::REMOTE_ATOMIC, true)
+                else {
+                    return WcStatus::RemoteAccessError;
+                };
+                if !local.mr.contains(local.offset as u64, 8) {
+                    return WcStatus::RemoteAccessError;
+                }
+                let old = mr.memory().dma_compare_swap(at, expect, swap);
+                local.mr.write(local.offset, &old.to_le_bytes());
+                WcStatus::Success
+            }
+            Op::FetchAdd { remote, add, local } => {
+                let Some((mr, at)) = check_remote(target, remote, 8, Access::REMOTE_ATOMIC, true)
+                else {
+                    return WcStatus::RemoteAccessError;
+                };
+                if !local.mr.contains(local.offset as u64, 8) {
+                    return WcStatus::RemoteAccessError;
+                }
+                let old = mr.memory().dma_fetch_add(at, add);
+                local.mr.write(local.offset, &old.to_le_bytes());
+                WcStatus::Success
+            }
+        }
+    }
+
+    /// Land a message (or a WRITE-with-immediate's notification) in the peer's SRQ.
+    fn land_message(
+        &self,
+        peer: &Arc<QpInner>,
+        data: &[u8],
+        imm: Option<u32>,
+        persist: bool,
+        write: Option<(&MemoryRegion, usize, &[u8])>,
+    ) -> WcStatus {
+        let Some(srq) = peer.srq.as_ref() else {
+            return WcStatus::RnrRetryExceeded;
+        };
+        let landing = match srq.claim(data.len()) {
+            Ok(l) => l,
+            Err(LandError::NoBuffer) => return WcStatus::RnrRetryExceeded,
+            Err(LandError::TooLarge { wr_id }) => {
+                let mut wc = peer.completion(wr_id, WcStatus::LocalLengthError, WcOpcode::Recv);
+                wc.byte_len = data.len() as u32;
+                wc.src = Some(self.addr);
+                let _ = peer.recv_cq.push(CqEntry { wc, retire: None });
+                return WcStatus::RemoteInvalidRequest;
+            }
+        };
+        let opcode = match write {
+            Some((mr, at, bytes)) => {
+                mr.memory().dma_write(at, bytes);
+                if persist {
+                    mr.memory().dma_persist(at, bytes.len());
+                }
+                WcOpcode::RecvWriteImm
+            }
+            None => {
+                let mem = landing.mr.memory();
+                let at = landing.mr.base() + landing.offset_in_region;
+                mem.dma_write(at, data);
+                if persist {
+                    mem.dma_persist(at, data.len());
+                }
+                WcOpcode::Recv
+            }
+        };
+        let wc = Completion {
+            wr_id: landing.wr_id,
+            status: WcStatus::Success,
+            opcode,
+            qpn: peer.addr.qpn,
+            // WRITE-with-immediate: the length written, as `ibv_wc.byte_len`.
+            byte_len: write.map_or(data.len(), |(_, _, bytes)| bytes.len()) as u32,
+            offset: landing.offset_in_buffer as u64,
+            imm,
+            src: Some(self.addr),
+        };
+        // A receive completion that overflows a bounded CQ puts the receiving queue
+        // pair in the error state; the sender's request has already landed.
+        if let Pushed::Overflow = peer.recv_cq.push(CqEntry { wc, retire: None }) {
+            peer.state.store(STATE_ERROR, Ordering::Release);
+        }
+        WcStatus::Success
+    }
+}
+
+/// Look up a remote region and check key, right, bounds and (for atomics)
+/// alignment. Returns the region and the absolute offset in its memory.
+fn check_remote(
+    target: &NodeInner,
+    remote: RemoteAddr,
+    len: usize,
+    right: Access,
+    atomic: bool,
+) -> Option<(MemoryRegion, usize)> {
+    let mrs = target.mrs.read();
+    let mr = mrs.get(&remote.rkey)?;
+    if !mr.access.contains(right) || !mr.contains(remote.offset, len) {
+        return None;
+    }
+    let at = mr.base() + remote.offset as usize;
+    if atomic && !at.is_multiple_of(8) {
+        return None;
+    }
+    Some((mr.clone(), at))
+}
+
+/// A reliable connected queue pair on the loopback fabric.
+pub struct LoopbackQp {
+    inner: Arc<QpInner>,
+}
+
+impl QueuePair for LoopbackQp {
+    fn addr(&self) -> QpAddr {
+        self.inner.addr
+    }
+
+    fn state(&self) -> QpState {
+        match self.inner.state.load(Ordering::Acquire) {
+            STATE_INIT => QpState::Init,
+            STATE_READY => QpState::Ready,
+            _ => QpState::Error,
+        }
+    }
+
+    fn connect(&self, remote: QpAddr) -> Result<(), FabricError> {
+        let fabric = self
+            .inner
+            .fabric
+            .upgrade()
+            .ok_or(FabricError::NodeDown(self.inner.addr.node))?;
+        if !self.inner.node.alive.load(Ordering::Acquire) {
+            return Err(FabricError::NodeDown(self.inner.addr.node));
+        }
+        let node = fabric
+            .nodes
+            .read()
+            .get(&remote.node)
+            .cloned()
+            .ok_or(FabricError::UnknownNode(remote.node))?;
+        let peer = node
+            .qps
+            .read()
+            .get(&remote.qpn)
+            .cloned()
+            .ok_or(FabricError::UnknownQp(remote))?;
+        let mut core = self.inner.core.lock();
+        core.peer = Some(peer);
+        *self.inner.peer_addr.write() = Some(remote);
+        self.inner.state.store(STATE_READY, Ordering::Release);
+        Ok(())
+    }
+
+    fn post_send(&self, wrs: &[WorkRequest<'_>]) -> Result<(), FabricError> {
+        let q = &self.inner;
+        if !q.node.alive.load(Ordering::Acquire) {
+            return Err(FabricError::NodeDown(q.addr.node));
+        }
+        let fabric = q
+            .fabric
+            .upgrade()
+            .ok_or(FabricError::NodeDown(q.addr.node))?;
+        let mut core = q.core.lock();
+        let state = q.state.load(Ordering::Acquire);
+        if state == STATE_INIT {
+            return Err(FabricError::NotConnected);
+        }
+        let outstanding = (core.posted - q.retired.load(Ordering::Acquire)) as usize;
+        if outstanding + wrs.len() > q.send_depth {
+            return Err(FabricError::SendQueueFull {
+                outstanding,
+                depth: q.send_depth,
+            });
+        }
+        let peer_node = core.peer.as_ref().map(|p| p.node.id).unwrap_or(q.addr.node);
+        let delay_ns = fabric.link(q.addr.node, peer_node).delay_ns;
+        for wr in wrs {
+            let seq = core.posted;
+            core.posted += 1;
+            q.posted.store(core.posted, Ordering::Release);
+            if q.state.load(Ordering::Acquire) == STATE_ERROR {
+                let wc = q.completion(wr.wr_id, WcStatus::WrFlushError, opcode_of(&wr.op));
+                q.push_send_completion(&mut core, wc, seq);
+                continue;
+            }
+            if delay_ns == 0 && core.pending.is_empty() {
+                q.execute(
+                    &fabric,
+                    &mut core,
+                    seq,
+                    wr.wr_id,
+                    &wr.op,
+                    wr.signaled,
+                    wr.persist,
+                );
+            } else {
+                if core.pending.is_empty() {
+                    let mut d = q.send_cq.delayed_qps.lock();
+                    if !d.iter().any(|w| w.as_ptr() == Arc::as_ptr(q)) {
+                        d.push(Arc::downgrade(q));
+                    }
+                }
+                core.pending.push_back(PendingWr {
+                    deadline_ns: fabric.clock.now_ns() + delay_ns,
+                    seq,
+                    wr_id: wr.wr_id,
+                    signaled: wr.signaled,
+                    persist: wr.persist,
+                    op: OwnedOp::from_op(&wr.op),
+                });
+            }
+        }
+        // Drive delayed work whenever some is queued, also after the delay was
+        // removed (the module doc promises progress on every post).
+        let delayed = !core.pending.is_empty();
+        drop(core);
+        if delayed {
+            q.progress();
+        }
+        Ok(())
+    }
+
+    fn reset(&self) -> Result<(), FabricError> {
+        let q = &self.inner;
+        if !q.node.alive.load(Ordering::Acquire) {
+            return Err(FabricError::NodeDown(q.addr.node));
+        }
+        let mut core = q.core.lock();
+        if core.peer.is_none() {
+            return Err(FabricError::NotConnected);
+        }
+        q.enter_error(&mut core);
+        // Slots of flushed requests are retired by the reset itself.
+        q.retired.store(core.posted, Ordering::Release);
+        q.state.store(STATE_READY, Ordering::Release);
+        Ok(())
+    }
+
+    fn outstanding(&self) -> usize {
+        let posted = self.inner.posted.load(Ordering::Acquire);
+        (posted - self.inner.retired.load(Ordering::Acquire).min(posted)) as usize
+    }
+}
