@@ -473,8 +473,10 @@ impl RegionMemory for Pool {
     /// model counts it now; durable after `dma_persist`.
     fn dma_write(&self, offset: usize, data: &[u8]) {
         self.map.check(offset, data.len());
+        // A NIC with DDIO off writes to the memory controller, not the CPU cache:
+        // non-temporal stores are the CPU's equivalent, in cost and in effect.
         self.tracked(offset, data.len(), WriteKind::Streamed, || {
-            self.map.store(offset, data)
+            self.map.nt_store(offset, data)
         });
         raw::release_fence();
         if let Some(media) = &self.media {
@@ -487,13 +489,16 @@ impl RegionMemory for Pool {
     }
 
     /// The bytes already reached the DIMMs (counted at `dma_write`), so this only
-    /// makes them durable: the crash simulator forgets them, and an Msync pool
-    /// `msync`s the pages.
+    /// makes them durable: the non-temporal stores drain (`sfence`), the crash
+    /// simulator forgets them, and an Msync pool `msync`s the pages.
     fn dma_persist(&self, offset: usize, len: usize) {
         self.map.check(offset, len);
         if let Some(crash) = &self.crash {
             crash.begin_persist();
         }
+        // The READ after a WRITE (or FLUSH) waits until the landed bytes are in the
+        // persistence domain: here, until the non-temporal stores have drained.
+        raw::sfence();
         if self.medium == Medium::Msync {
             self.msync(offset, len);
         }
