@@ -222,6 +222,5 @@ fn persisted_write_vs_bare_persist(c: &mut Criterion) {
     g.finish();
 }
 
-
 criterion_group!(benches, fabric_verbs, persisted_write_vs_bare_persist);
 criterion_main!(benches);

@@ -6,12 +6,16 @@
 //!   own in the receiver's PM — WRITE-enabled replication, one PM stream per sender;
 //! - `rowan`: each stream SENDs (+ persistence) into the receiver's Rowan instance,
 //!   whose NIC lands all of them in one sequential log;
+//!
 //! optionally with local sequential PM writers on the receiver (the paper's 18 cores
 //! doing 128 B non-temporal appends; Figure 2(c)(d), Figure 8(c)(d)).
 //!
 //! Schedule. Every stream has one write in flight, as the paper's senders do (WRITE
-//! then READ, wait, repeat). Streams are driven by `driver_threads` OS threads; each
-//! thread runs its streams in a seeded virtual-time order: a stream's next write is
+//! then READ, wait, repeat). Streams are driven by `driver_threads` OS threads (one by
+//! default: then the seed alone fixes the order in which writes reach the media
+//! model, and DLWA is reproducible whatever the machine's load; with more threads
+//! the OS's scheduling mixes their orders); each thread runs its streams in a seeded
+//! virtual-time order: a stream's next write is
 //! issued one round period after its last, plus exponential jitter of mean
 //! `jitter` periods (independent senders drift apart). This schedule is part of the
 //! media model's calibration (`docs/media-model.md`) and is held fixed.
@@ -95,7 +99,7 @@ impl DlwaOptions {
             local_writer_counts: vec![0, 18],
             ops_per_point: 1_000_000,
             warmup_ops: 500_000,
-            driver_threads: 2,
+            driver_threads: 1,
             jitter: 0.5,
             seed: 42,
             media: MediaModelConfig::default(),
@@ -210,7 +214,7 @@ struct Rig {
 }
 
 fn check(opts: &DlwaOptions, size: usize) -> Result<(), DlwaError> {
-    if size == 0 || size % 64 != 0 || size > 4096 {
+    if size == 0 || !size.is_multiple_of(64) || size > 4096 {
         return Err(DlwaError::Invalid(format!(
             "write size {size} B: must be a multiple of 64 B up to 4 KiB"
         )));

@@ -88,7 +88,7 @@ impl std::fmt::Debug for CrashSim {
 impl CrashSim {
     pub(crate) fn new(map: Arc<Mapping>) -> CrashSim {
         assert!(
-            map.len_bytes() % CACHELINE_BYTES == 0,
+            map.len_bytes().is_multiple_of(CACHELINE_BYTES),
             "crash simulator needs a pool of whole cache lines"
         );
         CrashSim {

@@ -98,13 +98,13 @@ impl MediaModelConfig {
     /// Checks the relations between the sizes.
     pub fn validate(&self) -> Result<(), PoolError> {
         let bad = |why: String| Err(PoolError::InvalidConfig(format!("media model: {why}")));
-        if self.xpline_bytes == 0 || self.xpline_bytes % CACHELINE_BYTES != 0 {
+        if self.xpline_bytes == 0 || !self.xpline_bytes.is_multiple_of(CACHELINE_BYTES) {
             return bad(format!(
                 "xpline_bytes {} must be a non-zero multiple of {CACHELINE_BYTES}",
                 self.xpline_bytes
             ));
         }
-        if self.interleave_bytes == 0 || self.interleave_bytes % self.xpline_bytes != 0 {
+        if self.interleave_bytes == 0 || !self.interleave_bytes.is_multiple_of(self.xpline_bytes) {
             return bad(format!(
                 "interleave_bytes {} must be a non-zero multiple of xpline_bytes {}",
                 self.interleave_bytes, self.xpline_bytes
@@ -114,14 +114,16 @@ impl MediaModelConfig {
             return bad("dimm_count must be at least 1".into());
         }
         if self.wc_buffer_bytes_per_dimm == 0
-            || self.wc_buffer_bytes_per_dimm % self.xpline_bytes != 0
+            || !self
+                .wc_buffer_bytes_per_dimm
+                .is_multiple_of(self.xpline_bytes)
         {
             return bad(format!(
                 "wc_buffer_bytes_per_dimm {} must be a non-zero multiple of xpline_bytes {}",
                 self.wc_buffer_bytes_per_dimm, self.xpline_bytes
             ));
         }
-        if self.wc_ways == 0 || self.wc_lines_per_dimm() % self.wc_ways != 0 {
+        if self.wc_ways == 0 || !self.wc_lines_per_dimm().is_multiple_of(self.wc_ways) {
             return bad(format!(
                 "wc_ways {} must be non-zero and divide the {} lines of a buffer",
                 self.wc_ways,
@@ -409,9 +411,10 @@ mod tests {
     #[test]
     fn many_round_robin_streams_thrash_to_four() {
         let m = model();
-        let streams = 200usize;
+        // 1000 streams: about 21 per set of every DIMM, far beyond its 4 ways.
+        let streams = 1000usize;
         let log_bytes = 1 << 20;
-        for step in 0..2_000usize {
+        for step in 0..400usize {
             for s in 0..streams {
                 m.record_write(s * log_bytes + step * 64, 64);
             }
@@ -421,26 +424,57 @@ mod tests {
         assert!((3.9..=4.0).contains(&dlwa), "dlwa {dlwa}");
     }
 
+    /// Offsets (on DIMM 0, default geometry) of `n` distinct XPLines that share the
+    /// write-combining set of DIMM 0's local line 0.
+    fn same_set_offsets(n: usize) -> Vec<usize> {
+        let c = MediaModelConfig::default();
+        let sets = c.wc_sets_per_dimm();
+        let per_chunk = c.interleave_bytes / c.xpline_bytes;
+        let target = set_of(0, sets);
+        (0u64..)
+            .filter(|&l| set_of(l, sets) == target)
+            .take(n)
+            .map(|l| {
+                let l = l as usize;
+                (l / per_chunk) * c.dimm_count * c.interleave_bytes
+                    + (l % per_chunk) * c.xpline_bytes
+            })
+            .collect()
+    }
+
     #[test]
     fn evicted_partial_xpline_costs_a_whole_xpline() {
         let m = model();
-        // One 64 B write to an XPLine in set 0 of DIMM 0, then 8 other XPLines of the
-        // same set and DIMM push it out.
-        // XPLines in set 0 of DIMM 0 are its local lines 0, 8, 16, ...; DIMM 0 holds
-        // 16 XPLines of every third 4 KiB chunk.
-        m.record_write(0, 64);
-        for k in 1..=8usize {
-            let local = k * 8;
-            let chunk_local = local / 16;
-            let offset = chunk_local * 3 * 4096 + (local % 16) * 256;
-            m.record_write(offset, 64);
+        let ways = MediaModelConfig::default().wc_ways;
+        // One 64 B write to an XPLine, then `ways` other XPLines of the same set push
+        // it out.
+        let offsets = same_set_offsets(ways + 1);
+        assert_eq!(offsets[0], 0);
+        for &o in &offsets {
+            m.record_write(o, 64);
         }
         let s = m.stats();
-        assert_eq!(s.request_bytes, 9 * 64);
+        assert_eq!(s.request_bytes, (ways as u64 + 1) * 64);
         assert_eq!(
             s.media_bytes, 256,
             "the LRU line, written 64 B, costs 256 B"
         );
+    }
+
+    #[test]
+    fn four_round_robin_sequential_streams_combine_fully() {
+        // With 4 ways, a stream's current XPLine is never the LRU of its set while
+        // fewer than 4 other streams write between its writes.
+        let m = model();
+        for i in 0..20_000usize {
+            for t in 0..4usize {
+                m.record_write((t << 24) + i * 64, 64);
+            }
+        }
+        m.flush_buffers();
+        let s = m.stats();
+        assert_eq!(s.request_bytes, 4 * 20_000 * 64);
+        assert_eq!(s.media_bytes, s.request_bytes);
     }
 
     #[test]
@@ -482,11 +516,10 @@ mod tests {
         assert_eq!(before.request_bytes, 4 * 10_000 * 64);
         m.flush_buffers();
         let after = m.stats();
-        assert_eq!(
-            after.media_bytes,
-            4 * 10_000 * 64,
-            "four sequential streams combine fully"
-        );
+        // How well concurrent streams combine depends on the interleaving; the
+        // counters must still be consistent: whole XPLines, at least every byte.
+        assert!(after.media_bytes >= after.request_bytes);
+        assert_eq!(after.media_bytes % 256, 0);
         assert_eq!(after.delta(&before).request_bytes, 0);
         m.reset();
         assert_eq!(m.stats(), MediaStats::default());
@@ -517,12 +550,12 @@ mod tests {
             ..MediaModelConfig::default()
         })
         .unwrap();
-        // Thrash one set of one DIMM: every write after the first 8 evicts.
+        // Thrash one set of one DIMM: every write after the first `ways` evicts.
         let evictions = 200u64;
+        let ways = MediaModelConfig::default().wc_ways;
+        let offsets = same_set_offsets(ways + evictions as usize);
         let start = Instant::now();
-        for k in 0..(8 + evictions) as usize {
-            let local = k * 8;
-            let offset = (local / 16) * 3 * 4096 + (local % 16) * 256;
+        for &offset in &offsets {
             m.record_write(offset, 64);
         }
         assert_eq!(m.stats().media_bytes, evictions * 256);

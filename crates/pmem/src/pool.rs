@@ -166,7 +166,7 @@ fn io_err(path: &Path) -> impl FnOnce(io::Error) -> PoolError + '_ {
 }
 
 fn check_size(size_bytes: usize) -> Result<(), PoolError> {
-    if size_bytes == 0 || size_bytes % CACHELINE_BYTES != 0 {
+    if size_bytes == 0 || !size_bytes.is_multiple_of(CACHELINE_BYTES) {
         return Err(PoolError::InvalidConfig(format!(
             "pool size {size_bytes} bytes must be a non-zero multiple of {CACHELINE_BYTES}"
         )));

@@ -152,7 +152,7 @@ impl Mapping {
     #[inline]
     pub(crate) fn word(&self, offset: usize) -> &AtomicU64 {
         assert!(
-            offset % 8 == 0,
+            offset.is_multiple_of(8),
             "8-byte atomic at unaligned pool offset {offset}"
         );
         self.check(offset, 8);
@@ -351,7 +351,7 @@ fn nt_copy_impl(map: &Mapping, offset: usize, data: &[u8]) {
     let mut at = mid_start;
     // 8-byte stream up to a 16-byte boundary, then 16-byte streams, then a last
     // 8-byte stream.
-    if at % 16 != 0 && at + 8 <= mid_end {
+    if !at.is_multiple_of(16) && at + 8 <= mid_end {
         stream8(map, at, &data[at - offset..at - offset + 8]);
         at += 8;
     }

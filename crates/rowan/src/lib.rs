@@ -109,7 +109,7 @@ pub struct RowanReceiver<N: Nic> {
 impl<N: Nic> RowanReceiver<N> {
     /// A receiver landing writes into windows of `log` (a registered PM region).
     pub fn new(nic: N, log: MemoryRegion, config: ReceiverConfig) -> Result<Self, RowanError> {
-        assert!(config.buffer_bytes % STRIDE_BYTES == 0 && config.buffer_bytes > 0);
+        assert!(config.buffer_bytes.is_multiple_of(STRIDE_BYTES) && config.buffer_bytes > 0);
         assert!(config.posted_max > 0);
         let srq = nic.create_srq(SrqConfig::multi_packet(config.posted_max))?;
         let ring_cq = nic.create_cq(CqKind::Ring {
@@ -165,14 +165,19 @@ impl<N: Nic> RowanReceiver<N> {
         let mut sorted = offsets.to_vec();
         sorted.sort_unstable();
         let size = self.config.buffer_bytes;
+        // Check the whole batch before touching any buffer, so that a refused batch
+        // changes nothing (not even the first word of its good buffers).
+        if let Some(&offset) = sorted
+            .iter()
+            .find(|&&o| !o.is_multiple_of(STRIDE_BYTES) || !self.log.contains(o as u64, size))
+        {
+            return Err(RowanError::BadBuffer {
+                offset,
+                len_bytes: size,
+            });
+        }
         let mut batch = Vec::with_capacity(sorted.len());
         for &offset in &sorted {
-            if offset % STRIDE_BYTES != 0 || !self.log.contains(offset as u64, size) {
-                return Err(RowanError::BadBuffer {
-                    offset,
-                    len_bytes: size,
-                });
-            }
             self.log.write(offset, &[0u8; 8]);
             self.log.persist(offset, 8);
             batch.push(RecvBuffer {
@@ -249,7 +254,7 @@ pub struct RowanSender<Q: QueuePair> {
 impl<Q: QueuePair> RowanSender<Q> {
     /// `qp` must be connected to the address `RowanReceiver::accept` returned.
     pub fn new(qp: Q, mtu_bytes: usize) -> Self {
-        assert!(mtu_bytes >= STRIDE_BYTES && mtu_bytes % STRIDE_BYTES == 0);
+        assert!(mtu_bytes >= STRIDE_BYTES && mtu_bytes.is_multiple_of(STRIDE_BYTES));
         RowanSender {
             qp,
             mtu_bytes,
@@ -269,7 +274,7 @@ impl<Q: QueuePair> RowanSender<Q> {
     /// send CQ) means the padded entry is durable in the receiver's log.
     pub fn write(&mut self, wr_id: u64, entry: &[u8]) -> Result<(), RowanError> {
         self.check_block(entry)?;
-        let data: &[u8] = if entry.len() % STRIDE_BYTES == 0 {
+        let data: &[u8] = if entry.len().is_multiple_of(STRIDE_BYTES) {
             entry
         } else {
             self.scratch.clear();
@@ -305,7 +310,7 @@ impl<Q: QueuePair> RowanSender<Q> {
         let mut padded: Vec<Vec<u8>> = Vec::with_capacity(blocks.len());
         for b in blocks {
             self.check_block(b)?;
-            if b.len() % STRIDE_BYTES == 0 {
+            if b.len().is_multiple_of(STRIDE_BYTES) {
                 padded.push(Vec::new());
             } else {
                 let mut p = b.to_vec();
