@@ -20,7 +20,11 @@ fn many_write_streams_amplify_and_few_do_not() {
     assert!(few.dlwa < 1.05, "18 WRITE streams: DLWA {}", few.dlwa);
     assert!(many.dlwa > 1.3, "144 WRITE streams: DLWA {}", many.dlwa);
     assert_eq!(many.remote_ops, 60_000);
-    assert_eq!(many.request_bytes, 60_000 * 64, "every measured byte counted once");
+    assert_eq!(
+        many.request_bytes,
+        60_000 * 64,
+        "every measured byte counted once"
+    );
 }
 
 #[test]
@@ -28,7 +32,11 @@ fn rowan_stays_one_stream_with_and_without_local_writers() {
     let opts = small();
     for locals in [0, 18] {
         let p = run_point(&opts, Mode::Rowan, 64, 144, locals).unwrap();
-        assert!(p.dlwa <= 1.05, "Rowan, {locals} local writers: DLWA {}", p.dlwa);
+        assert!(
+            p.dlwa <= 1.05,
+            "Rowan, {locals} local writers: DLWA {}",
+            p.dlwa
+        );
         assert_eq!(p.remote_ops, 60_000);
     }
 }
