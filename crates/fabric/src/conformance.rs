@@ -5,7 +5,7 @@
 //! A backend runs the suite by implementing [`Backend`] and invoking
 //! [`conformance_suite!`](crate::conformance_suite) in an integration test:
 //!
-//! ```ignore
+//! ```text
 //! struct LoopbackBackend;
 //! impl rowankv_fabric::conformance::Backend for LoopbackBackend { ... }
 //! rowankv_fabric::conformance_suite!(LoopbackBackend);
