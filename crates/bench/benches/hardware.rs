@@ -15,11 +15,10 @@ use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
 use rowankv_fabric::{
     Access, Completion, CompletionQueue, CqKind, DramMemory, Fabric, LocalAddr, LoopbackCq,
     LoopbackFabric, LoopbackNic, LoopbackQp, LoopbackSrq, MemoryRegion, Nic, Op, QueuePair,
-    RecvBuffer, RegionMemory, RemoteRegion, SharedReceiveQueue, SrqConfig, WcOpcode, WcStatus,
-    WorkRequest,
+    RecvBuffer, RegionMemory, RemoteRegion, SharedReceiveQueue, SrqConfig, WcStatus, WorkRequest,
 };
 use rowankv_pmem::{raw_store_persist, Medium, Pool, PoolOptions};
-use rowankv_types::{NodeId, QpNum};
+use rowankv_types::NodeId;
 
 const REGION_BYTES: usize = 16 << 20;
 const MP_BUFFER_BYTES: usize = 1 << 20;
@@ -90,23 +89,10 @@ enum Verb {
     Cas,
 }
 
-fn empty_wc() -> Completion {
-    Completion {
-        wr_id: 0,
-        status: WcStatus::Success,
-        opcode: WcOpcode::Send,
-        qpn: QpNum(0),
-        byte_len: 0,
-        offset: 0,
-        imm: None,
-        src: None,
-    }
-}
-
 /// Issue `iters` operations of `verb` on one lane, each signaled and polled.
 fn run_lane(lane: &mut Lane, remote: RemoteRegion, lane_index: usize, verb: Verb, iters: u64) {
     let payload = [0x5Au8; 64];
-    let mut wc = [empty_wc()];
+    let mut wc = [Completion::BLANK];
     let base = (lane_index * (REGION_BYTES / 4)) as u64;
     for i in 0..iters {
         let at = base + (i * 64) % (REGION_BYTES as u64 / 4);

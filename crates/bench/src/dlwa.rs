@@ -480,16 +480,7 @@ fn drive(mut streams: Vec<Stream>, ctx: DriveCtx<'_>) -> (u64, u64) {
         .map(|(i, _)| Reverse((rng.gen_range(0..PERIOD), i)))
         .collect();
     let mut payload = vec![0u8; ctx.size.max(128)];
-    let mut wc = [Completion {
-        wr_id: 0,
-        status: WcStatus::Success,
-        opcode: rowankv_fabric::WcOpcode::Send,
-        qpn: rowankv_types::QpNum(0),
-        byte_len: 0,
-        offset: 0,
-        imm: None,
-        src: None,
-    }; 4];
+    let mut wc = [Completion::BLANK; 4];
     let (mut remote_done, mut local_done) = (0u64, 0u64);
     let mut measuring = ctx.warmup_ops == 0;
     if measuring {

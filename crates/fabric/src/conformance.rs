@@ -111,16 +111,7 @@ const B: NodeId = NodeId(2);
 const C: NodeId = NodeId(3);
 const STRIDE: usize = SrqConfig::ROWAN_STRIDE_BYTES;
 
-const BLANK: Completion = Completion {
-    wr_id: 0,
-    status: WcStatus::WrFlushError,
-    opcode: WcOpcode::Send,
-    qpn: QpNum(0),
-    byte_len: 0,
-    offset: 0,
-    imm: None,
-    src: None,
-};
+const BLANK: Completion = Completion::BLANK;
 
 type NicOf<B> = <<B as Backend>::F as Fabric>::Nic;
 

@@ -301,6 +301,21 @@ pub struct Completion {
     pub src: Option<QpAddr>,
 }
 
+impl Completion {
+    /// A placeholder to fill poll buffers with; its status is an error so that an
+    /// unfilled slot is never mistaken for a success.
+    pub const BLANK: Completion = Completion {
+        wr_id: 0,
+        status: WcStatus::WrFlushError,
+        opcode: WcOpcode::Send,
+        qpn: QpNum(0),
+        byte_len: 0,
+        offset: 0,
+        imm: None,
+        src: None,
+    };
+}
+
 /// The kind of a completion queue.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CqKind {
