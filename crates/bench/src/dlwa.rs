@@ -185,10 +185,8 @@ pub fn run(
     Ok(points)
 }
 
-/// A remote stream as its driver sees it.
+/// A write stream as its driver sees it.
 struct Stream {
-    qp: Arc<LoopbackQp>,
-    cq: LoopbackCq,
     kind: StreamKind,
     /// Bytes written so far (position in its log).
     written: usize,
@@ -196,9 +194,21 @@ struct Stream {
 }
 
 enum StreamKind {
-    Write { log: RemoteRegion, log_offset: u64 },
-    Rowan(RowanSender<Arc<LoopbackQp>>),
-    Local { offset: usize },
+    /// One-sided WRITE into a log of its own at the receiver.
+    Write {
+        qp: LoopbackQp,
+        cq: LoopbackCq,
+        log: RemoteRegion,
+        log_offset: u64,
+    },
+    /// SEND into the receiver's Rowan instance.
+    Rowan {
+        sender: RowanSender<LoopbackQp>,
+        cq: LoopbackCq,
+    },
+    Local {
+        offset: usize,
+    },
 }
 
 /// Everything one measured point needs, torn down at its end.
@@ -294,12 +304,15 @@ fn build(opts: &DlwaOptions, mode: Mode, senders: usize, locals: usize) -> Resul
     for s in 0..senders {
         let node = s % opts.sender_nodes;
         let cq = cqs[s % opts.driver_threads][node].clone();
-        let qp = Arc::new(sender_nics[node].create_qp(&cq, &cq, None, 64)?);
+        let qp = sender_nics[node].create_qp(&cq, &cq, None, 64)?;
         let kind = match receiver.as_mut() {
             Some(r) => {
                 let addr = r.accept(qp.addr())?;
                 qp.connect(addr)?;
-                StreamKind::Rowan(RowanSender::new(qp.clone(), 4096))
+                StreamKind::Rowan {
+                    sender: RowanSender::new(qp, 4096),
+                    cq,
+                }
             }
             None => {
                 let target = receiver_nic.create_qp(&target_cq, &target_cq, None, 16)?;
@@ -307,26 +320,21 @@ fn build(opts: &DlwaOptions, mode: Mode, senders: usize, locals: usize) -> Resul
                 qp.connect(target.addr())?;
                 targets.push(target);
                 StreamKind::Write {
+                    qp,
+                    cq,
                     log: remote_mr.remote(),
                     log_offset: (s * opts.log_bytes) as u64,
                 }
             }
         };
         streams.push(Stream {
-            qp,
-            cq,
             kind,
             written: 0,
             seq: 0,
         });
     }
     for l in 0..locals {
-        // Local writers need no queue pair; give them the first CQ as a placeholder.
-        let cq = cqs[0][0].clone();
-        let qp = Arc::new(sender_nics[0].create_qp(&cq, &cq, None, 1)?);
         streams.push(Stream {
-            qp,
-            cq,
             kind: StreamKind::Local {
                 offset: remote_bytes + l * opts.log_bytes,
             },
@@ -514,7 +522,12 @@ fn drive(mut streams: Vec<Stream>, ctx: DriveCtx<'_>) -> (u64, u64) {
                 local_done += 1;
                 continue;
             }
-            StreamKind::Write { log, log_offset } => {
+            StreamKind::Write {
+                qp,
+                cq,
+                log,
+                log_offset,
+            } => {
                 let at = *log_offset + (s.written % ctx.log_bytes) as u64;
                 let wr = WorkRequest::new(
                     s.seq,
@@ -525,16 +538,16 @@ fn drive(mut streams: Vec<Stream>, ctx: DriveCtx<'_>) -> (u64, u64) {
                     },
                 )
                 .persisted();
-                s.qp.post_send(&[wr]).expect("post WRITE");
-                wait_one(&s.cq, &mut wc, "WRITE");
+                qp.post_send(&[wr]).expect("post WRITE");
+                wait_one(cq, &mut wc, "WRITE");
             }
-            StreamKind::Rowan(sender) => {
+            StreamKind::Rowan { sender, cq } => {
                 let mut retries = 0;
                 loop {
                     sender
                         .write(s.seq, &payload[..ctx.size])
                         .expect("post SEND");
-                    let c = wait_any(&s.cq, &mut wc);
+                    let c = wait_any(cq, &mut wc);
                     if c.status == WcStatus::Success {
                         break;
                     }
@@ -552,7 +565,7 @@ fn drive(mut streams: Vec<Stream>, ctx: DriveCtx<'_>) -> (u64, u64) {
                         control_step(r, ctx.clock);
                     }
                     std::thread::yield_now();
-                    s.qp.reset().expect("reset after RNR");
+                    sender.qp().reset().expect("reset after RNR");
                 }
             }
         }

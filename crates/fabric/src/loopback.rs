@@ -21,7 +21,7 @@
 //! different queue pairs land in parallel, as with DMA.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 
 use parking_lot::{Mutex, RwLock};
@@ -267,6 +267,7 @@ impl Nic for LoopbackNic {
                     overwritten: 0,
                 }),
                 delayed_qps: Mutex::new(Vec::new()),
+                delayed_any: AtomicBool::new(false),
             }),
         })
     }
@@ -319,6 +320,7 @@ impl Nic for LoopbackNic {
             }),
             retired: Arc::new(AtomicU64::new(0)),
             posted: AtomicU64::new(0),
+            pending_len: AtomicUsize::new(0),
         });
         self.node.qps.write().insert(qpn, inner.clone());
         Ok(LoopbackQp { inner })
@@ -346,6 +348,10 @@ struct CqInner {
     state: Mutex<CqState>,
     /// Queue pairs with delayed work that completes into this CQ; polling drives them.
     delayed_qps: Mutex<Vec<Weak<QpInner>>>,
+    /// Whether `delayed_qps` may hold a queue pair with queued work; written only
+    /// under its lock, read without it so that a poll with nothing delayed takes
+    /// no lock and allocates nothing.
+    delayed_any: AtomicBool,
 }
 
 /// Outcome of pushing a completion.
@@ -379,13 +385,28 @@ impl CqInner {
     }
 
     fn drive_delayed(&self) {
-        let qps: Vec<Arc<QpInner>> = {
-            let mut d = self.delayed_qps.lock();
-            d.retain(|w| w.strong_count() > 0);
-            d.iter().filter_map(Weak::upgrade).collect()
-        };
-        for qp in qps {
+        if !self.delayed_any.load(Ordering::Acquire) {
+            return;
+        }
+        let qps: Vec<Arc<QpInner>> = self
+            .delayed_qps
+            .lock()
+            .iter()
+            .filter_map(Weak::upgrade)
+            .collect();
+        for qp in &qps {
             qp.progress();
+        }
+        // Forget queue pairs whose queue drained. A queue pair raises its
+        // `pending_len` before it registers, so one that queues work after this
+        // check registers itself again.
+        let mut d = self.delayed_qps.lock();
+        d.retain(|w| {
+            w.upgrade()
+                .is_some_and(|q| q.pending_len.load(Ordering::Acquire) > 0)
+        });
+        if d.is_empty() {
+            self.delayed_any.store(false, Ordering::Release);
         }
     }
 }
@@ -693,6 +714,8 @@ struct QpInner {
     core: Mutex<QpCore>,
     retired: Arc<AtomicU64>,
     posted: AtomicU64,
+    /// `core.pending.len()`, readable without the core lock (see `drive_delayed`).
+    pending_len: AtomicUsize,
 }
 
 fn opcode_of(op: &Op<'_>) -> WcOpcode {
@@ -741,6 +764,7 @@ impl QpInner {
                 retire: Some((self.retired.clone(), p.seq)),
             });
         }
+        self.pending_len.store(0, Ordering::Release);
     }
 
     /// Execute delayed requests whose deadline has passed, in order.
@@ -762,6 +786,8 @@ impl QpInner {
                 &fabric, &mut core, p.seq, p.wr_id, &op, p.signaled, p.persist,
             );
         }
+        self.pending_len
+            .store(core.pending.len(), Ordering::Release);
     }
 
     /// Carry out one request against the peer, as the NIC would, and complete it.
@@ -1043,12 +1069,6 @@ impl QueuePair for LoopbackQp {
                     wr.persist,
                 );
             } else {
-                if core.pending.is_empty() {
-                    let mut d = q.send_cq.delayed_qps.lock();
-                    if !d.iter().any(|w| w.as_ptr() == Arc::as_ptr(q)) {
-                        d.push(Arc::downgrade(q));
-                    }
-                }
                 core.pending.push_back(PendingWr {
                     deadline_ns: fabric.clock.now_ns() + delay_ns,
                     seq,
@@ -1062,8 +1082,18 @@ impl QueuePair for LoopbackQp {
         // Drive delayed work whenever some is queued, also after the delay was
         // removed (the module doc promises progress on every post).
         let delayed = !core.pending.is_empty();
+        q.pending_len.store(core.pending.len(), Ordering::Release);
         drop(core);
         if delayed {
+            // Register with the send CQ (after raising `pending_len`) so that
+            // polling it drives this queue pair.
+            let cq = &q.send_cq;
+            let mut d = cq.delayed_qps.lock();
+            if !d.iter().any(|w| w.as_ptr() == Arc::as_ptr(q)) {
+                d.push(Arc::downgrade(q));
+            }
+            cq.delayed_any.store(true, Ordering::Release);
+            drop(d);
             q.progress();
         }
         Ok(())
