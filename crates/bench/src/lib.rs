@@ -10,7 +10,10 @@
 //! - [`dlwa`]: seed 000 Figure 2 and Figure 8 — device-level write amplification of
 //!   many remote write streams (one-sided WRITE into a log per sender) against one
 //!   Rowan stream, with and without local sequential PM writers.
+//! - [`engine_bench`]: one server's engine — PUT/GET rates against a DRAM map, DLWA
+//!   of a PUT-only run, cold start.
 #![forbid(unsafe_code)]
 
 pub mod dlwa;
+pub mod engine_bench;
 pub mod table;

@@ -1,6 +1,7 @@
 //! `rowankv`: the one command line of RowanKV.
 //!
-//! Subcommands today: `bench dlwa` (seed 000 Figures 2 and 8). The command line only
+//! Subcommands today: `bench dlwa` (seed 000 Figures 2 and 8) and `bench engine`
+//! (one server's engine). The command line only
 //! parses options, runs a library entry point and prints; all logic lives in the
 //! crates below it.
 #![forbid(unsafe_code)]
@@ -36,6 +37,31 @@ enum BenchCommand {
     /// Device-level write amplification: per-sender WRITE logs vs Rowan (seed 000
     /// Figures 2 and 8).
     Dlwa(DlwaArgs),
+    /// One server's engine: PUT/GET against an unpersisted DRAM map in the same run,
+    /// DLWA of a PUT-only run, cold start.
+    Engine(EngineArgs),
+}
+
+#[derive(Args)]
+struct EngineArgs {
+    /// A small version (100 K objects instead of 1 M).
+    #[arg(long)]
+    quick: bool,
+    /// Print a JSON array, one object per measurement.
+    #[arg(long)]
+    json: bool,
+    /// Objects loaded (and PUTs measured) per thread count.
+    #[arg(long)]
+    objects: Option<usize>,
+    /// Worker thread counts, comma-separated.
+    #[arg(long, value_delimiter = ',')]
+    threads: Option<Vec<usize>>,
+    /// Objects for the cold-start measurement.
+    #[arg(long)]
+    cold_start_objects: Option<usize>,
+    /// Directory for pool files (default /dev/shm: the emulated medium).
+    #[arg(long)]
+    pool_dir: Option<PathBuf>,
 }
 
 #[derive(Args)]
@@ -82,6 +108,9 @@ fn main() -> Result<()> {
         Command::Bench {
             which: BenchCommand::Dlwa(args),
         } => bench_dlwa(args),
+        Command::Bench {
+            which: BenchCommand::Engine(args),
+        } => bench_engine(args),
     }
 }
 
@@ -145,6 +174,36 @@ fn bench_dlwa(args: DlwaArgs) -> Result<()> {
             println!("(media timing on: throughput is limited by emulated media bandwidth)");
         }
         print!("{}", dlwa::table(&points));
+    }
+    Ok(())
+}
+
+fn bench_engine(args: EngineArgs) -> Result<()> {
+    use rowankv_bench::engine_bench::{self, EngineBenchOptions};
+    let mut opts = if args.quick {
+        EngineBenchOptions::quick()
+    } else {
+        EngineBenchOptions::full()
+    };
+    if let Some(v) = args.objects {
+        opts.objects = v;
+    }
+    if let Some(v) = args.threads {
+        opts.thread_counts = v;
+    }
+    if let Some(v) = args.cold_start_objects {
+        opts.cold_start_objects = v;
+    }
+    if let Some(v) = args.pool_dir {
+        opts.pool_dir = v;
+    }
+    let ms = engine_bench::run(&opts)
+        .map_err(anyhow::Error::msg)
+        .context("engine benchmark")?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&ms)?);
+    } else {
+        print!("{}", engine_bench::table(&ms));
     }
     Ok(())
 }

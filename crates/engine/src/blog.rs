@@ -1,0 +1,295 @@
+//! The backup log (b-log): one per server, fed by the Rowan receiver, digested into
+//! the shards' indexes (seed 000 §4.3, §4.4).
+//!
+//! Control role (`control_step`): keeps `posted_segments` free segments posted to the
+//! Rowan receiver (allocated as *using*, owner control, in address order, in
+//! batches); each step asks the receiver which buffers the NIC has moved past and
+//! whose grace period has passed, marks those segments *used* and queues them for
+//! digest, in landing order. It never polls a completion queue.
+//!
+//! Digest roles (`digest_step(d)`): `digest_count` of them, digest `d` owning the
+//! shards with `shard % digest_count == d`. Each parses every used segment in order,
+//! installs its own shards' entries (version-conditionally: versions decide races
+//! with the cleaner and with other writers), assembles multi-block entries whose
+//! blocks landed apart, records the segment's MaxVer per shard, and applies the
+//! ⟨shard, CommitVer⟩ records it meets to the shared CommitVer array.
+//!
+//! Commit (`try_commit`): a used segment every digest has parsed becomes *committed*
+//! when, for every shard, its MaxVer ≤ CommitVer — all its entries are durable on
+//! every replica — and only then may the cleaner collect it.
+//!
+//! After a restart, recovery has already indexed every b-log segment; the b-log's
+//! earlier segments are then considered committed (a standalone engine has no peer
+//! to ask; the cluster's cold start agrees on them with the other replicas first).
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+use rowankv_fabric::{Access, Nic, QpAddr, RegionMemory};
+use rowankv_rowan::{ReceiverConfig, RowanReceiver};
+use rowankv_types::{SegmentId, ShardId};
+
+use crate::engine::Ingested;
+use crate::entry::Assembler;
+use crate::segment::{Owner, SegmentState};
+use crate::{Engine, EngineError};
+
+/// Configuration of the backup log.
+#[derive(Clone, Debug)]
+pub struct BackupLogConfig {
+    /// Segments kept posted to the receiver (the paper posts 512 of 4 MiB).
+    pub posted_segments: usize,
+    /// Grace period for DMA still in flight into a consumed segment (§4.3: 2 ms).
+    pub grace_ns: u64,
+    /// Digest roles; each owns `shard % digest_count`.
+    pub digest_count: usize,
+    pub ring_cq_entries: usize,
+}
+
+impl Default for BackupLogConfig {
+    fn default() -> Self {
+        BackupLogConfig {
+            posted_segments: 16,
+            grace_ns: 2_000_000,
+            digest_count: 2,
+            ring_cq_entries: 4096,
+        }
+    }
+}
+
+struct UsedSegment {
+    /// Position in landing order.
+    pos: u64,
+    seg: SegmentId,
+    max_ver: BTreeMap<u16, u64>,
+    digested_by: usize,
+}
+
+struct DigestCursor {
+    next_pos: u64,
+    assembler: Assembler,
+}
+
+/// What one control step did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ControlReport {
+    pub segments_used: usize,
+    pub segments_posted: usize,
+}
+
+/// One server's backup log.
+pub struct BackupLog<N: Nic> {
+    engine: Arc<Engine>,
+    config: BackupLogConfig,
+    receiver: Mutex<RowanReceiver<N>>,
+    used: Mutex<(VecDeque<UsedSegment>, u64)>,
+    digests: Vec<Mutex<DigestCursor>>,
+    commit_ver: Vec<AtomicU64>,
+}
+
+impl<N: Nic> BackupLog<N> {
+    /// Register the pool's data area with `nic`, start the Rowan receiver and post
+    /// the first batch of segments.
+    pub fn start(
+        engine: Arc<Engine>,
+        nic: N,
+        config: BackupLogConfig,
+    ) -> Result<Self, EngineError> {
+        if config.digest_count == 0 || config.posted_segments == 0 {
+            return Err(EngineError::Config(
+                "digest_count and posted_segments must be positive".into(),
+            ));
+        }
+        let layout = *engine.layout();
+        let memory: Arc<dyn RegionMemory> = engine.pool().clone();
+        let region = nic
+            .register(
+                memory,
+                layout.data_offset,
+                layout.segment_count * layout.segment_size_bytes,
+                Access::REMOTE_WRITE,
+            )
+            .map_err(|e| EngineError::Config(format!("registering the b-log: {e}")))?;
+        let receiver = RowanReceiver::new(
+            nic,
+            region,
+            ReceiverConfig {
+                buffer_bytes: layout.segment_size_bytes,
+                posted_max: config.posted_segments,
+                grace_ns: config.grace_ns,
+                ring_cq_entries: config.ring_cq_entries,
+                ..ReceiverConfig::default()
+            },
+        )
+        .map_err(|e| EngineError::Config(format!("Rowan receiver: {e}")))?;
+        // Segments of an earlier run were indexed by recovery: see the module doc.
+        let segments = engine.segments();
+        for i in 0..layout.segment_count as u32 {
+            let seg = SegmentId(i);
+            if let Ok(m) = segments.meta(seg) {
+                if m.owner == Owner::Control
+                    && m.state != SegmentState::Committed
+                    && m.state != SegmentState::Free
+                {
+                    segments.transition(seg, SegmentState::Committed);
+                }
+            }
+        }
+        let shards = engine.config().shard_count as usize;
+        let log = BackupLog {
+            receiver: Mutex::new(receiver),
+            used: Mutex::new((VecDeque::new(), 0)),
+            digests: (0..config.digest_count)
+                .map(|_| {
+                    Mutex::new(DigestCursor {
+                        next_pos: 0,
+                        assembler: Assembler::new(),
+                    })
+                })
+                .collect(),
+            commit_ver: (0..shards).map(|_| AtomicU64::new(0)).collect(),
+            engine,
+            config,
+        };
+        log.replenish()?;
+        Ok(log)
+    }
+
+    /// Give a sender a queue pair on the b-log's receive queue.
+    pub fn accept(&self, sender: QpAddr) -> Result<QpAddr, EngineError> {
+        self.receiver
+            .lock()
+            .accept(sender)
+            .map_err(|e| EngineError::Config(format!("accepting a sender: {e}")))
+    }
+
+    fn replenish(&self) -> Result<usize, EngineError> {
+        let layout = *self.engine.layout();
+        let segments = self.engine.segments();
+        let mut receiver = self.receiver.lock();
+        let mut batch = Vec::new();
+        while receiver.posted_count() + batch.len() < self.config.posted_segments {
+            let Some(seg) = segments.alloc(Owner::Control, 0) else {
+                break;
+            };
+            batch.push(layout.segment_offset(seg) - layout.data_offset);
+        }
+        if !batch.is_empty() {
+            receiver
+                .post(&batch)
+                .map_err(|e| EngineError::Config(format!("posting b-log segments: {e}")))?;
+        }
+        Ok(batch.len())
+    }
+
+    /// One step of the control role at time `now_ns`.
+    pub fn control_step(&self, now_ns: u64) -> Result<ControlReport, EngineError> {
+        let layout = *self.engine.layout();
+        let used = self.receiver.lock().tick(now_ns);
+        {
+            let mut q = self.used.lock();
+            for offset in &used {
+                let seg = layout
+                    .segment_of(layout.data_offset + offset)
+                    .expect("posted buffers are segments");
+                self.engine.segments().transition(seg, SegmentState::Used);
+                let pos = q.1;
+                q.1 += 1;
+                q.0.push_back(UsedSegment {
+                    pos,
+                    seg,
+                    max_ver: BTreeMap::new(),
+                    digested_by: 0,
+                });
+            }
+        }
+        let posted = self.replenish()?;
+        Ok(ControlReport {
+            segments_used: used.len(),
+            segments_posted: posted,
+        })
+    }
+
+    /// One step of digest role `d`: parse every used segment it has not parsed yet.
+    /// Returns the number of segments parsed.
+    pub fn digest_step(&self, d: usize) -> Result<usize, EngineError> {
+        assert!(d < self.config.digest_count);
+        let count = self.config.digest_count;
+        let mut cursor = self.digests[d].lock();
+        let todo: Vec<(u64, SegmentId)> = self
+            .used
+            .lock()
+            .0
+            .iter()
+            .filter(|u| u.pos >= cursor.next_pos)
+            .map(|u| (u.pos, u.seg))
+            .collect();
+        let owns = |s: ShardId| s.0 as usize % count == d;
+        for &(pos, seg) in &todo {
+            let mut max_ver: BTreeMap<u16, u64> = BTreeMap::new();
+            let commit_ver = &self.commit_ver;
+            let mut sink = |i: Ingested| match i {
+                Ingested::Entry { shard, version, .. } => {
+                    let m = max_ver.entry(shard.0).or_default();
+                    *m = (*m).max(version.0);
+                }
+                Ingested::Commit { shard, version } => {
+                    if let Some(c) = commit_ver.get(shard.0 as usize) {
+                        c.fetch_max(version.0, Ordering::AcqRel);
+                    }
+                }
+            };
+            // A corrupt block ends this segment's log for every digest alike.
+            self.engine
+                .ingest_segment(seg, &owns, &mut cursor.assembler, &mut sink)?;
+            let mut q = self.used.lock();
+            if let Some(u) = q.0.iter_mut().find(|u| u.pos == pos) {
+                for (s, v) in max_ver {
+                    let m = u.max_ver.entry(s).or_default();
+                    *m = (*m).max(v);
+                }
+                u.digested_by += 1;
+            }
+            cursor.next_pos = pos + 1;
+        }
+        Ok(todo.len())
+    }
+
+    /// Move every fully digested used segment whose MaxVer ≤ CommitVer for every
+    /// shard to committed. Returns how many moved.
+    pub fn try_commit(&self) -> usize {
+        let mut q = self.used.lock();
+        let count = self.config.digest_count;
+        let mut moved = 0;
+        let commit_ver = &self.commit_ver;
+        let segments = self.engine.segments();
+        q.0.retain(|u| {
+            let done = u.digested_by == count
+                && u.max_ver.iter().all(|(&s, &v)| {
+                    commit_ver
+                        .get(s as usize)
+                        .is_some_and(|c| v <= c.load(Ordering::Acquire))
+                });
+            if done {
+                segments.transition(u.seg, SegmentState::Committed);
+                moved += 1;
+            }
+            !done
+        });
+        moved
+    }
+
+    /// The CommitVer this server has seen for `shard`.
+    pub fn commit_version(&self, shard: ShardId) -> u64 {
+        self.commit_ver
+            .get(shard.0 as usize)
+            .map_or(0, |c| c.load(Ordering::Acquire))
+    }
+
+    /// Used segments not yet committed, oldest first.
+    pub fn pending_segments(&self) -> Vec<SegmentId> {
+        self.used.lock().0.iter().map(|u| u.seg).collect()
+    }
+}

@@ -1,0 +1,722 @@
+//! The engine of one server: per-shard indexes over per-thread logs, recovery and
+//! cleaning (seed 000 §4.1–§4.4, §4.7, §5.3).
+//!
+//! Write path (a worker, `put`/`delete`): take the next version of the shard, encode
+//! the entry, append it to the worker's own t-log with non-temporal stores and drain
+//! (durable on return), then install it in the shard's index version-conditionally.
+//! Read path (`get`): look up the index, read the entry from PM, verify it (checksum,
+//! key) and return it; a tombstone (DEL) reads as absent.
+//!
+//! Cleaning (`clean`): a committed segment whose live bytes fall below the threshold
+//! has its live entries (those the index still points to) copied to the cleaner's
+//! log and relocated in the index by compare-and-swap, so a concurrent newer write
+//! always wins; the segment is freed only after a grace period, so a reader that took
+//! its address just before relocation still reads intact bytes (readers also verify
+//! what they read and retry).
+//!
+//! Recovery (`open`): the meta table says which segments to scan; every segment that
+//! is not free is parsed from its start until the first block that does not verify
+//! (the log's end, or a torn write); every valid entry is offered to its shard's index
+//! and the newest version wins; shard version counters restart above the highest
+//! version seen. A corrupt meta word or superblock is reported, never trusted.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+use rowankv_pmem::Pool;
+use rowankv_types::{SegmentId, ShardId, Version};
+
+use crate::entry::{self, Assembler, EntryError, Kind};
+use crate::index::{ShardIndex, Upsert};
+use crate::segment::{Layout, Owner, SegmentState, Segments};
+use crate::EngineError;
+
+/// The engine's sizes and thread counts, with their limits.
+#[derive(Clone, Debug)]
+pub struct EngineConfig {
+    pub segment_size_bytes: usize,
+    pub mtu_bytes: usize,
+    pub shard_count: u16,
+    /// Worker threads (each owns a t-log). At most `WORKERS_MAX`.
+    pub workers: usize,
+    /// Expected keys per shard, to size the indexes (they grow chains beyond it).
+    pub keys_per_shard_expected: usize,
+    /// A committed segment is cleaned when its live fraction is below this.
+    pub clean_live_fraction_max: f64,
+    /// Time a cleaned segment waits before it is reused (readers in flight).
+    pub clean_grace: Duration,
+}
+
+/// Bound on worker threads: the meta table's owner index is one byte.
+pub const WORKERS_MAX: usize = 255;
+/// Bound on retries of a read that raced with cleaning.
+const READ_RETRIES_MAX: usize = 16;
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig {
+            segment_size_bytes: 4 << 20,
+            mtu_bytes: entry::MTU_BYTES_DEFAULT,
+            shard_count: 48,
+            workers: 1,
+            keys_per_shard_expected: 1 << 16,
+            clean_live_fraction_max: 0.75,
+            clean_grace: Duration::from_millis(10),
+        }
+    }
+}
+
+impl EngineConfig {
+    fn validate(&self) -> Result<(), EngineError> {
+        let bad = |m: String| Err(EngineError::Config(m));
+        if self.workers == 0 || self.workers > WORKERS_MAX {
+            return bad(format!("workers {} not in 1..={WORKERS_MAX}", self.workers));
+        }
+        if self.shard_count == 0 {
+            return bad("shard_count 0".into());
+        }
+        if self.mtu_bytes < entry::MTU_BYTES_MIN || !self.mtu_bytes.is_multiple_of(64) {
+            return bad(format!("mtu {} B", self.mtu_bytes));
+        }
+        if self.segment_size_bytes < 2 * self.mtu_bytes {
+            return bad(format!(
+                "segment of {} B smaller than two MTUs",
+                self.segment_size_bytes
+            ));
+        }
+        if !(0.0..=1.0).contains(&self.clean_live_fraction_max) {
+            return bad(format!("clean threshold {}", self.clean_live_fraction_max));
+        }
+        Ok(())
+    }
+}
+
+/// What recovery found.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RecoveryReport {
+    pub segments_scanned: usize,
+    pub entries_indexed: u64,
+    /// Entries older than the one already indexed for their key.
+    pub entries_superseded: u64,
+    /// Segments whose meta word was corrupt: skipped, never reused.
+    pub corrupt_segments: Vec<(SegmentId, String)>,
+    /// Logs that ended in something other than a zero header (a torn write or
+    /// corruption): (segment, offset within it, why).
+    pub log_ends: Vec<(SegmentId, usize, String)>,
+    /// Entries naming a shard this engine does not have.
+    pub foreign_entries: u64,
+    /// Multi-block entries some of whose blocks never landed (never acknowledged).
+    pub incomplete_entries: usize,
+}
+
+/// What ingesting one log entry or record did.
+pub(crate) enum Ingested {
+    Entry {
+        shard: ShardId,
+        version: Version,
+        /// `None`: the shard is not this engine's.
+        applied: Option<Upsert>,
+    },
+    Commit {
+        shard: ShardId,
+        version: Version,
+    },
+}
+
+struct Shard {
+    index: ShardIndex,
+    /// The next version to hand out.
+    next_version: AtomicU64,
+}
+
+/// A log this engine appends to: the current segment and the write cursor.
+struct Log {
+    owner: Owner,
+    owner_index: u8,
+    segment: Option<SegmentId>,
+    cursor: usize,
+    scratch: Vec<u8>,
+}
+
+/// One server's store.
+pub struct Engine {
+    config: EngineConfig,
+    pool: Arc<Pool>,
+    segments: Segments,
+    shards: Vec<Shard>,
+    tlogs: Vec<Mutex<Log>>,
+    cleaner_log: Mutex<Log>,
+    /// Live bytes per segment (entries an index points to), for cleaning.
+    live_bytes: Vec<AtomicU64>,
+    /// Cleaned segments waiting out the grace period.
+    limbo: Mutex<VecDeque<(Instant, SegmentId)>>,
+    clean_lock: Mutex<()>,
+}
+
+/// Result of a write.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Written {
+    pub version: Version,
+    /// Pool offset of the entry.
+    pub addr: u64,
+}
+
+/// What one cleaning pass did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CleanReport {
+    pub segments_cleaned: usize,
+    pub entries_moved: u64,
+    pub bytes_moved: u64,
+    pub segments_freed: usize,
+}
+
+fn hash_key(key: &[u8]) -> u64 {
+    xxhash_rust::xxh3::xxh3_64(key)
+}
+
+impl Engine {
+    /// Format `pool` and start an empty engine.
+    pub fn create(pool: Arc<Pool>, config: EngineConfig) -> Result<Engine, EngineError> {
+        config.validate()?;
+        let segments = Segments::format(pool.clone(), config.segment_size_bytes)?;
+        Ok(Self::assemble(pool, config, segments))
+    }
+
+    fn assemble(pool: Arc<Pool>, config: EngineConfig, segments: Segments) -> Engine {
+        let log = |owner, i: usize| Log {
+            owner,
+            owner_index: i as u8,
+            segment: None,
+            cursor: 0,
+            scratch: Vec::with_capacity(config.mtu_bytes),
+        };
+        let count = segments.layout().segment_count;
+        Engine {
+            shards: (0..config.shard_count)
+                .map(|_| Shard {
+                    index: ShardIndex::with_capacity(config.keys_per_shard_expected),
+                    next_version: AtomicU64::new(1),
+                })
+                .collect(),
+            tlogs: (0..config.workers)
+                .map(|i| Mutex::new(log(Owner::Worker, i)))
+                .collect(),
+            cleaner_log: Mutex::new(log(Owner::Cleaner, 0)),
+            live_bytes: (0..count).map(|_| AtomicU64::new(0)).collect(),
+            limbo: Mutex::new(VecDeque::new()),
+            clean_lock: Mutex::new(()),
+            config,
+            pool,
+            segments,
+        }
+    }
+
+    /// Open a formatted pool and recover every index from its logs.
+    pub fn open(
+        pool: Arc<Pool>,
+        config: EngineConfig,
+    ) -> Result<(Engine, RecoveryReport), EngineError> {
+        config.validate()?;
+        let (segments, in_use, corrupt) = Segments::open(pool.clone())?;
+        if segments.layout().segment_size_bytes != config.segment_size_bytes {
+            return Err(EngineError::Config(format!(
+                "pool has {} B segments, config says {}",
+                segments.layout().segment_size_bytes,
+                config.segment_size_bytes
+            )));
+        }
+        let engine = Self::assemble(pool, config, segments);
+        let mut report = RecoveryReport {
+            corrupt_segments: corrupt,
+            ..RecoveryReport::default()
+        };
+        // In allocation order, so blocks of an entry that straddle b-log segments
+        // reach the assembler in the order they landed.
+        let mut ordered = in_use.clone();
+        ordered.sort_by_key(|(_, m)| m.seq);
+        let mut assembler = Assembler::new();
+        for &(seg, _) in &ordered {
+            engine.recover_segment(seg, &mut assembler, &mut report)?;
+        }
+        report.incomplete_entries = assembler.pending();
+        // Live bytes from what the indexes point to (recounted from scratch).
+        for counter in &engine.live_bytes {
+            counter.store(0, Ordering::Relaxed);
+        }
+        for shard in &engine.shards {
+            shard.index.for_each(|addr| engine.account_live(addr, true));
+        }
+        // A worker's or the cleaner's segment that was being filled is closed: new
+        // appends go to fresh segments, so a torn tail is never appended after.
+        for &(seg, meta) in &in_use {
+            if meta.state == SegmentState::Using && meta.owner != Owner::Control {
+                engine.segments.transition(seg, SegmentState::Committed);
+            }
+        }
+        Ok((engine, report))
+    }
+
+    fn recover_segment(
+        &self,
+        seg: SegmentId,
+        assembler: &mut Assembler,
+        report: &mut RecoveryReport,
+    ) -> Result<(), EngineError> {
+        report.segments_scanned += 1;
+        let mut sink = |e: Ingested| match e {
+            Ingested::Entry {
+                shard,
+                version,
+                applied,
+            } => {
+                if let Some(s) = self.shards.get(shard.0 as usize) {
+                    s.next_version.fetch_max(version.0 + 1, Ordering::Relaxed);
+                }
+                match applied {
+                    Some(Upsert::Stale { .. }) => report.entries_superseded += 1,
+                    Some(_) => report.entries_indexed += 1,
+                    None => report.foreign_entries += 1,
+                }
+            }
+            Ingested::Commit { .. } => {}
+        };
+        if let Some((at, why)) = self.ingest_segment(seg, &|_| true, assembler, &mut sink)? {
+            report.log_ends.push((seg, at, why));
+        }
+        Ok(())
+    }
+
+    /// Walk the blocks of `seg` from its start to the end of its log, installing
+    /// every entry in its shard's index (version-conditionally) and reporting each to
+    /// `sink`. An entry whose blocks are contiguous is indexed where it lies; the
+    /// blocks of one that landed apart (a b-log, Figure 7) go to `assembler`, and
+    /// the assembled entry is written contiguously to the cleaner's log and indexed
+    /// there. Returns where and why the log ended, unless at a zero header or the
+    /// segment's end.
+    pub(crate) fn ingest_segment(
+        &self,
+        seg: SegmentId,
+        owns: &dyn Fn(ShardId) -> bool,
+        assembler: &mut Assembler,
+        sink: &mut dyn FnMut(Ingested),
+    ) -> Result<Option<(usize, String)>, EngineError> {
+        let base = self.segments.layout().segment_offset(seg);
+        let size = self.config.segment_size_bytes;
+        let mut bytes = vec![0u8; size];
+        self.pool.read(base, &mut bytes);
+        let mut at = 0;
+        while at < size {
+            let (header, payload) = match entry::parse_block(&bytes[at..]) {
+                Ok(b) => b,
+                Err(EntryError::End) => return Ok(None),
+                Err(err) => return Ok(Some((at, err.to_string()))),
+            };
+            if !owns(header.shard) {
+                at += header.padded_len();
+                continue;
+            }
+            if header.kind == Kind::Commit {
+                sink(Ingested::Commit {
+                    shard: header.shard,
+                    version: header.version,
+                });
+                at += header.padded_len();
+                continue;
+            }
+            if header.seq == 0 {
+                if let Ok(e) = entry::parse_entry(&bytes[at..]) {
+                    let addr = (base + at) as u64;
+                    let applied = self.shards.get(e.shard.0 as usize).map(|s| {
+                        let r = self.install(s, e.key, addr, e.version);
+                        self.note_install(addr, r);
+                        r
+                    });
+                    sink(Ingested::Entry {
+                        shard: e.shard,
+                        version: e.version,
+                        applied,
+                    });
+                    at += e.encoded_len;
+                    continue;
+                }
+            }
+            // A block of an entry whose blocks are not contiguous here.
+            if let Some(e) = assembler.add(header, payload)? {
+                let applied = match self.shards.get(e.shard.0 as usize) {
+                    Some(s) => {
+                        let addr =
+                            self.append_copy(e.kind, e.shard, e.version, &e.key, &e.value)?;
+                        let r = self.install(s, &e.key, addr, e.version);
+                        self.note_install(addr, r);
+                        Some(r)
+                    }
+                    None => None,
+                };
+                sink(Ingested::Entry {
+                    shard: e.shard,
+                    version: e.version,
+                    applied,
+                });
+            }
+            at += header.padded_len();
+        }
+        Ok(None)
+    }
+
+    /// Write an entry contiguously to the cleaner's log (durable); its address.
+    fn append_copy(
+        &self,
+        kind: Kind,
+        shard: ShardId,
+        version: Version,
+        key: &[u8],
+        value: &[u8],
+    ) -> Result<u64, EngineError> {
+        let mut log = self.cleaner_log.lock();
+        let mut scratch = std::mem::take(&mut log.scratch);
+        let r = entry::encode(
+            &mut scratch,
+            kind,
+            shard,
+            version,
+            key,
+            value,
+            self.config.mtu_bytes,
+        );
+        log.scratch = scratch;
+        r?;
+        let n = log.scratch.len();
+        self.append(&mut log, n)
+    }
+
+    pub fn config(&self) -> &EngineConfig {
+        &self.config
+    }
+
+    pub fn layout(&self) -> &Layout {
+        self.segments.layout()
+    }
+
+    pub fn pool(&self) -> &Arc<Pool> {
+        &self.pool
+    }
+
+    pub(crate) fn segments(&self) -> &Segments {
+        &self.segments
+    }
+
+    pub fn free_segments(&self) -> usize {
+        self.segments.free_count()
+    }
+
+    fn shard(&self, shard: ShardId) -> Result<&Shard, EngineError> {
+        self.shards
+            .get(shard.0 as usize)
+            .ok_or(EngineError::NoSuchShard(shard))
+    }
+
+    /// Read the entry at `addr` (whole, verified).
+    fn read_entry(&self, addr: u64, buf: &mut Vec<u8>) -> Result<(), EntryError> {
+        let addr = addr as usize;
+        let seg_end = self
+            .segments
+            .layout()
+            .segment_of(addr)
+            .map(|s| self.segments.layout().segment_offset(s) + self.config.segment_size_bytes)
+            .ok_or(EntryError::BadLength(format!(
+                "address {addr} outside the data area"
+            )))?;
+        let mut head = [0u8; entry::HEADER_BYTES];
+        self.pool.read(addr, &mut head);
+        // The header alone (without payload) cannot verify; size the read from it
+        // and let parse_entry verify everything.
+        let key_len = u16::from_le_bytes([head[16], head[17]]) as usize;
+        let value_len = u32::from_le_bytes(head[18..22].try_into().expect("4 bytes")) as usize;
+        let len = entry::encoded_len(key_len, value_len, self.config.mtu_bytes).min(seg_end - addr);
+        buf.resize(len, 0);
+        self.pool.read(addr, buf);
+        Ok(())
+    }
+
+    /// Whether the entry at `addr` is `key`'s. Index items only ever point to
+    /// entries that verified when they were installed, so this compares the header's
+    /// key length and the key bytes without re-checking the checksum (reads verify).
+    fn key_at(&self, addr: u64, key: &[u8]) -> bool {
+        const INLINE_KEY_BYTES: usize = 64;
+        let len = entry::HEADER_BYTES + key.len();
+        if addr as usize + len > self.pool.len_bytes() {
+            return false;
+        }
+        let mut inline = [0u8; entry::HEADER_BYTES + INLINE_KEY_BYTES];
+        let mut heap = Vec::new();
+        let b: &mut [u8] = if len <= inline.len() {
+            &mut inline[..len]
+        } else {
+            heap.resize(len, 0);
+            &mut heap
+        };
+        self.pool.read(addr as usize, b);
+        let key_len = u16::from_le_bytes([b[16], b[17]]) as usize;
+        b[0] != 0 && b[14] == 0 && key_len == key.len() && &b[entry::HEADER_BYTES..] == key
+    }
+
+    fn version_at(&self, addr: u64) -> u64 {
+        let mut b = [0u8; 16];
+        self.pool.read(addr as usize, &mut b);
+        let mut v = [0u8; 8];
+        v[..6].copy_from_slice(&b[8..14]);
+        u64::from_le_bytes(v)
+    }
+
+    fn install(&self, shard: &Shard, key: &[u8], addr: u64, version: Version) -> Upsert {
+        shard.index.upsert(
+            hash_key(key),
+            addr,
+            version.0,
+            |a| self.key_at(a, key),
+            |a| self.version_at(a),
+        )
+    }
+
+    fn entry_len_at(&self, addr: u64) -> u64 {
+        let mut head = [0u8; entry::HEADER_BYTES];
+        self.pool.read(addr as usize, &mut head);
+        let key_len = u16::from_le_bytes([head[16], head[17]]) as usize;
+        let value_len = u32::from_le_bytes(head[18..22].try_into().expect("4 bytes")) as usize;
+        entry::encoded_len(key_len, value_len, self.config.mtu_bytes) as u64
+    }
+
+    /// Live-byte accounting after an index update of an entry at `addr`.
+    fn note_install(&self, addr: u64, upsert: Upsert) {
+        match upsert {
+            Upsert::Inserted => self.account_live(addr, true),
+            Upsert::Replaced { old } => {
+                self.account_live(old, false);
+                self.account_live(addr, true);
+            }
+            // A newer entry of the key is indexed: this one is dead on arrival.
+            Upsert::Stale { .. } => {}
+        }
+    }
+
+    fn account_live(&self, addr: u64, add: bool) {
+        if let Some(seg) = self.segments.layout().segment_of(addr as usize) {
+            let len = self.entry_len_at(addr);
+            let counter = &self.live_bytes[seg.0 as usize];
+            if add {
+                counter.fetch_add(len, Ordering::Relaxed);
+            } else {
+                counter.fetch_sub(len.min(counter.load(Ordering::Relaxed)), Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Append encoded bytes to `log`, durably; returns the pool offset.
+    fn append(&self, log: &mut Log, len: usize) -> Result<u64, EngineError> {
+        let size = self.config.segment_size_bytes;
+        if log.segment.is_none() || log.cursor + len > size {
+            if let Some(full) = log.segment.take() {
+                // Entries of a t-log segment are acknowledged only once durable on
+                // every replica, so a full one is committed (§4.2.1).
+                self.segments.transition(full, SegmentState::Committed);
+            }
+            let seg = self
+                .segments
+                .alloc(log.owner, log.owner_index)
+                .ok_or(EngineError::OutOfSpace)?;
+            log.segment = Some(seg);
+            log.cursor = 0;
+        }
+        let seg = log.segment.expect("allocated above");
+        let at = self.segments.layout().segment_offset(seg) + log.cursor;
+        self.pool.nt_copy(at, &log.scratch[..len]);
+        self.pool.drain(at, len);
+        log.cursor += len;
+        Ok(at as u64)
+    }
+
+    fn write(
+        &self,
+        worker: usize,
+        shard_id: ShardId,
+        kind: Kind,
+        key: &[u8],
+        value: &[u8],
+    ) -> Result<Written, EngineError> {
+        let shard = self.shard(shard_id)?;
+        let log = self
+            .tlogs
+            .get(worker)
+            .ok_or(EngineError::Config(format!("no worker {worker}")))?;
+        let mut log = log.lock();
+        let version = Version(shard.next_version.fetch_add(1, Ordering::Relaxed));
+        if version > Version::MAX {
+            return Err(EngineError::VersionsExhausted(shard_id));
+        }
+        let mut scratch = std::mem::take(&mut log.scratch);
+        let encoded = entry::encode(
+            &mut scratch,
+            kind,
+            shard_id,
+            version,
+            key,
+            value,
+            self.config.mtu_bytes,
+        );
+        log.scratch = scratch;
+        encoded?;
+        let len = log.scratch.len();
+        let addr = self.append(&mut log, len)?;
+        drop(log);
+        let upsert = self.install(shard, key, addr, version);
+        self.note_install(addr, upsert);
+        Ok(Written { version, addr })
+    }
+
+    /// Store `value` under `key` in `shard`; durable on return.
+    pub fn put(
+        &self,
+        worker: usize,
+        shard: ShardId,
+        key: &[u8],
+        value: &[u8],
+    ) -> Result<Written, EngineError> {
+        self.write(worker, shard, Kind::Put, key, value)
+    }
+
+    /// Delete `key` from `shard` (a tombstone entry); durable on return.
+    pub fn delete(
+        &self,
+        worker: usize,
+        shard: ShardId,
+        key: &[u8],
+    ) -> Result<Written, EngineError> {
+        self.write(worker, shard, Kind::Del, key, &[])
+    }
+
+    /// The latest value of `key` in `shard` and its version.
+    pub fn get(
+        &self,
+        shard_id: ShardId,
+        key: &[u8],
+    ) -> Result<Option<(Vec<u8>, Version)>, EngineError> {
+        let shard = self.shard(shard_id)?;
+        let hash = hash_key(key);
+        let mut buf = Vec::new();
+        for _ in 0..READ_RETRIES_MAX {
+            let Some(addr) = shard.index.get(hash, |a| self.key_at(a, key)) else {
+                return Ok(None);
+            };
+            if self.read_entry(addr, &mut buf).is_err() {
+                continue;
+            }
+            match entry::parse_entry(&buf) {
+                // Verified and still this key: the answer. (A cleaned-and-reused
+                // segment fails one of these checks, and the lookup is retried.)
+                Ok(e) if e.key == key && e.shard == shard_id => {
+                    return Ok(match e.kind {
+                        Kind::Put => Some((e.value.into_owned(), e.version)),
+                        _ => None,
+                    });
+                }
+                _ => continue,
+            }
+        }
+        Err(EngineError::Corrupt(format!(
+            "entry for a key of {shard_id:?} did not verify after {READ_RETRIES_MAX} reads"
+        )))
+    }
+
+    /// The next version `shard` will hand out.
+    pub fn next_version(&self, shard: ShardId) -> Result<Version, EngineError> {
+        Ok(Version(
+            self.shard(shard)?.next_version.load(Ordering::Relaxed),
+        ))
+    }
+
+    /// Number of keys (tombstones included) indexed in `shard`.
+    pub fn indexed(&self, shard: ShardId) -> Result<usize, EngineError> {
+        Ok(self.shard(shard)?.index.len())
+    }
+
+    /// One cleaning pass: free segments whose grace period has passed, then clean
+    /// every committed segment below the live threshold.
+    pub fn clean(&self) -> Result<CleanReport, EngineError> {
+        let _one_cleaner = self.clean_lock.lock();
+        let mut report = CleanReport::default();
+        {
+            let mut limbo = self.limbo.lock();
+            while limbo
+                .front()
+                .is_some_and(|(t, _)| t.elapsed() >= self.config.clean_grace)
+            {
+                let (_, seg) = limbo.pop_front().expect("checked");
+                self.segments.release(seg);
+                report.segments_freed += 1;
+            }
+        }
+        let size = self.config.segment_size_bytes as f64;
+        let cleaner_seg = self.cleaner_log.lock().segment;
+        let candidates: Vec<SegmentId> = (0..self.segments.layout().segment_count as u32)
+            .map(SegmentId)
+            .filter(|&s| Some(s) != cleaner_seg)
+            .filter(
+                |&s| matches!(self.segments.meta(s), Ok(m) if m.state == SegmentState::Committed),
+            )
+            .filter(|&s| {
+                (self.live_bytes[s.0 as usize].load(Ordering::Relaxed) as f64)
+                    < self.config.clean_live_fraction_max * size
+            })
+            .filter(|s| !self.limbo.lock().iter().any(|(_, l)| l == s))
+            .collect();
+        for seg in candidates {
+            self.clean_segment(seg, &mut report)?;
+        }
+        Ok(report)
+    }
+
+    fn clean_segment(&self, seg: SegmentId, report: &mut CleanReport) -> Result<(), EngineError> {
+        let base = self.segments.layout().segment_offset(seg);
+        let size = self.config.segment_size_bytes;
+        let mut bytes = vec![0u8; size];
+        self.pool.read(base, &mut bytes);
+        let mut at = 0;
+        while at < size {
+            let Ok((header, _)) = entry::parse_block(&bytes[at..]) else {
+                break;
+            };
+            // Only an entry whose blocks lie here contiguously can be indexed here;
+            // blocks that landed apart were assembled and indexed elsewhere.
+            let contiguous = (header.kind != Kind::Commit && header.seq == 0)
+                .then(|| entry::parse_entry(&bytes[at..]).ok())
+                .flatten();
+            let Some(e) = contiguous else {
+                at += header.padded_len();
+                continue;
+            };
+            let len = e.encoded_len;
+            let old = (base + at) as u64;
+            at += len;
+            let Some(shard) = self.shards.get(e.shard.0 as usize) else {
+                continue;
+            };
+            let hash = hash_key(e.key);
+            if shard.index.get(hash, |a| self.key_at(a, e.key)) != Some(old) {
+                continue; // dead: a newer entry (or a newer copy) is indexed
+            }
+            let new = self.append_copy(e.kind, e.shard, e.version, e.key, &e.value)?;
+            if shard.index.relocate(hash, old, new) {
+                self.account_live(new, true);
+                report.entries_moved += 1;
+                report.bytes_moved += len as u64;
+            }
+        }
+        self.live_bytes[seg.0 as usize].store(0, Ordering::Relaxed);
+        self.limbo.lock().push_back((Instant::now(), seg));
+        report.segments_cleaned += 1;
+        Ok(())
+    }
+}

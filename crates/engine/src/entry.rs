@@ -1,0 +1,1102 @@
+//! Log entries: the on-media layout of one PUT, DEL or commit record, shared by the
+//! t-logs (a worker thread's own log) and the b-log (what Rowan lands from primaries).
+//!
+//! The byte layout, its invariants and the assumptions about the medium are in
+//! `docs/format/log-entry.md`; that page is the contract, this module implements it.
+//! In short: an entry is one or more *blocks* (seed 000 §4.2.2, Figure 7); each block
+//! is a 24 B header followed by its payload, padded with zeros to a multiple of 64 B
+//! (§5.3), and no padded block is larger than the MTU. Every block carries the whole
+//! metadata (kind, shard, version, lengths) plus `seq`/`cnt` and a CRC32C of itself,
+//! so a block can be verified alone, wherever the NIC placed it.
+//!
+//! Decoders ([`parse_block`], [`parse_entry`], [`read_key`], [`Assembler::add`]) take
+//! bytes from PM or the network: they never panic and never read past their input.
+//! [`encode`] and [`parse_block`] do not allocate.
+
+use std::borrow::Cow;
+use std::collections::BTreeMap;
+
+use rowankv_types::{ShardId, Version};
+
+/// Alignment of every block: one cache line, the stride of a multi-packet SRQ.
+pub const STRIDE_BYTES: usize = 64;
+/// Size of a block header.
+pub const HEADER_BYTES: usize = 24;
+/// Largest key.
+pub const KEY_BYTES_MAX: usize = 1024;
+/// Largest number of blocks in one entry (`cnt` is a `u8`).
+pub const BLOCKS_MAX: usize = 255;
+/// Default MTU: the largest padded block.
+pub const MTU_BYTES_DEFAULT: usize = 4096;
+/// Smallest MTU: a header plus the largest key must fit in block 0, padded.
+pub const MTU_BYTES_MIN: usize = 1088;
+/// Largest MTU: a block's payload length must fit in the `u16` `payload_len`.
+pub const MTU_BYTES_MAX: usize = 65536;
+/// The `format` byte written by this code.
+pub const FORMAT_V1: u8 = 1;
+/// Bound on the entries an [`Assembler`] holds incomplete at once.
+pub const ASSEMBLER_PENDING_MAX: usize = 4096;
+
+const _: () = assert!(MTU_BYTES_MIN == round_up_stride(HEADER_BYTES + KEY_BYTES_MAX));
+const _: () = assert!(MTU_BYTES_MIN.is_multiple_of(STRIDE_BYTES));
+const _: () = assert!(MTU_BYTES_DEFAULT.is_multiple_of(STRIDE_BYTES));
+const _: () = assert!(MTU_BYTES_MAX.is_multiple_of(STRIDE_BYTES));
+const _: () = assert!(MTU_BYTES_MIN <= MTU_BYTES_DEFAULT && MTU_BYTES_DEFAULT <= MTU_BYTES_MAX);
+const _: () = assert!(MTU_BYTES_MAX - HEADER_BYTES <= u16::MAX as usize);
+const _: () = assert!(KEY_BYTES_MAX <= u16::MAX as usize);
+const _: () = assert!(BLOCKS_MAX <= u8::MAX as usize);
+// The largest value (at the largest MTU) fits in the `u32` `value_len`.
+const _: () = assert!(value_bytes_max(MTU_BYTES_MAX) <= u32::MAX as usize);
+
+/// What an entry records.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// Write `value` under `key`.
+    Put = 1,
+    /// Delete `key`; the value is empty.
+    Del = 2,
+    /// A `<shard, CommitVer>` record: every entry of `shard` up to `version` is
+    /// persisted on all replicas. Key and value are empty.
+    Commit = 3,
+}
+
+impl TryFrom<u8> for Kind {
+    type Error = EntryError;
+
+    fn try_from(byte: u8) -> Result<Self, EntryError> {
+        match byte {
+            1 => Ok(Kind::Put),
+            2 => Ok(Kind::Del),
+            3 => Ok(Kind::Commit),
+            other => Err(EntryError::BadKind(other)),
+        }
+    }
+}
+
+/// The decoded header of one block (the `crc32c` and `format` fields are checked by
+/// [`parse_block`] and not kept).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BlockHeader {
+    pub kind: Kind,
+    pub shard: ShardId,
+    pub version: Version,
+    /// Index of this block within its entry, `0..cnt`.
+    pub seq: u8,
+    /// Number of blocks of the entry, `1..=BLOCKS_MAX`.
+    pub cnt: u8,
+    /// The entry's key length (same in every block).
+    pub key_len: u16,
+    /// The entry's total value length (same in every block).
+    pub value_len: u32,
+    /// Payload bytes in this block.
+    pub payload_len: u16,
+}
+
+impl BlockHeader {
+    /// Bytes this block occupies: header plus payload, rounded up to 64 B.
+    pub fn padded_len(&self) -> usize {
+        round_up_stride(HEADER_BYTES + self.payload_len as usize)
+    }
+}
+
+/// Why bytes are not a valid block or entry, or why an entry cannot be encoded.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum EntryError {
+    /// The first 8 bytes are zero: the log ends here. Not corruption.
+    #[error("end of log: zero header")]
+    End,
+    #[error("truncated: need {need} bytes, have {have}")]
+    Truncated { need: usize, have: usize },
+    #[error("bad kind {0}")]
+    BadKind(u8),
+    #[error("bad format {0}")]
+    BadFormat(u8),
+    #[error("checksum mismatch: stored {stored:#010x}, computed {computed:#010x}")]
+    ChecksumMismatch { stored: u32, computed: u32 },
+    /// An inconsistent length, `seq` or `cnt` field, or blocks of one entry that
+    /// disagree.
+    #[error("bad length: {0}")]
+    BadLength(String),
+    #[error("key of {len} bytes exceeds {max}")]
+    KeyTooLarge { len: usize, max: usize },
+    #[error("value of {len} bytes exceeds {max}")]
+    ValueTooLarge { len: usize, max: usize },
+    /// Not a multiple of 64 in `MTU_BYTES_MIN..=MTU_BYTES_MAX`.
+    #[error("bad mtu {0}")]
+    BadMtu(usize),
+    /// The [`Assembler`] already holds `ASSEMBLER_PENDING_MAX` incomplete entries.
+    #[error("assembler full: {pending_max} incomplete entries")]
+    AssemblerFull { pending_max: usize },
+}
+
+/// The largest value an entry may carry at this MTU: `BLOCKS_MAX` full blocks minus
+/// the largest key. Conservative: a short key does not buy a longer value, so the
+/// limit does not depend on the key.
+pub const fn value_bytes_max(mtu_bytes: usize) -> usize {
+    assert!(mtu_bytes >= MTU_BYTES_MIN);
+    BLOCKS_MAX * (mtu_bytes - HEADER_BYTES) - KEY_BYTES_MAX
+}
+
+const fn round_up_stride(len: usize) -> usize {
+    len.div_ceil(STRIDE_BYTES) * STRIDE_BYTES
+}
+
+fn mtu_is_valid(mtu_bytes: usize) -> bool {
+    (MTU_BYTES_MIN..=MTU_BYTES_MAX).contains(&mtu_bytes) && mtu_bytes.is_multiple_of(STRIDE_BYTES)
+}
+
+/// Number of blocks of an entry of `total_len` payload bytes (key plus value), with
+/// `capacity` payload bytes per block.
+fn blocks_count(total_len: usize, capacity: usize) -> usize {
+    total_len.div_ceil(capacity).max(1)
+}
+
+/// Size in bytes of the encoded entry (sum of padded blocks).
+///
+/// Panics if `mtu_bytes` is not a valid MTU (a programmer error).
+pub fn encoded_len(key_len: usize, value_len: usize, mtu_bytes: usize) -> usize {
+    assert!(mtu_is_valid(mtu_bytes), "bad mtu {mtu_bytes}");
+    let capacity = mtu_bytes - HEADER_BYTES;
+    let total_len = key_len + value_len;
+    let cnt = blocks_count(total_len, capacity);
+    let last_payload_len = total_len - (cnt - 1) * capacity;
+    (cnt - 1) * mtu_bytes + round_up_stride(HEADER_BYTES + last_payload_len)
+}
+
+/// CRC32C of a block, `[0, 24 + payload_len)`, with the checksum field read as zero.
+fn block_crc(header: &[u8], payload: &[u8]) -> u32 {
+    let crc = crc32c::crc32c(&header[0..4]);
+    let crc = crc32c::crc32c_append(crc, &[0u8; 4]);
+    let crc = crc32c::crc32c_append(crc, &header[8..HEADER_BYTES]);
+    crc32c::crc32c_append(crc, payload)
+}
+
+/// The header with a zero checksum field.
+fn header_bytes(h: &BlockHeader) -> [u8; HEADER_BYTES] {
+    let mut b = [0u8; HEADER_BYTES];
+    b[0] = h.kind as u8;
+    b[1] = FORMAT_V1;
+    b[2..4].copy_from_slice(&h.shard.0.to_le_bytes());
+    b[8..14].copy_from_slice(&h.version.0.to_le_bytes()[..6]);
+    b[14] = h.seq;
+    b[15] = h.cnt;
+    b[16..18].copy_from_slice(&h.key_len.to_le_bytes());
+    b[18..22].copy_from_slice(&h.value_len.to_le_bytes());
+    b[22..24].copy_from_slice(&h.payload_len.to_le_bytes());
+    b
+}
+
+/// Encode an entry into `out` (cleared first): contiguous blocks, each padded to
+/// 64 B, none larger than `mtu_bytes`. Returns the number of blocks. Does not
+/// allocate when `out` already has the capacity.
+pub fn encode(
+    out: &mut Vec<u8>,
+    kind: Kind,
+    shard: ShardId,
+    version: Version,
+    key: &[u8],
+    value: &[u8],
+    mtu_bytes: usize,
+) -> Result<usize, EntryError> {
+    if !mtu_is_valid(mtu_bytes) {
+        return Err(EntryError::BadMtu(mtu_bytes));
+    }
+    if key.len() > KEY_BYTES_MAX {
+        return Err(EntryError::KeyTooLarge {
+            len: key.len(),
+            max: KEY_BYTES_MAX,
+        });
+    }
+    let value_max = value_bytes_max(mtu_bytes);
+    if value.len() > value_max {
+        return Err(EntryError::ValueTooLarge {
+            len: value.len(),
+            max: value_max,
+        });
+    }
+    if version > Version::MAX {
+        return Err(EntryError::BadLength(format!(
+            "version {} exceeds 48 bits",
+            version.0
+        )));
+    }
+    match kind {
+        Kind::Put => {}
+        Kind::Del if !value.is_empty() => {
+            return Err(EntryError::BadLength("a Del has no value".into()));
+        }
+        Kind::Commit if !key.is_empty() || !value.is_empty() => {
+            return Err(EntryError::BadLength(
+                "a Commit has no key and no value".into(),
+            ));
+        }
+        Kind::Del | Kind::Commit => {}
+    }
+
+    let capacity = mtu_bytes - HEADER_BYTES;
+    let key_len = key.len();
+    let total_len = key_len + value.len();
+    let cnt = blocks_count(total_len, capacity);
+    assert!(cnt <= BLOCKS_MAX);
+    out.clear();
+    out.reserve(encoded_len(key_len, value.len(), mtu_bytes));
+
+    for seq in 0..cnt {
+        // This block carries bytes [begin, end) of the stream key ++ value.
+        let begin = seq * capacity;
+        let end = (begin + capacity).min(total_len);
+        let header = BlockHeader {
+            kind,
+            shard,
+            version,
+            seq: seq as u8,
+            cnt: cnt as u8,
+            key_len: key_len as u16,
+            value_len: value.len() as u32,
+            payload_len: (end - begin) as u16,
+        };
+        let start = out.len();
+        out.extend_from_slice(&header_bytes(&header));
+        out.extend_from_slice(&key[begin.min(key_len)..end.min(key_len)]);
+        out.extend_from_slice(&value[begin.max(key_len) - key_len..end.max(key_len) - key_len]);
+        let covered_end = out.len();
+        let crc = block_crc(
+            &out[start..start + HEADER_BYTES],
+            &out[start + HEADER_BYTES..covered_end],
+        );
+        out[start + 4..start + 8].copy_from_slice(&crc.to_le_bytes());
+        out.resize(start + header.padded_len(), 0);
+        assert!(header.padded_len() <= mtu_bytes);
+    }
+    assert_eq!(out.len(), encoded_len(key_len, value.len(), mtu_bytes));
+    Ok(cnt)
+}
+
+/// Checks a header on its own: fields that must agree with each other within one
+/// block. Returns the payload capacity per block that the header implies (`None` for
+/// a single-block entry, whose capacity is not recorded).
+fn check_header(h: &BlockHeader) -> Result<Option<usize>, EntryError> {
+    let bad = |what: String| Err(EntryError::BadLength(what));
+    let cnt = h.cnt as usize;
+    let seq = h.seq as usize;
+    let key_len = h.key_len as usize;
+    let value_len = h.value_len as usize;
+    let payload_len = h.payload_len as usize;
+    if cnt == 0 {
+        return bad("cnt 0".into());
+    }
+    if seq >= cnt {
+        return bad(format!("seq {seq} not below cnt {cnt}"));
+    }
+    if key_len > KEY_BYTES_MAX {
+        return Err(EntryError::KeyTooLarge {
+            len: key_len,
+            max: KEY_BYTES_MAX,
+        });
+    }
+    match h.kind {
+        Kind::Put => {}
+        Kind::Del if value_len != 0 => return bad(format!("Del with value_len {value_len}")),
+        Kind::Commit if key_len != 0 || value_len != 0 => {
+            return bad(format!(
+                "Commit with key_len {key_len}, value_len {value_len}"
+            ));
+        }
+        Kind::Del | Kind::Commit => {}
+    }
+    if h.padded_len() > MTU_BYTES_MAX {
+        return bad(format!("payload_len {payload_len} exceeds the largest mtu"));
+    }
+    let total_len = key_len + value_len;
+    if cnt == 1 {
+        if payload_len != total_len {
+            return bad(format!(
+                "single block: payload_len {payload_len} != key+value {total_len}"
+            ));
+        }
+        return Ok(None);
+    }
+    // Several blocks: all but the last are full, so each block pins the capacity.
+    let capacity = if seq + 1 < cnt {
+        payload_len
+    } else {
+        if payload_len == 0 || payload_len > total_len {
+            return bad(format!(
+                "last block: payload_len {payload_len}, key+value {total_len}"
+            ));
+        }
+        let rest = total_len - payload_len;
+        if !rest.is_multiple_of(cnt - 1) {
+            return bad(format!(
+                "last block: {rest} bytes do not split into {} blocks",
+                cnt - 1
+            ));
+        }
+        rest / (cnt - 1)
+    };
+    let mtu_bytes = capacity + HEADER_BYTES;
+    if !mtu_is_valid(mtu_bytes) {
+        return bad(format!("implied mtu {mtu_bytes} is not valid"));
+    }
+    if total_len <= (cnt - 1) * capacity || total_len > cnt * capacity {
+        return bad(format!("{total_len} bytes in {cnt} blocks of {capacity}"));
+    }
+    let value_max = value_bytes_max(mtu_bytes);
+    if value_len > value_max {
+        return Err(EntryError::ValueTooLarge {
+            len: value_len,
+            max: value_max,
+        });
+    }
+    // Block 0 holds the whole key; implied by capacity >= MTU_BYTES_MIN - 24 > key_len.
+    assert!(key_len <= capacity);
+    Ok(Some(capacity))
+}
+
+/// Parse and verify one block at the start of `bytes` (`bytes` may be longer; it
+/// must hold the padded block). Never panics, never reads past `bytes`, never
+/// allocates (except to describe a `BadLength`). The padding is not checked.
+pub fn parse_block(bytes: &[u8]) -> Result<(BlockHeader, &[u8]), EntryError> {
+    if bytes.len() >= 8 && bytes[..8].iter().all(|&b| b == 0) {
+        return Err(EntryError::End);
+    }
+    let Some(b) = bytes.get(..HEADER_BYTES) else {
+        return Err(EntryError::Truncated {
+            need: HEADER_BYTES,
+            have: bytes.len(),
+        });
+    };
+    let kind = Kind::try_from(b[0])?;
+    if b[1] != FORMAT_V1 {
+        return Err(EntryError::BadFormat(b[1]));
+    }
+    let mut version = [0u8; 8];
+    version[..6].copy_from_slice(&b[8..14]);
+    let header = BlockHeader {
+        kind,
+        shard: ShardId(u16::from_le_bytes([b[2], b[3]])),
+        version: Version(u64::from_le_bytes(version)),
+        seq: b[14],
+        cnt: b[15],
+        key_len: u16::from_le_bytes([b[16], b[17]]),
+        value_len: u32::from_le_bytes([b[18], b[19], b[20], b[21]]),
+        payload_len: u16::from_le_bytes([b[22], b[23]]),
+    };
+    let padded_len = header.padded_len();
+    if bytes.len() < padded_len {
+        return Err(EntryError::Truncated {
+            need: padded_len,
+            have: bytes.len(),
+        });
+    }
+    let payload = &bytes[HEADER_BYTES..HEADER_BYTES + header.payload_len as usize];
+    let stored = u32::from_le_bytes([b[4], b[5], b[6], b[7]]);
+    let computed = block_crc(b, payload);
+    if stored != computed {
+        return Err(EntryError::ChecksumMismatch { stored, computed });
+    }
+    check_header(&header)?;
+    Ok((header, payload))
+}
+
+/// A whole entry parsed from contiguous blocks.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Entry<'a> {
+    pub kind: Kind,
+    pub shard: ShardId,
+    pub version: Version,
+    pub key: &'a [u8],
+    /// Borrowed when the entry is one block; assembled when it spans several.
+    pub value: Cow<'a, [u8]>,
+    /// Bytes the entry occupies (sum of its padded blocks); the next entry of a
+    /// t-log starts there.
+    pub encoded_len: usize,
+}
+
+/// Whether `h` belongs to the same entry as block 0 `first` (all fields but `seq`
+/// and `payload_len` agree).
+fn same_entry(first: &BlockHeader, h: &BlockHeader) -> bool {
+    h.kind == first.kind
+        && h.shard == first.shard
+        && h.version == first.version
+        && h.cnt == first.cnt
+        && h.key_len == first.key_len
+        && h.value_len == first.value_len
+}
+
+/// Parse a whole entry whose blocks are contiguous from `bytes[0]` (as in a t-log):
+/// every block is verified, and the blocks must agree and come in order.
+pub fn parse_entry(bytes: &[u8]) -> Result<Entry<'_>, EntryError> {
+    let (first, payload0) = parse_block(bytes)?;
+    if first.seq != 0 {
+        return Err(EntryError::BadLength(format!(
+            "entry starts at seq {}",
+            first.seq
+        )));
+    }
+    let key_len = first.key_len as usize;
+    let key = &payload0[..key_len];
+    let mut offset = first.padded_len();
+    if first.cnt == 1 {
+        return Ok(Entry {
+            kind: first.kind,
+            shard: first.shard,
+            version: first.version,
+            key,
+            value: Cow::Borrowed(&payload0[key_len..]),
+            encoded_len: offset,
+        });
+    }
+    // Grow with the bytes actually verified, not with the claimed value_len.
+    let mut value = Vec::with_capacity((first.value_len as usize).min(bytes.len()));
+    value.extend_from_slice(&payload0[key_len..]);
+    for seq in 1..first.cnt {
+        let rest = bytes.get(offset..).unwrap_or(&[]);
+        let (h, payload) = parse_block(rest).map_err(|e| match e {
+            EntryError::Truncated { need, have } => EntryError::Truncated {
+                need: offset + need,
+                have: offset + have,
+            },
+            other => other,
+        })?;
+        if h.seq != seq || !same_entry(&first, &h) {
+            return Err(EntryError::BadLength(format!(
+                "block {seq} of {:?} at offset {offset} is {h:?}",
+                first
+            )));
+        }
+        if seq + 1 < first.cnt && h.payload_len != first.payload_len {
+            return Err(EntryError::BadLength(format!(
+                "block {seq}: payload_len {} != block 0's {}",
+                h.payload_len, first.payload_len
+            )));
+        }
+        value.extend_from_slice(payload);
+        offset += h.padded_len();
+    }
+    if value.len() != first.value_len as usize {
+        return Err(EntryError::BadLength(format!(
+            "blocks carry {} value bytes, value_len is {}",
+            value.len(),
+            first.value_len
+        )));
+    }
+    Ok(Entry {
+        kind: first.kind,
+        shard: first.shard,
+        version: first.version,
+        key,
+        value: Cow::Owned(value),
+        encoded_len: offset,
+    })
+}
+
+/// The key of the entry at the start of `bytes`, from its verified block 0, without
+/// touching the value's later blocks (for index key comparisons).
+pub fn read_key(bytes: &[u8]) -> Result<(BlockHeader, &[u8]), EntryError> {
+    let (header, payload) = parse_block(bytes)?;
+    if header.seq != 0 {
+        return Err(EntryError::BadLength(format!(
+            "read_key at seq {}",
+            header.seq
+        )));
+    }
+    Ok((header, &payload[..header.key_len as usize]))
+}
+
+/// An entry put together by an [`Assembler`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AssembledEntry {
+    pub kind: Kind,
+    pub shard: ShardId,
+    pub version: Version,
+    pub key: Vec<u8>,
+    pub value: Vec<u8>,
+}
+
+#[derive(Debug)]
+struct Pending {
+    /// The first block's header received (any `seq`).
+    header: BlockHeader,
+    capacity: usize,
+    /// Payload of each block received, indexed by `seq`.
+    payloads: Vec<Option<Vec<u8>>>,
+    received: usize,
+}
+
+/// Assembles entries whose blocks arrive separately and in any order (the b-log,
+/// seed 000 Figure 7): a multi-packet SRQ may place the blocks of one entry at
+/// non-adjacent offsets. An entry is identified by `<shard, version>` and complete
+/// when all its `cnt` blocks are present. At most `ASSEMBLER_PENDING_MAX` entries
+/// are held incomplete.
+#[derive(Debug, Default)]
+pub struct Assembler {
+    pending: BTreeMap<(ShardId, Version), Pending>,
+}
+
+impl Assembler {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Incomplete entries held.
+    pub fn pending(&self) -> usize {
+        self.pending.len()
+    }
+
+    /// Drop every incomplete entry.
+    pub fn clear(&mut self) {
+        self.pending.clear();
+    }
+
+    /// Add one block (normally from [`parse_block`]; the header is checked again, so
+    /// any header is safe). Returns the entry once its last missing block arrives.
+    /// A duplicate `seq` or a header that disagrees with the entry's earlier blocks
+    /// is a `BadLength`, and the block is dropped; the entry stays pending.
+    pub fn add(
+        &mut self,
+        header: BlockHeader,
+        payload: &[u8],
+    ) -> Result<Option<AssembledEntry>, EntryError> {
+        let capacity = check_header(&header)?;
+        if payload.len() != header.payload_len as usize {
+            return Err(EntryError::BadLength(format!(
+                "payload of {} bytes, payload_len {}",
+                payload.len(),
+                header.payload_len
+            )));
+        }
+        let Some(capacity) = capacity else {
+            // A single-block entry is complete at once.
+            let key_len = header.key_len as usize;
+            return Ok(Some(AssembledEntry {
+                kind: header.kind,
+                shard: header.shard,
+                version: header.version,
+                key: payload[..key_len].to_vec(),
+                value: payload[key_len..].to_vec(),
+            }));
+        };
+        let id = (header.shard, header.version);
+        if !self.pending.contains_key(&id) && self.pending.len() >= ASSEMBLER_PENDING_MAX {
+            return Err(EntryError::AssemblerFull {
+                pending_max: ASSEMBLER_PENDING_MAX,
+            });
+        }
+        let entry = self.pending.entry(id).or_insert_with(|| Pending {
+            header,
+            capacity,
+            payloads: vec![None; header.cnt as usize],
+            received: 0,
+        });
+        if !same_entry(&entry.header, &header) || entry.capacity != capacity {
+            return Err(EntryError::BadLength(format!(
+                "block {header:?} disagrees with {:?}",
+                entry.header
+            )));
+        }
+        let slot = &mut entry.payloads[header.seq as usize];
+        if slot.is_some() {
+            return Err(EntryError::BadLength(format!("duplicate block {header:?}")));
+        }
+        *slot = Some(payload.to_vec());
+        entry.received += 1;
+        if entry.received < entry.payloads.len() {
+            return Ok(None);
+        }
+
+        let Some(done) = self.pending.remove(&id) else {
+            unreachable!("entry {id:?} was just updated");
+        };
+        let key_len = header.key_len as usize;
+        let mut blocks = done.payloads.into_iter().flatten();
+        let first = blocks.next().unwrap_or_default();
+        let mut value = Vec::with_capacity(header.value_len as usize);
+        value.extend_from_slice(&first[key_len..]);
+        for block in blocks {
+            value.extend_from_slice(&block);
+        }
+        // Every block agreed on the capacity, so the lengths add up.
+        assert_eq!(value.len(), header.value_len as usize);
+        Ok(Some(AssembledEntry {
+            kind: header.kind,
+            shard: header.shard,
+            version: header.version,
+            key: first[..key_len].to_vec(),
+            value,
+        }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn put(key: &[u8], value: &[u8], mtu_bytes: usize) -> Vec<u8> {
+        let mut out = Vec::new();
+        encode(
+            &mut out,
+            Kind::Put,
+            ShardId(7),
+            Version(64),
+            key,
+            value,
+            mtu_bytes,
+        )
+        .unwrap();
+        out
+    }
+
+    fn pattern(len: usize, seed: u8) -> Vec<u8> {
+        (0..len)
+            .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+            .collect()
+    }
+
+    /// Offsets of the blocks of a contiguous encoded entry.
+    fn block_offsets(bytes: &[u8]) -> Vec<usize> {
+        let mut offsets = Vec::new();
+        let mut offset = 0;
+        while offset < bytes.len() {
+            offsets.push(offset);
+            offset += parse_block(&bytes[offset..]).unwrap().0.padded_len();
+        }
+        offsets
+    }
+
+    #[test]
+    fn entry_round_trip_single_block() {
+        let key = pattern(16, 1);
+        let value = pattern(90, 2);
+        let bytes = put(&key, &value, MTU_BYTES_DEFAULT);
+        assert_eq!(bytes.len(), 192); // 24 + 106 = 130 -> 192
+        assert_eq!(bytes.len(), encoded_len(16, 90, MTU_BYTES_DEFAULT));
+        let e = parse_entry(&bytes).unwrap();
+        assert_eq!(
+            (e.kind, e.shard, e.version),
+            (Kind::Put, ShardId(7), Version(64))
+        );
+        assert_eq!(e.key, &key[..]);
+        assert!(matches!(e.value, Cow::Borrowed(_)));
+        assert_eq!(&e.value[..], &value[..]);
+        assert_eq!(e.encoded_len, 192);
+        let (h, k) = read_key(&bytes).unwrap();
+        assert_eq!(k, &key[..]);
+        assert_eq!(
+            (h.seq, h.cnt, h.key_len, h.value_len, h.payload_len),
+            (0, 1, 16, 90, 106)
+        );
+
+        let mut out = Vec::new();
+        let n = encode(
+            &mut out,
+            Kind::Del,
+            ShardId(3),
+            Version(9),
+            b"gone",
+            b"",
+            4096,
+        )
+        .unwrap();
+        assert_eq!(n, 1);
+        let e = parse_entry(&out).unwrap();
+        assert_eq!(
+            (e.kind, e.shard, e.version, e.key),
+            (Kind::Del, ShardId(3), Version(9), &b"gone"[..])
+        );
+        assert!(e.value.is_empty());
+        assert_eq!(e.encoded_len, 64);
+
+        encode(
+            &mut out,
+            Kind::Commit,
+            ShardId(u16::MAX),
+            Version::MAX,
+            b"",
+            b"",
+            4096,
+        )
+        .unwrap();
+        let e = parse_entry(&out).unwrap();
+        assert_eq!(
+            (e.kind, e.shard, e.version),
+            (Kind::Commit, ShardId(u16::MAX), Version::MAX)
+        );
+        assert!(e.key.is_empty() && e.value.is_empty());
+        assert_eq!(out.len(), 64);
+    }
+
+    #[test]
+    fn entry_round_trip_multi_block() {
+        let key = pattern(16, 3);
+        let value = pattern(10 * 1024, 4);
+        let mut out = Vec::new();
+        let n = encode(
+            &mut out,
+            Kind::Put,
+            ShardId(1),
+            Version(2),
+            &key,
+            &value,
+            4096,
+        )
+        .unwrap();
+        assert_eq!(n, 3);
+        assert_eq!(out.len(), encoded_len(16, 10 * 1024, 4096));
+        let offsets = block_offsets(&out);
+        assert_eq!(offsets.len(), 3);
+        for (i, &offset) in offsets.iter().enumerate() {
+            let (h, _) = parse_block(&out[offset..]).unwrap();
+            assert_eq!((h.seq as usize, h.cnt), (i, 3));
+            assert!(h.padded_len() <= 4096);
+            if i < 2 {
+                assert_eq!(h.payload_len as usize, 4096 - HEADER_BYTES);
+            }
+        }
+        let e = parse_entry(&out).unwrap();
+        assert_eq!(e.key, &key[..]);
+        assert_eq!(&e.value[..], &value[..]);
+        assert_eq!(e.encoded_len, out.len());
+        assert_eq!(read_key(&out).unwrap().1, &key[..]);
+    }
+
+    #[test]
+    fn entry_boundary_at_mtu() {
+        let key = pattern(100, 5);
+        let fits = 4096 - HEADER_BYTES - key.len();
+        let mut out = Vec::new();
+        assert_eq!(
+            encode(
+                &mut out,
+                Kind::Put,
+                ShardId(0),
+                Version(1),
+                &key,
+                &pattern(fits, 6),
+                4096
+            ),
+            Ok(1)
+        );
+        assert_eq!(out.len(), 4096);
+        let value = pattern(fits + 1, 6);
+        assert_eq!(
+            encode(
+                &mut out,
+                Kind::Put,
+                ShardId(0),
+                Version(1),
+                &key,
+                &value,
+                4096
+            ),
+            Ok(2)
+        );
+        assert_eq!(out.len(), 4096 + 64);
+        let e = parse_entry(&out).unwrap();
+        assert_eq!(&e.value[..], &value[..]);
+    }
+
+    #[test]
+    fn entry_padding_and_first_word() {
+        for (key_len, value_len) in [(0, 0), (1, 0), (16, 90), (40, 0), (100, 5000), (7, 20000)] {
+            let bytes = put(&pattern(key_len, 1), &pattern(value_len, 2), 4096);
+            assert_eq!(bytes.len() % STRIDE_BYTES, 0);
+            for offset in block_offsets(&bytes) {
+                let (h, _) = parse_block(&bytes[offset..]).unwrap();
+                assert_eq!(h.padded_len() % STRIDE_BYTES, 0);
+                assert_ne!(
+                    u64::from_le_bytes(bytes[offset..offset + 8].try_into().unwrap()),
+                    0
+                );
+                let covered = offset + HEADER_BYTES + h.payload_len as usize;
+                assert!(bytes[covered..offset + h.padded_len()]
+                    .iter()
+                    .all(|&b| b == 0));
+            }
+        }
+    }
+
+    #[test]
+    fn entry_every_bit_flip_detected() {
+        let cases = [
+            put(&pattern(16, 1), &pattern(90, 2), 4096),
+            put(&pattern(16, 1), &pattern(5000, 2), 4096),
+        ];
+        for bytes in cases {
+            for offset in block_offsets(&bytes) {
+                let (h, _) = parse_block(&bytes[offset..]).unwrap();
+                let covered = HEADER_BYTES + h.payload_len as usize;
+                let mut copy = bytes.clone();
+                for i in offset..offset + covered {
+                    for bit in 0..8 {
+                        copy[i] ^= 1 << bit;
+                        assert!(
+                            parse_block(&copy[offset..]).is_err(),
+                            "flip {i}.{bit} missed"
+                        );
+                        assert!(parse_entry(&copy).is_err(), "flip {i}.{bit} missed");
+                        copy[i] ^= 1 << bit;
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn entry_end_and_truncated() {
+        assert_eq!(parse_block(&[0u8; 64]), Err(EntryError::End));
+        assert_eq!(parse_entry(&[0u8; 4096]), Err(EntryError::End));
+        assert_eq!(read_key(&[0u8; 8]), Err(EntryError::End));
+        let bytes = put(b"k", &pattern(300, 1), 4096);
+        assert_eq!(
+            parse_block(&bytes[..10]),
+            Err(EntryError::Truncated { need: 24, have: 10 })
+        );
+        assert_eq!(
+            parse_block(&[]),
+            Err(EntryError::Truncated { need: 24, have: 0 })
+        );
+        assert_eq!(
+            parse_block(&bytes[..bytes.len() - 1]),
+            Err(EntryError::Truncated {
+                need: bytes.len(),
+                have: bytes.len() - 1
+            })
+        );
+        let bytes = put(b"k", &pattern(5000, 1), 4096);
+        assert_eq!(
+            parse_entry(&bytes[..4096 + 10]),
+            Err(EntryError::Truncated {
+                need: 4096 + 24,
+                have: 4096 + 10
+            })
+        );
+    }
+
+    #[test]
+    fn entry_limits() {
+        let mut out = Vec::new();
+        let big_key = vec![1u8; KEY_BYTES_MAX + 1];
+        assert_eq!(
+            encode(
+                &mut out,
+                Kind::Put,
+                ShardId(0),
+                Version(1),
+                &big_key,
+                b"v",
+                4096
+            ),
+            Err(EntryError::KeyTooLarge {
+                len: 1025,
+                max: 1024
+            })
+        );
+        assert!(matches!(
+            encode(
+                &mut out,
+                Kind::Put,
+                ShardId(0),
+                Version(1 << 48),
+                b"k",
+                b"v",
+                4096
+            ),
+            Err(EntryError::BadLength(_))
+        ));
+        for mtu in [1000, 1024, 1089, 4095, 65600, 0] {
+            assert_eq!(
+                encode(&mut out, Kind::Put, ShardId(0), Version(1), b"k", b"v", mtu),
+                Err(EntryError::BadMtu(mtu))
+            );
+        }
+        let max = value_bytes_max(MTU_BYTES_MIN);
+        let value = vec![9u8; max + 1];
+        assert_eq!(
+            encode(
+                &mut out,
+                Kind::Put,
+                ShardId(0),
+                Version(1),
+                b"k",
+                &value,
+                MTU_BYTES_MIN
+            ),
+            Err(EntryError::ValueTooLarge { len: max + 1, max })
+        );
+        // The largest key with the largest value fits in BLOCKS_MAX blocks.
+        let key = vec![2u8; KEY_BYTES_MAX];
+        let n = encode(
+            &mut out,
+            Kind::Put,
+            ShardId(0),
+            Version(1),
+            &key,
+            &value[..max],
+            MTU_BYTES_MIN,
+        )
+        .unwrap();
+        assert!(n <= BLOCKS_MAX);
+        let e = parse_entry(&out).unwrap();
+        assert_eq!((e.key.len(), e.value.len()), (KEY_BYTES_MAX, max));
+        assert!(matches!(
+            encode(
+                &mut out,
+                Kind::Del,
+                ShardId(0),
+                Version(1),
+                b"k",
+                b"v",
+                4096
+            ),
+            Err(EntryError::BadLength(_))
+        ));
+        assert!(matches!(
+            encode(
+                &mut out,
+                Kind::Commit,
+                ShardId(0),
+                Version(1),
+                b"k",
+                b"",
+                4096
+            ),
+            Err(EntryError::BadLength(_))
+        ));
+    }
+
+    #[test]
+    fn entry_encode_reuses_buffer() {
+        let mut out = Vec::with_capacity(64 * 1024);
+        let ptr = out.as_ptr();
+        for len in [0, 100, 5000, 20000] {
+            encode(
+                &mut out,
+                Kind::Put,
+                ShardId(0),
+                Version(1),
+                b"key",
+                &pattern(len, 0),
+                4096,
+            )
+            .unwrap();
+            assert_eq!(out.as_ptr(), ptr);
+        }
+    }
+
+    /// Blocks of one entry, as (header, payload).
+    fn blocks(bytes: &[u8]) -> Vec<(BlockHeader, Vec<u8>)> {
+        block_offsets(bytes)
+            .into_iter()
+            .map(|offset| {
+                let (h, p) = parse_block(&bytes[offset..]).unwrap();
+                (h, p.to_vec())
+            })
+            .collect()
+    }
+
+    #[test]
+    fn entry_assembler_out_of_order_interleaved() {
+        let value_a = pattern(10 * 1024, 1);
+        let value_b = pattern(6000, 2);
+        let mut out = Vec::new();
+        encode(
+            &mut out,
+            Kind::Put,
+            ShardId(1),
+            Version(64),
+            b"alpha",
+            &value_a,
+            4096,
+        )
+        .unwrap();
+        let a = blocks(&out);
+        encode(
+            &mut out,
+            Kind::Put,
+            ShardId(2),
+            Version(64),
+            b"beta",
+            &value_b,
+            4096,
+        )
+        .unwrap();
+        let b = blocks(&out);
+        assert_eq!((a.len(), b.len()), (3, 2));
+        let mut asm = Assembler::new();
+        assert_eq!(asm.add(a[2].0, &a[2].1), Ok(None));
+        assert_eq!(asm.add(b[1].0, &b[1].1), Ok(None));
+        assert_eq!(asm.pending(), 2);
+        // Duplicate and conflicting blocks are refused and change nothing.
+        assert!(matches!(
+            asm.add(a[2].0, &a[2].1),
+            Err(EntryError::BadLength(_))
+        ));
+        let mut conflicting = a[0].0;
+        conflicting.value_len += 1;
+        assert!(asm.add(conflicting, &a[0].1).is_err());
+        assert_eq!(asm.add(a[0].0, &a[0].1), Ok(None));
+        let got_b = asm.add(b[0].0, &b[0].1).unwrap().unwrap();
+        assert_eq!(
+            (got_b.shard, &got_b.key[..], &got_b.value[..]),
+            (ShardId(2), &b"beta"[..], &value_b[..])
+        );
+        assert_eq!(asm.pending(), 1);
+        let got_a = asm.add(a[1].0, &a[1].1).unwrap().unwrap();
+        assert_eq!(
+            (got_a.kind, got_a.shard, got_a.version),
+            (Kind::Put, ShardId(1), Version(64))
+        );
+        assert_eq!(
+            (&got_a.key[..], &got_a.value[..]),
+            (&b"alpha"[..], &value_a[..])
+        );
+        assert_eq!(asm.pending(), 0);
+
+        // A single-block entry completes at once.
+        encode(&mut out, Kind::Del, ShardId(5), Version(3), b"k", b"", 4096).unwrap();
+        let (h, p) = parse_block(&out).unwrap();
+        let got = asm.add(h, p).unwrap().unwrap();
+        assert_eq!((got.kind, &got.key[..]), (Kind::Del, &b"k"[..]));
+    }
+
+    #[test]
+    fn entry_assembler_bounded() {
+        let mut asm = Assembler::new();
+        let mut out = Vec::new();
+        let value = pattern(5000, 0);
+        for v in 0..ASSEMBLER_PENDING_MAX as u64 {
+            encode(
+                &mut out,
+                Kind::Put,
+                ShardId(0),
+                Version(v),
+                b"k",
+                &value,
+                4096,
+            )
+            .unwrap();
+            let (h, p) = parse_block(&out).unwrap();
+            assert_eq!(asm.add(h, p), Ok(None));
+        }
+        encode(
+            &mut out,
+            Kind::Put,
+            ShardId(0),
+            Version(1 << 40),
+            b"k",
+            &value,
+            4096,
+        )
+        .unwrap();
+        let (h, p) = parse_block(&out).unwrap();
+        assert_eq!(
+            asm.add(h, p),
+            Err(EntryError::AssemblerFull {
+                pending_max: ASSEMBLER_PENDING_MAX
+            })
+        );
+        asm.clear();
+        assert_eq!(asm.add(h, p), Ok(None));
+    }
+}

@@ -1,0 +1,425 @@
+//! The pool's layout, the segment meta table in PM and the DRAM free list (seed 000
+//! §4.2.1, Figure 6).
+//!
+//! Layout of a pool formatted by the engine (byte-level page: `docs/format/segments.md`):
+//! ```text
+//! [0, 4096)                 superblock: magic, format, geometry, CRC32C
+//! [4096, 4096 + 8 × count)  segment meta table: one 8-byte word per segment
+//! [data_offset, ...)        segments, each segment_size_bytes, data_offset 4 KiB aligned
+//! ```
+//! A meta word is changed only by one 8-byte atomic store followed by a persist, so a
+//! crash leaves every word either before or after a transition, never between.
+//!
+//! Transitions (who may make them):
+//! - free → using: allocation (worker t-log, control b-log, cleaner); persisted before
+//!   the first byte is written into the segment;
+//! - using → committed: a t-log segment is full (its entries are on every replica
+//!   before they are acknowledged); using → used: a b-log segment the NIC has filled;
+//! - used → committed: digest found every shard's MaxVer ≤ CommitVer;
+//! - committed → free: the cleaner copied its live entries (persisted) elsewhere.
+//!
+//! Invariants: a segment is in the DRAM free list iff its word says free; a free
+//! segment's bytes are never trusted (recovery does not read them).
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+use rowankv_pmem::Pool;
+use rowankv_types::SegmentId;
+
+use crate::EngineError;
+
+pub const SUPERBLOCK_BYTES: usize = 4096;
+pub const META_OFFSET: usize = SUPERBLOCK_BYTES;
+const MAGIC: u64 = u64::from_le_bytes(*b"RKVPOOL1");
+const FORMAT_VERSION: u32 = 1;
+/// Bytes of the superblock covered by its checksum.
+const SUPERBLOCK_COVERED: usize = 40;
+
+/// The state of a segment.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum SegmentState {
+    Free = 0,
+    Using = 1,
+    Used = 2,
+    Committed = 3,
+}
+
+/// The kind of thread that allocated a segment.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Owner {
+    None = 0,
+    Worker = 1,
+    Control = 2,
+    Cleaner = 3,
+}
+
+/// One decoded meta word.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SegmentMeta {
+    pub state: SegmentState,
+    pub owner: Owner,
+    /// Index of the owning thread among its kind (worker id).
+    pub owner_index: u8,
+    /// Allocation sequence number: orders segments by when they were allocated
+    /// (the b-log's order, for digest after recovery). 40 bits.
+    pub seq: u64,
+}
+
+const SEQ_MAX: u64 = (1 << 40) - 1;
+
+impl SegmentMeta {
+    pub const FREE: SegmentMeta = SegmentMeta {
+        state: SegmentState::Free,
+        owner: Owner::None,
+        owner_index: 0,
+        seq: 0,
+    };
+
+    pub fn encode(&self) -> u64 {
+        assert!(self.seq <= SEQ_MAX);
+        (self.state as u64)
+            | (self.owner as u64) << 8
+            | (self.owner_index as u64) << 16
+            | self.seq << 24
+    }
+
+    /// Decode a word read from PM; an impossible state or owner is an error.
+    pub fn decode(word: u64) -> Result<SegmentMeta, String> {
+        let state = match word & 0xFF {
+            0 => SegmentState::Free,
+            1 => SegmentState::Using,
+            2 => SegmentState::Used,
+            3 => SegmentState::Committed,
+            s => return Err(format!("state byte {s}")),
+        };
+        let owner = match (word >> 8) & 0xFF {
+            0 => Owner::None,
+            1 => Owner::Worker,
+            2 => Owner::Control,
+            3 => Owner::Cleaner,
+            o => return Err(format!("owner byte {o}")),
+        };
+        let meta = SegmentMeta {
+            state,
+            owner,
+            owner_index: ((word >> 16) & 0xFF) as u8,
+            seq: word >> 24,
+        };
+        if (state == SegmentState::Free) != (owner == Owner::None) {
+            return Err(format!("state {state:?} with owner {owner:?}"));
+        }
+        Ok(meta)
+    }
+}
+
+/// Where things are in a formatted pool.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Layout {
+    pub segment_size_bytes: usize,
+    pub segment_count: usize,
+    pub data_offset: usize,
+}
+
+impl Layout {
+    /// The largest layout that fits `pool_bytes` with segments of `segment_size_bytes`.
+    pub fn for_pool(pool_bytes: usize, segment_size_bytes: usize) -> Result<Layout, EngineError> {
+        if segment_size_bytes < 4096 || !segment_size_bytes.is_multiple_of(4096) {
+            return Err(EngineError::Config(format!(
+                "segment size {segment_size_bytes} B must be a multiple of 4 KiB"
+            )));
+        }
+        // count segments such that META + 8·count rounded to 4 KiB + count·size ≤ pool.
+        let mut count = pool_bytes.saturating_sub(SUPERBLOCK_BYTES) / segment_size_bytes;
+        while count > 0 && Self::data_offset_for(count) + count * segment_size_bytes > pool_bytes {
+            count -= 1;
+        }
+        if count < 2 {
+            return Err(EngineError::Config(format!(
+                "a pool of {pool_bytes} B holds fewer than 2 segments of {segment_size_bytes} B"
+            )));
+        }
+        Ok(Layout {
+            segment_size_bytes,
+            segment_count: count,
+            data_offset: Self::data_offset_for(count),
+        })
+    }
+
+    fn data_offset_for(count: usize) -> usize {
+        (META_OFFSET + 8 * count).div_ceil(4096) * 4096
+    }
+
+    pub fn segment_offset(&self, seg: SegmentId) -> usize {
+        assert!(
+            (seg.0 as usize) < self.segment_count,
+            "{seg:?} out of range"
+        );
+        self.data_offset + seg.0 as usize * self.segment_size_bytes
+    }
+
+    /// The segment holding pool offset `addr`, if it is inside the data area.
+    pub fn segment_of(&self, addr: usize) -> Option<SegmentId> {
+        let rel = addr.checked_sub(self.data_offset)?;
+        let seg = rel / self.segment_size_bytes;
+        (seg < self.segment_count).then_some(SegmentId(seg as u32))
+    }
+
+    fn meta_offset(&self, seg: SegmentId) -> usize {
+        META_OFFSET + 8 * seg.0 as usize
+    }
+
+    fn encode_superblock(&self) -> [u8; SUPERBLOCK_COVERED + 4] {
+        let mut b = [0u8; SUPERBLOCK_COVERED + 4];
+        b[0..8].copy_from_slice(&MAGIC.to_le_bytes());
+        b[8..12].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
+        b[16..24].copy_from_slice(&(self.segment_size_bytes as u64).to_le_bytes());
+        b[24..32].copy_from_slice(&(self.segment_count as u64).to_le_bytes());
+        b[32..40].copy_from_slice(&(self.data_offset as u64).to_le_bytes());
+        let crc = crc32c::crc32c(&b[..SUPERBLOCK_COVERED]);
+        b[40..44].copy_from_slice(&crc.to_le_bytes());
+        b
+    }
+
+    /// Read and check the superblock of `pool`.
+    pub fn read(pool: &Pool) -> Result<Layout, EngineError> {
+        if pool.len_bytes() < SUPERBLOCK_BYTES {
+            return Err(EngineError::Corrupt(
+                "pool smaller than a superblock".into(),
+            ));
+        }
+        let mut b = [0u8; SUPERBLOCK_COVERED + 4];
+        pool.read(0, &mut b);
+        let u64_at = |o: usize| u64::from_le_bytes(b[o..o + 8].try_into().expect("8 bytes"));
+        if u64_at(0) != MAGIC {
+            return Err(EngineError::Corrupt(
+                "no RowanKV superblock (bad magic)".into(),
+            ));
+        }
+        let stored = u32::from_le_bytes(b[40..44].try_into().expect("4 bytes"));
+        let computed = crc32c::crc32c(&b[..SUPERBLOCK_COVERED]);
+        if stored != computed {
+            return Err(EngineError::Corrupt(format!(
+                "superblock checksum mismatch (stored {stored:#x}, computed {computed:#x})"
+            )));
+        }
+        let format = u32::from_le_bytes(b[8..12].try_into().expect("4 bytes"));
+        if format != FORMAT_VERSION {
+            return Err(EngineError::Corrupt(format!(
+                "unknown pool format {format}"
+            )));
+        }
+        let layout = Layout {
+            segment_size_bytes: u64_at(16) as usize,
+            segment_count: u64_at(24) as usize,
+            data_offset: u64_at(32) as usize,
+        };
+        let fits = layout.segment_size_bytes >= 4096
+            && layout.segment_count >= 2
+            && layout.data_offset == Self::data_offset_for(layout.segment_count)
+            && layout
+                .segment_count
+                .checked_mul(layout.segment_size_bytes)
+                .and_then(|b| b.checked_add(layout.data_offset))
+                .is_some_and(|end| end <= pool.len_bytes());
+        if !fits {
+            return Err(EngineError::Corrupt(format!(
+                "superblock geometry {layout:?} does not fit a pool of {} B",
+                pool.len_bytes()
+            )));
+        }
+        Ok(layout)
+    }
+}
+
+/// The segments of one pool: the meta table in PM and the free list in DRAM.
+pub struct Segments {
+    pool: Arc<Pool>,
+    layout: Layout,
+    free: Mutex<VecDeque<SegmentId>>,
+    next_seq: AtomicU64,
+}
+
+impl Segments {
+    /// Format `pool`: superblock and an all-free meta table, persisted.
+    pub fn format(pool: Arc<Pool>, segment_size_bytes: usize) -> Result<Segments, EngineError> {
+        let layout = Layout::for_pool(pool.len_bytes(), segment_size_bytes)?;
+        // Invalidate first, so a crash mid-format never leaves a valid superblock
+        // over a half-written table.
+        pool.write(0, &[0u8; SUPERBLOCK_COVERED + 4]);
+        pool.persist(0, SUPERBLOCK_COVERED + 4);
+        let table_bytes = 8 * layout.segment_count;
+        pool.write(META_OFFSET, &vec![0u8; table_bytes]);
+        pool.persist(META_OFFSET, table_bytes);
+        pool.write(0, &layout.encode_superblock());
+        pool.persist(0, SUPERBLOCK_COVERED + 4);
+        Ok(Segments {
+            pool,
+            free: Mutex::new((0..layout.segment_count as u32).map(SegmentId).collect()),
+            layout,
+            next_seq: AtomicU64::new(1),
+        })
+    }
+
+    /// Open a formatted pool: read the meta table, rebuild the free list. Returns the
+    /// segments that are not free (with their meta) and the ones whose word is
+    /// corrupt (reported, never used, never freed).
+    #[allow(clippy::type_complexity)]
+    pub fn open(
+        pool: Arc<Pool>,
+    ) -> Result<
+        (
+            Segments,
+            Vec<(SegmentId, SegmentMeta)>,
+            Vec<(SegmentId, String)>,
+        ),
+        EngineError,
+    > {
+        let layout = Layout::read(&pool)?;
+        let mut free = VecDeque::new();
+        let mut in_use = Vec::new();
+        let mut corrupt = Vec::new();
+        let mut max_seq = 0;
+        for i in 0..layout.segment_count as u32 {
+            let seg = SegmentId(i);
+            match SegmentMeta::decode(pool.read_u64(layout.meta_offset(seg))) {
+                Ok(m) if m.state == SegmentState::Free => free.push_back(seg),
+                Ok(m) => {
+                    max_seq = max_seq.max(m.seq);
+                    in_use.push((seg, m));
+                }
+                Err(why) => corrupt.push((seg, why)),
+            }
+        }
+        Ok((
+            Segments {
+                pool,
+                layout,
+                free: Mutex::new(free),
+                next_seq: AtomicU64::new(max_seq + 1),
+            },
+            in_use,
+            corrupt,
+        ))
+    }
+
+    pub fn layout(&self) -> &Layout {
+        &self.layout
+    }
+
+    pub fn pool(&self) -> &Arc<Pool> {
+        &self.pool
+    }
+
+    pub fn free_count(&self) -> usize {
+        self.free.lock().len()
+    }
+
+    fn store(&self, seg: SegmentId, meta: SegmentMeta) {
+        let at = self.layout.meta_offset(seg);
+        self.pool.write_u64(at, meta.encode());
+        self.pool.persist(at, 8);
+    }
+
+    /// The meta word of `seg` as stored.
+    pub fn meta(&self, seg: SegmentId) -> Result<SegmentMeta, String> {
+        SegmentMeta::decode(self.pool.read_u64(self.layout.meta_offset(seg)))
+    }
+
+    /// Allocate a free segment for `owner`; its *using* state is durable on return.
+    pub fn alloc(&self, owner: Owner, owner_index: u8) -> Option<SegmentId> {
+        assert!(owner != Owner::None);
+        let seg = self.free.lock().pop_front()?;
+        let seq = self.next_seq.fetch_add(1, Ordering::Relaxed);
+        self.store(
+            seg,
+            SegmentMeta {
+                state: SegmentState::Using,
+                owner,
+                owner_index,
+                seq,
+            },
+        );
+        Some(seg)
+    }
+
+    /// Move `seg` to `state` (not free: use `release`), durably.
+    pub fn transition(&self, seg: SegmentId, state: SegmentState) {
+        assert!(
+            state != SegmentState::Free,
+            "use release() to free a segment"
+        );
+        let mut meta = self
+            .meta(seg)
+            .expect("a segment in use has a valid meta word");
+        assert!(meta.state != SegmentState::Free, "{seg:?} is free");
+        meta.state = state;
+        self.store(seg, meta);
+    }
+
+    /// Free `seg` durably and return it to the free list. The caller has made every
+    /// live entry of it durable elsewhere first.
+    pub fn release(&self, seg: SegmentId) {
+        self.store(seg, SegmentMeta::FREE);
+        self.free.lock().push_back(seg);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rowankv_pmem::PoolOptions;
+
+    #[test]
+    fn meta_words_round_trip_and_reject_garbage() {
+        let m = SegmentMeta {
+            state: SegmentState::Committed,
+            owner: Owner::Cleaner,
+            owner_index: 3,
+            seq: 12345,
+        };
+        assert_eq!(SegmentMeta::decode(m.encode()), Ok(m));
+        assert_eq!(SegmentMeta::decode(0), Ok(SegmentMeta::FREE));
+        assert!(SegmentMeta::decode(7).is_err(), "state 7");
+        assert!(SegmentMeta::decode(1).is_err(), "using without owner");
+        assert!(SegmentMeta::decode(0x100).is_err(), "free with owner");
+    }
+
+    #[test]
+    fn format_open_alloc_release() {
+        let pool = Pool::anonymous(1 << 20, PoolOptions::default()).unwrap();
+        let s = Segments::format(pool.clone(), 64 << 10).unwrap();
+        let n = s.layout().segment_count;
+        assert!(n >= 14, "{n} segments");
+        let a = s.alloc(Owner::Worker, 1).unwrap();
+        let b = s.alloc(Owner::Control, 0).unwrap();
+        s.transition(b, SegmentState::Used);
+        s.release(a);
+        let (s2, in_use, corrupt) = Segments::open(pool.clone()).unwrap();
+        assert!(corrupt.is_empty());
+        assert_eq!(in_use.len(), 1);
+        assert_eq!(in_use[0].0, b);
+        assert_eq!(in_use[0].1.state, SegmentState::Used);
+        assert_eq!(s2.free_count(), n - 1);
+        // Allocation sequence numbers continue after the highest seen.
+        let c = s2.alloc(Owner::Worker, 0).unwrap();
+        assert!(s2.meta(c).unwrap().seq > in_use[0].1.seq);
+    }
+
+    #[test]
+    fn bad_superblocks_are_errors() {
+        let pool = Pool::anonymous(1 << 20, PoolOptions::default()).unwrap();
+        assert!(matches!(
+            Segments::open(pool.clone()),
+            Err(EngineError::Corrupt(_))
+        ));
+        Segments::format(pool.clone(), 64 << 10).unwrap();
+        pool.write(20, &[0xFF]);
+        let err = Segments::open(pool.clone()).err().unwrap();
+        assert!(err.to_string().contains("checksum"), "{err}");
+        let small = Pool::anonymous(64 << 10, PoolOptions::default()).unwrap();
+        assert!(Segments::format(small, 64 << 10).is_err());
+    }
+}
