@@ -20,6 +20,7 @@
 //! and the newest version wins; shard version counters restart above the highest
 //! version seen. A corrupt meta word or superblock is reported, never trusted.
 
+use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -171,6 +172,19 @@ pub struct CleanReport {
     pub entries_moved: u64,
     pub bytes_moved: u64,
     pub segments_freed: usize,
+}
+
+/// Bytes read first when reading an entry: a ZippyDB-sized entry fits.
+const FIRST_READ_BYTES: usize = 256;
+
+/// Whether `b` (from an entry's first byte) names `key`, by its unverified header:
+/// a block 0 whose key length and key bytes match.
+fn raw_key_matches(b: &[u8], key: &[u8]) -> bool {
+    b.len() >= entry::HEADER_BYTES + key.len()
+        && b[0] != 0
+        && b[14] == 0
+        && u16::from_le_bytes([b[16], b[17]]) as usize == key.len()
+        && &b[entry::HEADER_BYTES..entry::HEADER_BYTES + key.len()] == key
 }
 
 fn hash_key(key: &[u8]) -> u64 {
@@ -429,15 +443,27 @@ impl Engine {
             .ok_or(EntryError::BadLength(format!(
                 "address {addr} outside the data area"
             )))?;
-        let mut head = [0u8; entry::HEADER_BYTES];
-        self.pool.read(addr, &mut head);
-        // The header alone (without payload) cannot verify; size the read from it
-        // and let parse_entry verify everything.
-        let key_len = u16::from_le_bytes([head[16], head[17]]) as usize;
-        let value_len = u32::from_le_bytes(head[18..22].try_into().expect("4 bytes")) as usize;
-        let len = entry::encoded_len(key_len, value_len, self.config.mtu_bytes).min(seg_end - addr);
-        buf.resize(len, 0);
+        // One read covers most entries; the header (unverified until parse_entry
+        // checks everything) says whether more is needed.
+        let first = FIRST_READ_BYTES.min(seg_end - addr);
+        buf.resize(first, 0);
         self.pool.read(addr, buf);
+        let key_len = u16::from_le_bytes([buf[16], buf[17]]) as usize;
+        let value_len = u32::from_le_bytes(buf[18..22].try_into().expect("4 bytes")) as usize;
+        if key_len > entry::KEY_BYTES_MAX
+            || value_len > entry::value_bytes_max(self.config.mtu_bytes)
+        {
+            return Err(EntryError::BadLength(format!(
+                "entry at {addr} claims {key_len} B key, {value_len} B value"
+            )));
+        }
+        let len = entry::encoded_len(key_len, value_len, self.config.mtu_bytes).min(seg_end - addr);
+        if len > first {
+            buf.resize(len, 0);
+            self.pool.read(addr + first, &mut buf[first..]);
+        } else {
+            buf.truncate(len);
+        }
         Ok(())
     }
 
@@ -459,8 +485,7 @@ impl Engine {
             &mut heap
         };
         self.pool.read(addr as usize, b);
-        let key_len = u16::from_le_bytes([b[16], b[17]]) as usize;
-        b[0] != 0 && b[14] == 0 && key_len == key.len() && &b[entry::HEADER_BYTES..] == key
+        raw_key_matches(b, key)
     }
 
     fn version_at(&self, addr: u64) -> u64 {
@@ -600,34 +625,69 @@ impl Engine {
     /// The latest value of `key` in `shard` and its version.
     pub fn get(
         &self,
-        shard_id: ShardId,
+        shard: ShardId,
         key: &[u8],
     ) -> Result<Option<(Vec<u8>, Version)>, EngineError> {
+        let mut value = Vec::new();
+        Ok(self
+            .get_into(shard, key, &mut value)?
+            .map(|version| (value, version)))
+    }
+
+    /// The latest value of `key` in `shard`, copied into `value` (cleared first);
+    /// its version, or `None` if the key is absent or deleted. Allocates nothing
+    /// once `value` and this thread's read buffer have grown.
+    pub fn get_into(
+        &self,
+        shard_id: ShardId,
+        key: &[u8],
+        value: &mut Vec<u8>,
+    ) -> Result<Option<Version>, EngineError> {
+        thread_local! {
+            static READ_BUF: RefCell<Vec<u8>> = RefCell::new(Vec::with_capacity(FIRST_READ_BYTES));
+        }
         let shard = self.shard(shard_id)?;
         let hash = hash_key(key);
-        let mut buf = Vec::new();
-        for _ in 0..READ_RETRIES_MAX {
-            let Some(addr) = shard.index.get(hash, |a| self.key_at(a, key)) else {
-                return Ok(None);
-            };
-            if self.read_entry(addr, &mut buf).is_err() {
-                continue;
-            }
-            match entry::parse_entry(&buf) {
-                // Verified and still this key: the answer. (A cleaned-and-reused
-                // segment fails one of these checks, and the lookup is retried.)
-                Ok(e) if e.key == key && e.shard == shard_id => {
-                    return Ok(match e.kind {
-                        Kind::Put => Some((e.value.into_owned(), e.version)),
-                        _ => None,
-                    });
+        value.clear();
+        READ_BUF.with(|buf| {
+            // The key check reads the whole entry, so the entry found is read once.
+            let read_addr = Cell::new(0u64);
+            let is_key = |a: u64| {
+                let mut b = buf.borrow_mut();
+                if self.read_entry(a, &mut b).is_err() {
+                    return false;
                 }
-                _ => continue,
+                read_addr.set(a);
+                raw_key_matches(&b, key)
+            };
+            for _ in 0..READ_RETRIES_MAX {
+                let Some(addr) = shard.index.get(hash, is_key) else {
+                    return Ok(None);
+                };
+                if read_addr.get() != addr && self.read_entry(addr, &mut buf.borrow_mut()).is_err()
+                {
+                    continue;
+                }
+                let b = buf.borrow();
+                match entry::parse_entry(&b) {
+                    // Verified and still this key: the answer. (A cleaned-and-reused
+                    // segment fails one of these checks, and the lookup is retried.)
+                    Ok(e) if e.key == key && e.shard == shard_id => {
+                        return Ok(match e.kind {
+                            Kind::Put => {
+                                value.extend_from_slice(&e.value);
+                                Some(e.version)
+                            }
+                            _ => None,
+                        });
+                    }
+                    _ => continue,
+                }
             }
-        }
-        Err(EngineError::Corrupt(format!(
-            "entry for a key of {shard_id:?} did not verify after {READ_RETRIES_MAX} reads"
-        )))
+            Err(EngineError::Corrupt(format!(
+                "entry for a key of {shard_id:?} did not verify after {READ_RETRIES_MAX} reads"
+            )))
+        })
     }
 
     /// The next version `shard` will hand out.
