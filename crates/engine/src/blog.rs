@@ -241,7 +241,7 @@ impl<N: Nic> BackupLog<N> {
                     }
                 }
             };
-            // A corrupt block ends this segment's log for every digest alike.
+            // Blocks that do not verify are skipped (recovery reports them).
             self.engine
                 .ingest_segment(seg, &owns, &mut cursor.assembler, &mut sink)?;
             let mut q = self.used.lock();

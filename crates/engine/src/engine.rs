@@ -15,8 +15,9 @@
 //! what they read and retry).
 //!
 //! Recovery (`open`): the meta table says which segments to scan; every segment that
-//! is not free is parsed from its start until the first block that does not verify
-//! (the log's end, or a torn write); every valid entry is offered to its shard's index
+//! is not free is parsed from its start up to a zero header; a block that does not
+//! verify (a torn write, corruption) is reported and skipped, the walk resyncing at
+//! the next 64 B stride; every valid entry is offered to its shard's index
 //! and the newest version wins; shard version counters restart above the highest
 //! version seen. A corrupt meta word or superblock is reported, never trusted.
 
@@ -104,9 +105,9 @@ pub struct RecoveryReport {
     pub entries_superseded: u64,
     /// Segments whose meta word was corrupt: skipped, never reused.
     pub corrupt_segments: Vec<(SegmentId, String)>,
-    /// Logs that ended in something other than a zero header (a torn write or
-    /// corruption): (segment, offset within it, why).
-    pub log_ends: Vec<(SegmentId, usize, String)>,
+    /// Blocks that did not verify (a torn write, corruption), reported and skipped
+    /// — the first of each run: (segment, offset within it, why).
+    pub skipped_blocks: Vec<(SegmentId, usize, String)>,
     /// Entries naming a shard this engine does not have.
     pub foreign_entries: u64,
     /// Multi-block entries some of whose blocks never landed (never acknowledged).
@@ -297,8 +298,8 @@ impl Engine {
             }
             Ingested::Commit { .. } => {}
         };
-        if let Some((at, why)) = self.ingest_segment(seg, &|_| true, assembler, &mut sink)? {
-            report.log_ends.push((seg, at, why));
+        for (at, why) in self.ingest_segment(seg, &|_| true, assembler, &mut sink)? {
+            report.skipped_blocks.push((seg, at, why));
         }
         Ok(())
     }
@@ -308,26 +309,37 @@ impl Engine {
     /// `sink`. An entry whose blocks are contiguous is indexed where it lies; the
     /// blocks of one that landed apart (a b-log, Figure 7) go to `assembler`, and
     /// the assembled entry is written contiguously to the cleaner's log and indexed
-    /// there. Returns where and why the log ended, unless at a zero header or the
-    /// segment's end.
+    /// there. A zero header ends the log. A block that does not verify (torn or
+    /// corrupt) is reported and skipped: the walk resyncs at the next 64 B stride
+    /// that holds a verifying block. Returns the skipped places (first of each run).
     pub(crate) fn ingest_segment(
         &self,
         seg: SegmentId,
         owns: &dyn Fn(ShardId) -> bool,
         assembler: &mut Assembler,
         sink: &mut dyn FnMut(Ingested),
-    ) -> Result<Option<(usize, String)>, EngineError> {
+    ) -> Result<Vec<(usize, String)>, EngineError> {
         let base = self.segments.layout().segment_offset(seg);
         let size = self.config.segment_size_bytes;
         let mut bytes = vec![0u8; size];
         self.pool.read(base, &mut bytes);
+        let mut skipped = Vec::new();
+        let mut in_bad_run = false;
         let mut at = 0;
         while at < size {
             let (header, payload) = match entry::parse_block(&bytes[at..]) {
                 Ok(b) => b,
-                Err(EntryError::End) => return Ok(None),
-                Err(err) => return Ok(Some((at, err.to_string()))),
+                Err(EntryError::End) => break,
+                Err(err) => {
+                    if !in_bad_run {
+                        skipped.push((at, err.to_string()));
+                    }
+                    in_bad_run = true;
+                    at += entry::STRIDE_BYTES;
+                    continue;
+                }
             };
+            in_bad_run = false;
             if !owns(header.shard) {
                 at += header.padded_len();
                 continue;
@@ -377,7 +389,7 @@ impl Engine {
             }
             at += header.padded_len();
         }
-        Ok(None)
+        Ok(skipped)
     }
 
     /// Write an entry contiguously to the cleaner's log (durable); its address.
@@ -745,8 +757,15 @@ impl Engine {
         self.pool.read(base, &mut bytes);
         let mut at = 0;
         while at < size {
-            let Ok((header, _)) = entry::parse_block(&bytes[at..]) else {
-                break;
+            let header = match entry::parse_block(&bytes[at..]) {
+                Ok((header, _)) => header,
+                Err(EntryError::End) => break,
+                // Resync past what does not verify, as recovery does, so no live
+                // entry behind it is freed with the segment.
+                Err(_) => {
+                    at += entry::STRIDE_BYTES;
+                    continue;
+                }
             };
             // Only an entry whose blocks lie here contiguously can be indexed here;
             // blocks that landed apart were assembled and indexed elsewhere.
