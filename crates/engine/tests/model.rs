@@ -144,3 +144,47 @@ fn cleaning_keeps_a_write_heavy_run_inside_a_small_pool() {
     let (reopened, _) = Engine::open(pool, config(1)).unwrap();
     check_all(&reopened, &model, &keys);
 }
+
+#[test]
+fn cleaning_is_correct_under_concurrent_puts_and_gets() {
+    let seed = 0x5EED_0003;
+    let workers = 2;
+    let pool = Pool::anonymous(3 << 20, PoolOptions::default()).unwrap();
+    let engine = Engine::create(pool.clone(), config(workers)).unwrap();
+    let done = std::sync::atomic::AtomicBool::new(false);
+    let mut models: Vec<Model> = vec![Model::new(); workers];
+    let cleaned = std::thread::scope(|s| {
+        let cleaner = s.spawn(|| {
+            let mut cleaned = 0;
+            while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                cleaned += engine.clean().unwrap().segments_cleaned;
+                std::thread::yield_now();
+            }
+            cleaned
+        });
+        let handles: Vec<_> = models
+            .iter_mut()
+            .enumerate()
+            .map(|(w, model)| {
+                let engine = &engine;
+                s.spawn(move || {
+                    let mut rng = ChaCha8Rng::seed_from_u64(seed + w as u64);
+                    // Few keys, many overwrites: most entries die young and the
+                    // cleaner moves the survivors while this thread reads them.
+                    run_ops(engine, w, model, &mut rng, 30_000, 60);
+                })
+            })
+            .collect();
+        for h in handles {
+            h.join().unwrap();
+        }
+        done.store(true, std::sync::atomic::Ordering::Relaxed);
+        cleaner.join().unwrap()
+    });
+    assert!(cleaned > 0, "the cleaner ran concurrently with the workers");
+    let model: Model = models.iter().flat_map(|m| m.clone()).collect();
+    check_all(&engine, &model, &all_keys(workers, 60));
+    drop(engine);
+    let (reopened, _) = Engine::open(pool, config(workers)).unwrap();
+    check_all(&reopened, &model, &all_keys(workers, 60));
+}
