@@ -44,6 +44,9 @@ pub struct EngineConfig {
     pub shard_count: u16,
     /// Worker threads (each owns a t-log). At most `WORKERS_MAX`.
     pub workers: usize,
+    /// Clean threads: cleaner `c` owns the segments `s` with `s % cleaners == c` and
+    /// a log of its own. At most `WORKERS_MAX`.
+    pub cleaners: usize,
     /// Expected keys per shard, to size the indexes (they grow chains beyond it).
     pub keys_per_shard_expected: usize,
     /// A committed segment is cleaned when its live fraction is below this.
@@ -64,6 +67,7 @@ impl Default for EngineConfig {
             mtu_bytes: entry::MTU_BYTES_DEFAULT,
             shard_count: 48,
             workers: 1,
+            cleaners: 1,
             keys_per_shard_expected: 1 << 16,
             clean_live_fraction_max: 0.75,
             clean_grace: Duration::from_millis(10),
@@ -76,6 +80,12 @@ impl EngineConfig {
         let bad = |m: String| Err(EngineError::Config(m));
         if self.workers == 0 || self.workers > WORKERS_MAX {
             return bad(format!("workers {} not in 1..={WORKERS_MAX}", self.workers));
+        }
+        if self.cleaners == 0 || self.cleaners > WORKERS_MAX {
+            return bad(format!(
+                "cleaners {} not in 1..={WORKERS_MAX}",
+                self.cleaners
+            ));
         }
         if self.shard_count == 0 {
             return bad("shard_count 0".into());
@@ -150,12 +160,15 @@ pub struct Engine {
     segments: Segments,
     shards: Vec<Shard>,
     tlogs: Vec<Mutex<Log>>,
-    cleaner_log: Mutex<Log>,
+    /// One log per cleaner; cleaner 0's also takes entries assembled from blocks
+    /// that landed apart (digest, recovery).
+    cleaner_logs: Vec<Mutex<Log>>,
     /// Live bytes per segment (entries an index points to), for cleaning.
     live_bytes: Vec<AtomicU64>,
     /// Cleaned segments waiting out the grace period.
     limbo: Mutex<VecDeque<(Instant, SegmentId)>>,
-    clean_lock: Mutex<()>,
+    /// One cleaning pass at a time per cleaner.
+    clean_locks: Vec<Mutex<()>>,
 }
 
 /// Result of a write.
@@ -219,10 +232,12 @@ impl Engine {
             tlogs: (0..config.workers)
                 .map(|i| Mutex::new(log(Owner::Worker, i)))
                 .collect(),
-            cleaner_log: Mutex::new(log(Owner::Cleaner, 0)),
+            cleaner_logs: (0..config.cleaners)
+                .map(|i| Mutex::new(log(Owner::Cleaner, i)))
+                .collect(),
             live_bytes: (0..count).map(|_| AtomicU64::new(0)).collect(),
             limbo: Mutex::new(VecDeque::new()),
-            clean_lock: Mutex::new(()),
+            clean_locks: (0..config.cleaners).map(|_| Mutex::new(())).collect(),
             config,
             pool,
             segments,
@@ -374,7 +389,7 @@ impl Engine {
                 let applied = match self.shards.get(e.shard.0 as usize) {
                     Some(s) => {
                         let addr =
-                            self.append_copy(e.kind, e.shard, e.version, &e.key, &e.value)?;
+                            self.append_copy(0, e.kind, e.shard, e.version, &e.key, &e.value)?;
                         let r = self.install(s, &e.key, addr, e.version);
                         self.note_install(addr, r);
                         Some(r)
@@ -392,16 +407,17 @@ impl Engine {
         Ok(skipped)
     }
 
-    /// Write an entry contiguously to the cleaner's log (durable); its address.
+    /// Write an entry contiguously to a cleaner's log (durable); its address.
     fn append_copy(
         &self,
+        cleaner: usize,
         kind: Kind,
         shard: ShardId,
         version: Version,
         key: &[u8],
         value: &[u8],
     ) -> Result<u64, EngineError> {
-        let mut log = self.cleaner_log.lock();
+        let mut log = self.cleaner_logs[cleaner].lock();
         let mut scratch = std::mem::take(&mut log.scratch);
         let r = entry::encode(
             &mut scratch,
@@ -714,10 +730,26 @@ impl Engine {
         Ok(self.shard(shard)?.index.len())
     }
 
-    /// One cleaning pass: free segments whose grace period has passed, then clean
-    /// every committed segment below the live threshold.
+    /// One cleaning pass of every cleaner, one after another.
     pub fn clean(&self) -> Result<CleanReport, EngineError> {
-        let _one_cleaner = self.clean_lock.lock();
+        let mut total = CleanReport::default();
+        for c in 0..self.config.cleaners {
+            let r = self.clean_as(c)?;
+            total.segments_cleaned += r.segments_cleaned;
+            total.entries_moved += r.entries_moved;
+            total.bytes_moved += r.bytes_moved;
+            total.segments_freed += r.segments_freed;
+        }
+        Ok(total)
+    }
+
+    /// One pass of cleaner `cleaner` (run by its own thread): free segments whose
+    /// grace period has passed, then clean every committed segment it owns whose
+    /// live fraction is below the threshold.
+    pub fn clean_as(&self, cleaner: usize) -> Result<CleanReport, EngineError> {
+        let cleaners = self.config.cleaners;
+        assert!(cleaner < cleaners, "cleaner {cleaner} of {cleaners}");
+        let _one_pass = self.clean_locks[cleaner].lock();
         let mut report = CleanReport::default();
         {
             let mut limbo = self.limbo.lock();
@@ -731,10 +763,9 @@ impl Engine {
             }
         }
         let size = self.config.segment_size_bytes as f64;
-        let cleaner_seg = self.cleaner_log.lock().segment;
         let candidates: Vec<SegmentId> = (0..self.segments.layout().segment_count as u32)
             .map(SegmentId)
-            .filter(|&s| Some(s) != cleaner_seg)
+            .filter(|s| s.0 as usize % cleaners == cleaner)
             .filter(
                 |&s| matches!(self.segments.meta(s), Ok(m) if m.state == SegmentState::Committed),
             )
@@ -745,12 +776,17 @@ impl Engine {
             .filter(|s| !self.limbo.lock().iter().any(|(_, l)| l == s))
             .collect();
         for seg in candidates {
-            self.clean_segment(seg, &mut report)?;
+            self.clean_segment(cleaner, seg, &mut report)?;
         }
         Ok(report)
     }
 
-    fn clean_segment(&self, seg: SegmentId, report: &mut CleanReport) -> Result<(), EngineError> {
+    fn clean_segment(
+        &self,
+        cleaner: usize,
+        seg: SegmentId,
+        report: &mut CleanReport,
+    ) -> Result<(), EngineError> {
         let base = self.segments.layout().segment_offset(seg);
         let size = self.config.segment_size_bytes;
         let mut bytes = vec![0u8; size];
@@ -786,7 +822,7 @@ impl Engine {
             if shard.index.get(hash, |a| self.key_at(a, e.key)) != Some(old) {
                 continue; // dead: a newer entry (or a newer copy) is indexed
             }
-            let new = self.append_copy(e.kind, e.shard, e.version, e.key, &e.value)?;
+            let new = self.append_copy(cleaner, e.kind, e.shard, e.version, e.key, &e.value)?;
             if shard.index.relocate(hash, old, new) {
                 self.account_live(new, true);
                 report.entries_moved += 1;

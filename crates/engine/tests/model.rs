@@ -150,18 +150,28 @@ fn cleaning_is_correct_under_concurrent_puts_and_gets() {
     let seed = 0x5EED_0003;
     let workers = 2;
     let pool = Pool::anonymous(3 << 20, PoolOptions::default()).unwrap();
-    let engine = Engine::create(pool.clone(), config(workers)).unwrap();
+    let two_cleaners = EngineConfig {
+        cleaners: 2,
+        ..config(workers)
+    };
+    let engine = Engine::create(pool.clone(), two_cleaners.clone()).unwrap();
     let done = std::sync::atomic::AtomicBool::new(false);
     let mut models: Vec<Model> = vec![Model::new(); workers];
     let cleaned = std::thread::scope(|s| {
-        let cleaner = s.spawn(|| {
-            let mut cleaned = 0;
-            while !done.load(std::sync::atomic::Ordering::Relaxed) {
-                cleaned += engine.clean().unwrap().segments_cleaned;
-                std::thread::yield_now();
-            }
-            cleaned
-        });
+        // Two clean threads, each owning half of the segments.
+        let cleaners: Vec<_> = (0..2)
+            .map(|c| {
+                let (engine, done) = (&engine, &done);
+                s.spawn(move || {
+                    let mut cleaned = 0;
+                    while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                        cleaned += engine.clean_as(c).unwrap().segments_cleaned;
+                        std::thread::yield_now();
+                    }
+                    cleaned
+                })
+            })
+            .collect();
         let handles: Vec<_> = models
             .iter_mut()
             .enumerate()
@@ -179,12 +189,15 @@ fn cleaning_is_correct_under_concurrent_puts_and_gets() {
             h.join().unwrap();
         }
         done.store(true, std::sync::atomic::Ordering::Relaxed);
-        cleaner.join().unwrap()
+        cleaners
+            .into_iter()
+            .map(|c| c.join().unwrap())
+            .sum::<usize>()
     });
     assert!(cleaned > 0, "the cleaner ran concurrently with the workers");
     let model: Model = models.iter().flat_map(|m| m.clone()).collect();
     check_all(&engine, &model, &all_keys(workers, 60));
     drop(engine);
-    let (reopened, _) = Engine::open(pool, config(workers)).unwrap();
+    let (reopened, _) = Engine::open(pool, two_cleaners).unwrap();
     check_all(&reopened, &model, &all_keys(workers, 60));
 }

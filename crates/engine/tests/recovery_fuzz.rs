@@ -10,6 +10,9 @@ use rowankv_types::ShardId;
 
 const POOL_BYTES: usize = 256 << 10;
 
+/// Every value each (shard, key) was ever given.
+type Written = BTreeMap<(u16, Vec<u8>), BTreeSet<Vec<u8>>>;
+
 fn config() -> EngineConfig {
     EngineConfig {
         segment_size_bytes: 16 << 10,
@@ -22,10 +25,10 @@ fn config() -> EngineConfig {
 }
 
 /// A pool image with entries in it, and every value each key ever had.
-fn written_image() -> (Vec<u8>, BTreeMap<(u16, Vec<u8>), BTreeSet<Vec<u8>>>) {
+fn written_image() -> (Vec<u8>, Written) {
     let pool = Pool::anonymous(POOL_BYTES, PoolOptions::default()).unwrap();
     let engine = Engine::create(pool.clone(), config()).unwrap();
-    let mut written: BTreeMap<(u16, Vec<u8>), BTreeSet<Vec<u8>>> = BTreeMap::new();
+    let mut written: Written = BTreeMap::new();
     for i in 0..600u32 {
         let shard = (i % 4) as u16;
         let key = format!("key-{}", i % 50).into_bytes();
@@ -44,7 +47,7 @@ fn written_image() -> (Vec<u8>, BTreeMap<(u16, Vec<u8>), BTreeSet<Vec<u8>>>) {
 }
 
 /// Open `image` and read every key: must not panic; values must be ones written.
-fn open_and_read(image: &[u8], written: &BTreeMap<(u16, Vec<u8>), BTreeSet<Vec<u8>>>) {
+fn open_and_read(image: &[u8], written: &Written) {
     let pool = Pool::from_image(image, PoolOptions::default()).unwrap();
     let Ok((engine, _report)) = Engine::open(pool, config()) else {
         return;
