@@ -277,7 +277,9 @@ impl Engine {
             counter.store(0, Ordering::Relaxed);
         }
         for shard in &engine.shards {
-            shard.index.for_each(|addr| engine.account_live(addr, true));
+            shard
+                .index
+                .for_each(|addr| engine.account_live(addr, engine.entry_len_at(addr), true));
         }
         // A worker's or the cleaner's segment that was being filled is closed: new
         // appends go to fresh segments, so a torn tail is never appended after.
@@ -372,7 +374,7 @@ impl Engine {
                     let addr = (base + at) as u64;
                     let applied = self.shards.get(e.shard.0 as usize).map(|s| {
                         let r = self.install(s, e.key, addr, e.version);
-                        self.note_install(addr, r);
+                        self.note_install(addr, e.encoded_len as u64, r);
                         r
                     });
                     sink(Ingested::Entry {
@@ -391,7 +393,9 @@ impl Engine {
                         let addr =
                             self.append_copy(0, e.kind, e.shard, e.version, &e.key, &e.value)?;
                         let r = self.install(s, &e.key, addr, e.version);
-                        self.note_install(addr, r);
+                        let len =
+                            entry::encoded_len(e.key.len(), e.value.len(), self.config.mtu_bytes);
+                        self.note_install(addr, len as u64, r);
                         Some(r)
                     }
                     None => None,
@@ -543,26 +547,29 @@ impl Engine {
     }
 
     /// Live-byte accounting after an index update of an entry at `addr`.
-    fn note_install(&self, addr: u64, upsert: Upsert) {
+    /// `len`: the new entry's encoded length, which the caller knows.
+    fn note_install(&self, addr: u64, len: u64, upsert: Upsert) {
         match upsert {
-            Upsert::Inserted => self.account_live(addr, true),
+            Upsert::Inserted => self.account_live(addr, len, true),
             Upsert::Replaced { old } => {
-                self.account_live(old, false);
-                self.account_live(addr, true);
+                self.account_live(old, self.entry_len_at(old), false);
+                self.account_live(addr, len, true);
             }
             // A newer entry of the key is indexed: this one is dead on arrival.
             Upsert::Stale { .. } => {}
         }
     }
 
-    fn account_live(&self, addr: u64, add: bool) {
+    fn account_live(&self, addr: u64, len: u64, add: bool) {
         if let Some(seg) = self.segments.layout().segment_of(addr as usize) {
-            let len = self.entry_len_at(addr);
             let counter = &self.live_bytes[seg.0 as usize];
             if add {
                 counter.fetch_add(len, Ordering::Relaxed);
             } else {
-                counter.fetch_sub(len.min(counter.load(Ordering::Relaxed)), Ordering::Relaxed);
+                // Saturating: a segment the cleaner already zeroed stays at zero.
+                let _ = counter.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
+                    Some(v.saturating_sub(len))
+                });
             }
         }
     }
@@ -625,7 +632,7 @@ impl Engine {
         let addr = self.append(&mut log, len)?;
         drop(log);
         let upsert = self.install(shard, key, addr, version);
-        self.note_install(addr, upsert);
+        self.note_install(addr, len as u64, upsert);
         Ok(Written { version, addr })
     }
 
@@ -824,7 +831,7 @@ impl Engine {
             }
             let new = self.append_copy(cleaner, e.kind, e.shard, e.version, e.key, &e.value)?;
             if shard.index.relocate(hash, old, new) {
-                self.account_live(new, true);
+                self.account_live(new, len as u64, true);
                 report.entries_moved += 1;
                 report.bytes_moved += len as u64;
             }
