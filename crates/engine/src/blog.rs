@@ -83,7 +83,12 @@ pub struct ControlReport {
 pub struct BackupLog<N: Nic> {
     engine: Arc<Engine>,
     config: BackupLogConfig,
-    receiver: Mutex<RowanReceiver<N>>,
+    /// `None`: a passive backup log, fed by remote WRITE logs and per-thread b-logs
+    /// (the baselines' replication) rather than by a Rowan receiver.
+    receiver: Option<Mutex<RowanReceiver<N>>>,
+    /// Segments a remote sender sealed, waiting out the grace period for its WRITEs
+    /// still in flight: (sealed at, segment).
+    sealed: Mutex<VecDeque<(u64, SegmentId)>>,
     used: Mutex<(VecDeque<UsedSegment>, u64)>,
     digests: Vec<Mutex<DigestCursor>>,
     commit_ver: Vec<AtomicU64>,
@@ -112,18 +117,40 @@ impl<N: Nic> BackupLog<N> {
                 Access::REMOTE_WRITE,
             )
             .map_err(|e| EngineError::Config(format!("registering the b-log: {e}")))?;
-        let receiver = RowanReceiver::new(
-            nic,
-            region,
-            ReceiverConfig {
-                buffer_bytes: layout.segment_size_bytes,
-                posted_max: config.posted_segments,
-                grace_ns: config.grace_ns,
-                ring_cq_entries: config.ring_cq_entries,
-                ..ReceiverConfig::default()
-            },
-        )
-        .map_err(|e| EngineError::Config(format!("Rowan receiver: {e}")))?;
+        let receiver = Some(
+            RowanReceiver::new(
+                nic,
+                region,
+                ReceiverConfig {
+                    buffer_bytes: layout.segment_size_bytes,
+                    posted_max: config.posted_segments,
+                    grace_ns: config.grace_ns,
+                    ring_cq_entries: config.ring_cq_entries,
+                    ..ReceiverConfig::default()
+                },
+            )
+            .map_err(|e| EngineError::Config(format!("Rowan receiver: {e}")))?,
+        );
+        let log = Self::assemble(engine, config, receiver)?;
+        log.replenish()?;
+        Ok(log)
+    }
+
+    /// A backup log without a Rowan receiver: segments reach it through
+    /// [`BackupLog::enqueue_sealed`] and [`BackupLog::enqueue_used`].
+    pub fn passive(engine: Arc<Engine>, config: BackupLogConfig) -> Result<Self, EngineError> {
+        if config.digest_count == 0 {
+            return Err(EngineError::Config("digest_count must be positive".into()));
+        }
+        Self::assemble(engine, config, None)
+    }
+
+    fn assemble(
+        engine: Arc<Engine>,
+        config: BackupLogConfig,
+        receiver: Option<RowanReceiver<N>>,
+    ) -> Result<Self, EngineError> {
+        let layout = *engine.layout();
         // Segments of an earlier run were indexed by recovery: see the module doc.
         let segments = engine.segments();
         for i in 0..layout.segment_count as u32 {
@@ -138,8 +165,9 @@ impl<N: Nic> BackupLog<N> {
             }
         }
         let shards = engine.config().shard_count as usize;
-        let log = BackupLog {
-            receiver: Mutex::new(receiver),
+        Ok(BackupLog {
+            receiver: receiver.map(Mutex::new),
+            sealed: Mutex::new(VecDeque::new()),
             used: Mutex::new((VecDeque::new(), 0)),
             digests: (0..config.digest_count)
                 .map(|_| {
@@ -152,14 +180,16 @@ impl<N: Nic> BackupLog<N> {
             commit_ver: (0..shards).map(|_| AtomicU64::new(0)).collect(),
             engine,
             config,
-        };
-        log.replenish()?;
-        Ok(log)
+        })
     }
 
     /// Give a sender a queue pair on the b-log's receive queue.
     pub fn accept(&self, sender: QpAddr) -> Result<QpAddr, EngineError> {
         self.receiver
+            .as_ref()
+            .ok_or(EngineError::Config(
+                "a passive backup log has no receiver".into(),
+            ))?
             .lock()
             .accept(sender)
             .map_err(|e| EngineError::Config(format!("accepting a sender: {e}")))
@@ -168,7 +198,10 @@ impl<N: Nic> BackupLog<N> {
     fn replenish(&self) -> Result<usize, EngineError> {
         let layout = *self.engine.layout();
         let segments = self.engine.segments();
-        let mut receiver = self.receiver.lock();
+        let Some(receiver) = &self.receiver else {
+            return Ok(0);
+        };
+        let mut receiver = receiver.lock();
         let mut batch = Vec::new();
         while receiver.posted_count() + batch.len() < self.config.posted_segments {
             let Some(seg) = segments.alloc(Owner::Control, 0) else {
@@ -187,13 +220,31 @@ impl<N: Nic> BackupLog<N> {
     /// One step of the control role at time `now_ns`.
     pub fn control_step(&self, now_ns: u64) -> Result<ControlReport, EngineError> {
         let layout = *self.engine.layout();
-        let used = self.receiver.lock().tick(now_ns);
+        let mut used: Vec<SegmentId> = match &self.receiver {
+            Some(r) => r
+                .lock()
+                .tick(now_ns)
+                .into_iter()
+                .map(|offset| {
+                    layout
+                        .segment_of(layout.data_offset + offset)
+                        .expect("posted buffers are segments")
+                })
+                .collect(),
+            None => Vec::new(),
+        };
+        {
+            let mut sealed = self.sealed.lock();
+            while sealed
+                .front()
+                .is_some_and(|&(at, _)| now_ns >= at.saturating_add(self.config.grace_ns))
+            {
+                used.push(sealed.pop_front().expect("checked").1);
+            }
+        }
         {
             let mut q = self.used.lock();
-            for offset in &used {
-                let seg = layout
-                    .segment_of(layout.data_offset + offset)
-                    .expect("posted buffers are segments");
+            for &seg in &used {
                 self.engine.segments().transition(seg, SegmentState::Used);
                 let pos = q.1;
                 q.1 += 1;
@@ -210,6 +261,66 @@ impl<N: Nic> BackupLog<N> {
             segments_used: used.len(),
             segments_posted: posted,
         })
+    }
+
+    /// A segment a remote sender filled with one-sided WRITEs and will not write
+    /// again: it becomes *used* once the grace period for WRITEs still in flight
+    /// has passed (a later `control_step`).
+    pub fn enqueue_sealed(&self, seg: SegmentId, now_ns: u64) {
+        self.sealed.lock().push_back((now_ns, seg));
+    }
+
+    /// A segment whose every entry is already durable (a per-thread b-log's full
+    /// segment): *used* at once, queued for digest.
+    pub fn enqueue_used(&self, seg: SegmentId) {
+        self.engine.segments().transition(seg, SegmentState::Used);
+        let mut q = self.used.lock();
+        let pos = q.1;
+        q.1 += 1;
+        q.0.push_back(UsedSegment {
+            pos,
+            seg,
+            max_ver: BTreeMap::new(),
+            digested_by: 0,
+        });
+    }
+
+    /// Digest `seg` now for every shard, whatever its state: for a quiescent
+    /// backup (tests, shutdown), segments still being filled. Idempotent: index
+    /// updates are version-conditional. Returns the blocks it skipped.
+    pub fn digest_now(&self, seg: SegmentId) -> Result<usize, EngineError> {
+        let mut assembler = Assembler::new();
+        let commit_ver = &self.commit_ver;
+        let mut sink = |i: Ingested| {
+            if let Ingested::Commit { shard, version } = i {
+                if let Some(c) = commit_ver.get(shard.0 as usize) {
+                    c.fetch_max(version.0, Ordering::AcqRel);
+                }
+            }
+        };
+        Ok(self
+            .engine
+            .ingest_segment(seg, &|_| true, &mut assembler, &mut sink)?
+            .len())
+    }
+
+    /// Segments posted to the receiver that the NIC has started filling (first
+    /// word set), in posting order.
+    pub fn receiver_heads(&self) -> Vec<SegmentId> {
+        let Some(r) = &self.receiver else {
+            return Vec::new();
+        };
+        let layout = *self.engine.layout();
+        let r = r.lock();
+        r.posted()
+            .filter(|&offset| self.engine.pool().read_u64(layout.data_offset + offset) != 0)
+            .filter_map(|offset| layout.segment_of(layout.data_offset + offset))
+            .collect()
+    }
+
+    /// Segments sealed by remote senders, still in their grace period.
+    pub fn sealed_segments(&self) -> Vec<SegmentId> {
+        self.sealed.lock().iter().map(|&(_, s)| s).collect()
     }
 
     /// One step of digest role `d`: parse every used segment it has not parsed yet.

@@ -160,6 +160,9 @@ pub struct Engine {
     segments: Segments,
     shards: Vec<Shard>,
     tlogs: Vec<Mutex<Log>>,
+    /// Per-thread b-logs (one per worker) for replication by RPC, where a backup's
+    /// worker appends what primaries send it.
+    blogs: Vec<Mutex<Log>>,
     /// One log per cleaner; cleaner 0's also takes entries assembled from blocks
     /// that landed apart (digest, recovery).
     cleaner_logs: Vec<Mutex<Log>>,
@@ -231,6 +234,9 @@ impl Engine {
                 .collect(),
             tlogs: (0..config.workers)
                 .map(|i| Mutex::new(log(Owner::Worker, i)))
+                .collect(),
+            blogs: (0..config.workers)
+                .map(|i| Mutex::new(log(Owner::Backup, i)))
                 .collect(),
             cleaner_logs: (0..config.cleaners)
                 .map(|i| Mutex::new(log(Owner::Cleaner, i)))
@@ -576,12 +582,29 @@ impl Engine {
 
     /// Append encoded bytes to `log`, durably; returns the pool offset.
     fn append(&self, log: &mut Log, len: usize) -> Result<u64, EngineError> {
+        self.append_sealing(log, len).map(|(at, _)| at)
+    }
+
+    /// As `append`; also returns the b-log segment this append filled and left (a
+    /// per-thread b-log's full segment is *used*: its entries wait for digest and
+    /// for CommitVer before it may be committed).
+    fn append_sealing(
+        &self,
+        log: &mut Log,
+        len: usize,
+    ) -> Result<(u64, Option<SegmentId>), EngineError> {
         let size = self.config.segment_size_bytes;
+        let mut sealed = None;
         if log.segment.is_none() || log.cursor + len > size {
             if let Some(full) = log.segment.take() {
-                // Entries of a t-log segment are acknowledged only once durable on
-                // every replica, so a full one is committed (§4.2.1).
-                self.segments.transition(full, SegmentState::Committed);
+                if log.owner == Owner::Backup {
+                    self.segments.transition(full, SegmentState::Used);
+                    sealed = Some(full);
+                } else {
+                    // Entries of a t-log segment are acknowledged only once durable
+                    // on every replica, so a full one is committed (§4.2.1).
+                    self.segments.transition(full, SegmentState::Committed);
+                }
             }
             let seg = self
                 .segments
@@ -595,7 +618,7 @@ impl Engine {
         self.pool.nt_copy(at, &log.scratch[..len]);
         self.pool.drain(at, len);
         log.cursor += len;
-        Ok(at as u64)
+        Ok((at as u64, sealed))
     }
 
     fn write(
@@ -634,6 +657,78 @@ impl Engine {
         let upsert = self.install(shard, key, addr, version);
         self.note_install(addr, len as u64, upsert);
         Ok(Written { version, addr })
+    }
+
+    /// Append an encoded entry (from [`entry::encode`], version chosen by the
+    /// caller) to worker `worker`'s t-log, durably, without indexing it: a primary
+    /// indexes it with [`Engine::publish`] once every backup has it (§4.1).
+    /// Returns the entry's pool offset.
+    pub fn append_encoded(&self, worker: usize, encoded: &[u8]) -> Result<u64, EngineError> {
+        let log = self
+            .tlogs
+            .get(worker)
+            .ok_or(EngineError::Config(format!("no worker {worker}")))?;
+        let mut log = log.lock();
+        log.scratch.clear();
+        log.scratch.extend_from_slice(encoded);
+        self.append(&mut log, encoded.len())
+    }
+
+    /// Make the entry at `addr` (of `key`, `version`, `len` encoded bytes) visible
+    /// in `shard`'s index, version-conditionally; also raises the shard's next
+    /// version past `version`. Returns whether it is now the key's latest.
+    pub fn publish(
+        &self,
+        shard_id: ShardId,
+        key: &[u8],
+        addr: u64,
+        version: Version,
+        len: usize,
+    ) -> Result<bool, EngineError> {
+        let shard = self.shard(shard_id)?;
+        shard
+            .next_version
+            .fetch_max(version.0 + 1, Ordering::Relaxed);
+        let upsert = self.install(shard, key, addr, version);
+        self.note_install(addr, len as u64, upsert);
+        Ok(!matches!(upsert, Upsert::Stale { .. }))
+    }
+
+    /// Append encoded entries (what a primary replicated by RPC) to worker
+    /// `worker`'s per-thread b-log, durably; they are indexed by digest. Returns
+    /// the segment this append filled and left, if any: the caller hands it to
+    /// the backup log's digest.
+    pub fn append_backup(
+        &self,
+        worker: usize,
+        encoded: &[u8],
+    ) -> Result<Option<SegmentId>, EngineError> {
+        let log = self
+            .blogs
+            .get(worker)
+            .ok_or(EngineError::Config(format!("no worker {worker}")))?;
+        let mut log = log.lock();
+        log.scratch.clear();
+        log.scratch.extend_from_slice(encoded);
+        let (_, sealed) = self.append_sealing(&mut log, encoded.len())?;
+        Ok(sealed)
+    }
+
+    /// The segments per-thread b-logs are filling now (for a quiescent digest).
+    pub fn backup_log_heads(&self) -> Vec<SegmentId> {
+        self.blogs.iter().filter_map(|l| l.lock().segment).collect()
+    }
+
+    /// Allocate a free segment for a log a remote sender fills with one-sided
+    /// WRITEs (replication by WRITE): *using*, owned by the control role like the
+    /// b-log's. Returns it and its offset within the data area.
+    pub fn alloc_remote_segment(&self) -> Result<(SegmentId, usize), EngineError> {
+        let seg = self
+            .segments
+            .alloc(Owner::Control, 0)
+            .ok_or(EngineError::OutOfSpace)?;
+        let layout = self.segments.layout();
+        Ok((seg, layout.segment_offset(seg) - layout.data_offset))
     }
 
     /// Store `value` under `key` in `shard`; durable on return.

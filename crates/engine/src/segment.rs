@@ -54,6 +54,8 @@ pub enum Owner {
     Worker = 1,
     Control = 2,
     Cleaner = 3,
+    /// A backup's per-thread b-log written by its own CPU (replication by RPC).
+    Backup = 4,
 }
 
 /// One decoded meta word.
@@ -100,6 +102,7 @@ impl SegmentMeta {
             1 => Owner::Worker,
             2 => Owner::Control,
             3 => Owner::Cleaner,
+            4 => Owner::Backup,
             o => return Err(format!("owner byte {o}")),
         };
         let meta = SegmentMeta {

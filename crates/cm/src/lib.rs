@@ -1,0 +1,35 @@
+//! The configuration manager (CM) of RowanKV and the coordination store it keeps
+//! the configuration in.
+//!
+//! As in seed 000 §4.5 (FaRM-style reconfiguration), a configuration — a 64-bit
+//! term, the membership and the shard map (`rowankv_wire::config::Config`) — is
+//! stored persistently in a coordination service and cached by the CM, the servers
+//! and the clients. Every configuration change is a new term, and each term is
+//! committed exactly once. Leases in the coordination service decide which CM is
+//! the active one; a standby takes over once the active CM's lease has expired.
+//!
+//! - `store`: the coordination service behind the `CoordStore` trait, shaped after
+//!   etcd v3 (store-wide revisions, compare-and-put, leases) so that an etcd backend
+//!   can follow; `EmbeddedStore` is the single-process backend, persisted to one
+//!   file.
+//! - `manager`: `ConfigManager` — bootstrap of the first configuration, commit of
+//!   term t+1 by compare-and-put, reload by a standby — and the active-CM lease
+//!   (`ActiveLease`). It serves servers and clients as their `ConfigSource`.
+//!
+//! What is here now is the static part: a configuration is stored, read back and
+//! replaced by the next term, and one CM at a time can hold the active lease.
+//! Failover will add, on top of `ConfigManager::commit_as` and `ActiveLease`: server
+//! leases and failure detection, computing the next configuration without a failed
+//! server (promoting backups), the prepare/commit exchange with the servers, and a
+//! standby CM that takes over on lease expiry.
+//!
+//! The CM depends on `types` and `wire` only; servers and clients never depend on
+//! this crate, they see the CM through `ConfigSource`. Time comes only from the
+//! `Clock` given to the store, so a simulator drives lease expiry.
+#![forbid(unsafe_code)]
+
+pub mod manager;
+pub mod store;
+
+pub use manager::{ActiveLease, CmError, ConfigManager, CM_LEASE_KEY, CONFIG_KEY};
+pub use store::{CoordStore, EmbeddedStore, Guard, LeaseId, Revision, StoreError};

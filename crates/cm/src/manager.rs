@@ -1,0 +1,371 @@
+//! The configuration manager: the one writer of the cluster's configuration.
+//!
+//! The configuration lives in the coordination store under [`CONFIG_KEY`], as the
+//! JSON of `rowankv_wire::config::Config`. A `ConfigManager` caches the last
+//! configuration it read or wrote together with the store revision it was at, and
+//! commits the next term with a compare-and-put on that revision. The term is the
+//! fence between configurations: each term is committed at most once, because two
+//! managers that both read revision r can both try to write term t+1, but only the
+//! first compare-and-put on r succeeds.
+//!
+//! Which manager is the active one is decided by [`CM_LEASE_KEY`], a key attached to
+//! a store lease ([`ConfigManager::acquire_active`]). Only the active manager should
+//! commit; [`ConfigManager::commit_as`] makes that a store-checked condition, so a
+//! manager whose lease expired without it noticing cannot commit even if nobody
+//! else has committed since.
+
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+use rowankv_types::Term;
+use rowankv_wire::config::{Config, ConfigError, ConfigSource};
+
+use crate::store::{CoordStore, Guard, LeaseId, Revision, StoreError};
+
+/// Where the configuration is stored.
+pub const CONFIG_KEY: &str = "/rowankv/config";
+/// The key the active configuration manager holds with its lease.
+pub const CM_LEASE_KEY: &str = "/rowankv/cm/active";
+
+/// How many times `bootstrap` and `acquire_active` re-read after losing a race to
+/// another manager before giving up: one re-read always settles a race in which
+/// nobody deletes the key in between.
+const RACE_ATTEMPTS_MAX: usize = 3;
+
+#[derive(Debug, thiserror::Error)]
+pub enum CmError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("no configuration is stored under {CONFIG_KEY}")]
+    NoConfig,
+    #[error("the stored configuration belongs to cluster {stored}, not {given}")]
+    WrongCluster { stored: u64, given: u64 },
+    #[error("invalid configuration: {0}")]
+    Invalid(String),
+    #[error("the next configuration must have term {current:?} + 1, not {given:?}")]
+    TermNotNext { current: Term, given: Term },
+    #[error("lost a race to another writer: {0}")]
+    Conflict(String),
+    #[error("another configuration manager is active: {holder:?}")]
+    ActiveHeld { holder: String },
+    #[error("the active-CM lease of {holder:?} has expired")]
+    LeaseLost { holder: String },
+}
+
+/// The configuration as last read or written, and the store revision of that.
+#[derive(Clone)]
+struct Cached {
+    config: Arc<Config>,
+    revision: Revision,
+}
+
+/// The configuration manager (static part: bootstrap, commit of the next term, the
+/// active-CM lease). Failure detection of servers and the failover protocol build on
+/// `commit_as` and `ActiveLease`.
+pub struct ConfigManager {
+    store: Arc<dyn CoordStore>,
+    cached: Mutex<Cached>,
+    /// Serializes this manager's commits and reloads, so the cache only moves
+    /// forward; `current()` does not wait for it.
+    writer: Mutex<()>,
+}
+
+impl std::fmt::Debug for ConfigManager {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let cached = self.cached.lock();
+        f.debug_struct("ConfigManager")
+            .field("cluster_id", &cached.config.cluster_id)
+            .field("term", &cached.config.term)
+            .field("revision", &cached.revision)
+            .finish_non_exhaustive()
+    }
+}
+
+fn decode_stored(bytes: &[u8]) -> Result<Config, CmError> {
+    Config::from_json(bytes)
+        .map_err(|e| CmError::Invalid(format!("the configuration stored under {CONFIG_KEY}: {e}")))
+}
+
+fn invalid(e: ConfigError) -> CmError {
+    CmError::Invalid(e.to_string())
+}
+
+impl ConfigManager {
+    fn with(store: Arc<dyn CoordStore>, config: Config, revision: Revision) -> ConfigManager {
+        ConfigManager {
+            store,
+            cached: Mutex::new(Cached {
+                config: Arc::new(config),
+                revision,
+            }),
+            writer: Mutex::new(()),
+        }
+    }
+
+    /// Load the configuration from the store, or store `initial` if there is none.
+    /// A stored configuration wins over `initial` (it may be many terms ahead); one
+    /// of another cluster is `WrongCluster`. `initial` is validated either way.
+    pub fn bootstrap(
+        store: Arc<dyn CoordStore>,
+        initial: Config,
+    ) -> Result<ConfigManager, CmError> {
+        initial.validate().map_err(invalid)?;
+        for _ in 0..RACE_ATTEMPTS_MAX {
+            if let Some((bytes, revision)) = store.get(CONFIG_KEY)? {
+                let stored = decode_stored(&bytes)?;
+                if stored.cluster_id != initial.cluster_id {
+                    return Err(CmError::WrongCluster {
+                        stored: stored.cluster_id,
+                        given: initial.cluster_id,
+                    });
+                }
+                return Ok(ConfigManager::with(store, stored, revision));
+            }
+            match store.put_if(CONFIG_KEY, &initial.to_json(), 0, None) {
+                Ok(revision) => return Ok(ConfigManager::with(store, initial, revision)),
+                // Another manager bootstrapped first: read what it stored.
+                Err(StoreError::Conflict { .. }) => continue,
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Err(CmError::Conflict(format!(
+            "{CONFIG_KEY} kept changing during bootstrap"
+        )))
+    }
+
+    /// Load an existing configuration; `NoConfig` if the store has none.
+    pub fn open(store: Arc<dyn CoordStore>) -> Result<ConfigManager, CmError> {
+        let (bytes, revision) = store.get(CONFIG_KEY)?.ok_or(CmError::NoConfig)?;
+        let config = decode_stored(&bytes)?;
+        Ok(ConfigManager::with(store, config, revision))
+    }
+
+    /// The cached configuration.
+    pub fn current(&self) -> Arc<Config> {
+        self.cached.lock().config.clone()
+    }
+
+    /// The store revision of the cached configuration.
+    pub fn revision(&self) -> Revision {
+        self.cached.lock().revision
+    }
+
+    /// Commit `next`: its term must be exactly the current term + 1, it must
+    /// validate and keep the cluster id. Written with a compare-and-put on the
+    /// revision the cache was read at, so two managers cannot both commit term t+1;
+    /// the loser gets `Conflict` and should `reload`. On success the cache moves to
+    /// `next`.
+    ///
+    /// After a store error other than a conflict the outcome may be unknown (with a
+    /// remote store, the write may have landed): `reload` tells.
+    pub fn commit(&self, next: Config) -> Result<Arc<Config>, CmError> {
+        self.commit_inner(next, None)
+    }
+
+    /// `commit`, and only while `active` still holds [`CM_LEASE_KEY`]: the store
+    /// checks it in the same atomic step, so a manager deposed without knowing it
+    /// cannot commit. A failed check is `LeaseLost`.
+    pub fn commit_as(&self, active: &ActiveLease, next: Config) -> Result<Arc<Config>, CmError> {
+        self.commit_inner(next, Some(active))
+    }
+
+    fn commit_inner(
+        &self,
+        next: Config,
+        fence: Option<&ActiveLease>,
+    ) -> Result<Arc<Config>, CmError> {
+        let _writer = self.writer.lock();
+        let Cached { config, revision } = self.cached.lock().clone();
+        if next.cluster_id != config.cluster_id {
+            return Err(CmError::WrongCluster {
+                stored: config.cluster_id,
+                given: next.cluster_id,
+            });
+        }
+        if next.term != Term(config.term.0 + 1) {
+            return Err(CmError::TermNotNext {
+                current: config.term,
+                given: next.term,
+            });
+        }
+        next.validate().map_err(invalid)?;
+        let bytes = next.to_json();
+        let written = match fence {
+            None => self.store.put_if(CONFIG_KEY, &bytes, revision, None),
+            Some(active) => {
+                let guard = Guard {
+                    key: CM_LEASE_KEY.to_owned(),
+                    revision: active.revision,
+                };
+                self.store
+                    .put_if_guarded(&guard, CONFIG_KEY, &bytes, revision, None)
+            }
+        };
+        let new_revision = match (written, fence) {
+            (Ok(r), _) => r,
+            (Err(StoreError::Conflict { key, .. }), Some(active)) if key == CM_LEASE_KEY => {
+                return Err(CmError::LeaseLost {
+                    holder: active.holder.clone(),
+                })
+            }
+            (Err(StoreError::Conflict { current, .. }), _) => {
+                return Err(CmError::Conflict(format!(
+                    "{CONFIG_KEY} is at revision {current}, not {revision}: another manager \
+                     committed after term {:?}",
+                    config.term
+                )))
+            }
+            (Err(e), _) => return Err(e.into()),
+        };
+        let next = Arc::new(next);
+        *self.cached.lock() = Cached {
+            config: next.clone(),
+            revision: new_revision,
+        };
+        Ok(next)
+    }
+
+    /// Re-read the configuration from the store (a standby taking over, or after a
+    /// conflict). The stored configuration must be of the same cluster and not of an
+    /// older term than the cache: a store that went back in time is refused rather
+    /// than followed.
+    pub fn reload(&self) -> Result<Arc<Config>, CmError> {
+        let _writer = self.writer.lock();
+        let (bytes, revision) = self.store.get(CONFIG_KEY)?.ok_or(CmError::NoConfig)?;
+        let stored = decode_stored(&bytes)?;
+        let cached = self.cached.lock().config.clone();
+        if stored.cluster_id != cached.cluster_id {
+            return Err(CmError::WrongCluster {
+                stored: stored.cluster_id,
+                given: cached.cluster_id,
+            });
+        }
+        if stored.term < cached.term {
+            return Err(CmError::Invalid(format!(
+                "the stored configuration has term {:?}, older than the {:?} already seen",
+                stored.term, cached.term
+            )));
+        }
+        let stored = Arc::new(stored);
+        *self.cached.lock() = Cached {
+            config: stored.clone(),
+            revision,
+        };
+        Ok(stored)
+    }
+
+    /// The coordination store this manager writes to.
+    pub fn store(&self) -> &Arc<dyn CoordStore> {
+        &self.store
+    }
+
+    /// Become the active manager: put [`CM_LEASE_KEY`] = `holder` attached to a new
+    /// lease of `ttl_ns`, only if no one holds it. `ActiveHeld` names the holder
+    /// otherwise; the key frees itself when the holder's lease expires. A holder of
+    /// the same name (a restarted process) must also wait for the old lease: the old
+    /// process may still be running.
+    pub fn acquire_active(&self, holder: &str, ttl_ns: u64) -> Result<ActiveLease, CmError> {
+        for _ in 0..RACE_ATTEMPTS_MAX {
+            if let Some((bytes, _)) = self.store.get(CM_LEASE_KEY)? {
+                return Err(CmError::ActiveHeld {
+                    holder: String::from_utf8_lossy(&bytes).into_owned(),
+                });
+            }
+            let lease = self.store.grant_lease(ttl_ns)?;
+            match self
+                .store
+                .put_if(CM_LEASE_KEY, holder.as_bytes(), 0, Some(lease))
+            {
+                Ok(revision) => {
+                    return Ok(ActiveLease {
+                        store: self.store.clone(),
+                        holder: holder.to_owned(),
+                        lease,
+                        revision,
+                        ttl_ns,
+                    })
+                }
+                Err(StoreError::Conflict { .. }) => {
+                    // Lost the race: give the unused lease back and look again. A
+                    // failed revoke only leaves a lease with no keys to expire.
+                    let _ = self.store.revoke(lease);
+                }
+                Err(e) => {
+                    let _ = self.store.revoke(lease);
+                    return Err(e.into());
+                }
+            }
+        }
+        Err(CmError::Conflict(format!(
+            "{CM_LEASE_KEY} kept changing while acquiring it"
+        )))
+    }
+}
+
+impl ConfigSource for ConfigManager {
+    /// The cached configuration: the manager is the only writer, so its cache is
+    /// the latest committed configuration while it is active.
+    fn fetch(&self) -> Result<Arc<Config>, ConfigError> {
+        Ok(self.current())
+    }
+}
+
+/// The active-CM lease: while it is alive, [`CM_LEASE_KEY`] names this holder.
+/// The holder must `renew` well within `ttl_ns` and stop acting as the CM as soon as
+/// a renewal fails.
+pub struct ActiveLease {
+    store: Arc<dyn CoordStore>,
+    holder: String,
+    lease: LeaseId,
+    /// The revision of `CM_LEASE_KEY` this holder wrote: the fence `commit_as` checks.
+    revision: Revision,
+    ttl_ns: u64,
+}
+
+impl std::fmt::Debug for ActiveLease {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ActiveLease")
+            .field("holder", &self.holder)
+            .field("lease", &self.lease)
+            .field("revision", &self.revision)
+            .field("ttl_ns", &self.ttl_ns)
+            .finish()
+    }
+}
+
+impl ActiveLease {
+    /// Extend the lease by its TTL from now. `LeaseLost` if it already expired: the
+    /// key is gone and another manager may be active.
+    pub fn renew(&self) -> Result<(), CmError> {
+        match self.store.keep_alive(self.lease) {
+            Ok(()) => Ok(()),
+            Err(StoreError::LeaseExpired(_)) => Err(CmError::LeaseLost {
+                holder: self.holder.clone(),
+            }),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Step down now, freeing the key for a standby without waiting for expiry.
+    pub fn release(self) -> Result<(), CmError> {
+        self.store.revoke(self.lease)?;
+        Ok(())
+    }
+
+    pub fn holder(&self) -> &str {
+        &self.holder
+    }
+
+    pub fn lease_id(&self) -> LeaseId {
+        self.lease
+    }
+
+    /// The revision of [`CM_LEASE_KEY`] this holder wrote.
+    pub fn revision(&self) -> Revision {
+        self.revision
+    }
+
+    pub fn ttl_ns(&self) -> u64 {
+        self.ttl_ns
+    }
+}

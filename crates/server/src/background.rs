@@ -1,0 +1,135 @@
+//! The background roles of a server (seed 000 §4.1): the control role of the
+//! Rowan receiver (posting segments, finding used ones, committing digested ones),
+//! digest roles and clean roles.
+
+use std::sync::Arc;
+
+use rowankv_fabric::Nic;
+
+use crate::runtime::{Step, Task};
+use crate::server::ServerShared;
+
+/// The control role: Rowan's control path (§4.3) and commit of digested
+/// segments (§4.4), every `control_interval_ns`.
+pub struct ControlTask<N: Nic> {
+    name: String,
+    shared: Arc<ServerShared<N>>,
+    next_ns: u64,
+}
+
+impl<N: Nic> ControlTask<N> {
+    pub fn new(shared: Arc<ServerShared<N>>) -> Self {
+        ControlTask {
+            name: format!("s{}-control", shared.node.0),
+            shared,
+            next_ns: 0,
+        }
+    }
+}
+
+impl<N: Nic> Task for ControlTask<N> {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn step(&mut self, now_ns: u64) -> Step {
+        if self.shared.stopped() {
+            return Step::Done;
+        }
+        if now_ns < self.next_ns {
+            return Step::Idle;
+        }
+        self.next_ns = now_ns + self.shared.settings.control_interval_ns;
+        let mut did = false;
+        match self.shared.blog.control_step(now_ns) {
+            Ok(r) => did |= r.segments_used > 0 || r.segments_posted > 0,
+            Err(e) => tracing::error!(role = %self.name, error = %e, "control step"),
+        }
+        did |= self.shared.blog.try_commit() > 0;
+        if did {
+            Step::Worked
+        } else {
+            Step::Idle
+        }
+    }
+}
+
+/// Digest role `d`: installs its shards' entries from used b-log segments.
+pub struct DigestTask<N: Nic> {
+    name: String,
+    shared: Arc<ServerShared<N>>,
+    d: usize,
+}
+
+impl<N: Nic> DigestTask<N> {
+    pub fn new(shared: Arc<ServerShared<N>>, d: usize) -> Self {
+        DigestTask {
+            name: format!("s{}-digest-{d}", shared.node.0),
+            shared,
+            d,
+        }
+    }
+}
+
+impl<N: Nic> Task for DigestTask<N> {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn step(&mut self, _now_ns: u64) -> Step {
+        if self.shared.stopped() {
+            return Step::Done;
+        }
+        match self.shared.blog.digest_step(self.d) {
+            Ok(0) => Step::Idle,
+            Ok(_) => Step::Worked,
+            Err(e) => {
+                tracing::error!(role = %self.name, error = %e, "digest step");
+                Step::Idle
+            }
+        }
+    }
+}
+
+/// Clean role `c`, every `clean_interval_ns`.
+pub struct CleanTask<N: Nic> {
+    name: String,
+    shared: Arc<ServerShared<N>>,
+    c: usize,
+    next_ns: u64,
+}
+
+impl<N: Nic> CleanTask<N> {
+    pub fn new(shared: Arc<ServerShared<N>>, c: usize) -> Self {
+        CleanTask {
+            name: format!("s{}-clean-{c}", shared.node.0),
+            shared,
+            c,
+            next_ns: 0,
+        }
+    }
+}
+
+impl<N: Nic> Task for CleanTask<N> {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn step(&mut self, now_ns: u64) -> Step {
+        if self.shared.stopped() {
+            return Step::Done;
+        }
+        if now_ns < self.next_ns {
+            return Step::Idle;
+        }
+        self.next_ns = now_ns + self.shared.settings.clean_interval_ns;
+        match self.shared.engine.clean_as(self.c) {
+            Ok(r) if r.segments_cleaned > 0 || r.segments_freed > 0 => Step::Worked,
+            Ok(_) => Step::Idle,
+            Err(e) => {
+                tracing::error!(role = %self.name, error = %e, "clean pass");
+                Step::Idle
+            }
+        }
+    }
+}

@@ -1,0 +1,31 @@
+//! The RowanKV server (seed 000 §4.1, §5): worker roles that do network I/O and KV
+//! logic, the Rowan receiver's control role, digest and clean roles, the five
+//! replication strategies the paper compares, the runtime that schedules the
+//! roles, and the in-process cluster that puts servers, the CM and the fabric
+//! together.
+//!
+//! Layering: the server depends on the engine, the fabric, the wire formats and
+//! the CM's interface (`ConfigSource`); the `cluster` module alone names the CM's
+//! embedded implementation, to assemble a cluster in one process.
+//!
+//! Guarantees kept here:
+//! - a PUT/DEL is answered `Ok` only after its entry is durable in the primary's
+//!   t-log and in every backup's log; only then is it indexed at the primary;
+//! - a request whose term differs from the server's (after refreshing from the
+//!   CM) or whose cluster id is not the server's is refused and changes nothing;
+//! - a malformed frame, an unknown type, an oversized key or value gets a typed
+//!   error; the worker goes on serving.
+#![forbid(unsafe_code)]
+
+pub mod background;
+pub mod cluster;
+pub mod replication;
+pub mod runtime;
+pub mod server;
+pub mod version;
+pub mod worker;
+
+pub use cluster::{Cluster, ClusterConfig, ClusterError, CLIENT_NODE_BASE};
+pub use replication::{BatchConfig, Strategy};
+pub use runtime::{Executor, Placement, Step, Task};
+pub use server::{ServerSettings, ServerShared, ServerStats, KV_BYTES_MAX};

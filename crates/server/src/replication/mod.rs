@@ -1,0 +1,125 @@
+//! Replication strategies: one trait, five implementations, all writing the same
+//! log-entry format (seed 000 §6.1 "Comparing targets").
+//!
+//! | strategy | primary side | backup side |
+//! | --- | --- | --- |
+//! | `rowan` | a persisted SEND per entry on a queue pair to each backup's Rowan receiver | one b-log per server, landed by the NIC (`BackupLog` with a receiver) |
+//! | `rpc` | a `Replicate` RPC to one worker of each backup | that worker appends to its own per-thread b-log, then answers |
+//! | `rwrite` | each worker owns a remote log on every other server and appends with persisted WRITEs (FaRM) | segments granted on request; digested once sealed |
+//! | `batch` | `rwrite`, entries batched per backup until 256 B or 5 µs | as `rwrite` |
+//! | `share` | one remote log per server pair, shared by the server's workers; space reserved with a local atomic | as `rwrite` |
+//!
+//! A [`Replicator`] belongs to one worker. The worker hands it an entry and a
+//! token per backup; the replicator reports the token in `acked` once the entry
+//! is durable in that backup's log, or in `failed` if it cannot be.
+
+mod rowan;
+mod rpc;
+mod rwrite;
+mod share;
+
+use std::fmt;
+use std::str::FromStr;
+
+use rowankv_fabric::{Completion, Nic};
+use rowankv_types::NodeId;
+use rowankv_wire::endpoint::{Endpoint, PeerId};
+use rowankv_wire::frame::{Envelope, Response};
+
+pub(crate) use rowan::RowanReplicator;
+pub(crate) use rpc::RpcReplicator;
+pub use rwrite::BatchConfig;
+pub(crate) use rwrite::{RemoteLogTarget, RwriteReplicator};
+pub(crate) use share::{ShareReplicator, SharedLog};
+
+/// The `wr_id` tag of replication work requests.
+pub(crate) const WR_TAG_REPL: u64 = rowankv_wire::endpoint::WR_TAG_OWNER_MIN;
+
+/// The log id a `share` sender names in its segment requests.
+pub const SHARED_LOG_ID: u32 = u32::MAX;
+
+/// How a cluster replicates.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Strategy {
+    Rowan,
+    Rpc,
+    Rwrite,
+    Batch,
+    Share,
+}
+
+impl Strategy {
+    pub const ALL: [Strategy; 5] = [
+        Strategy::Rowan,
+        Strategy::Rpc,
+        Strategy::Rwrite,
+        Strategy::Batch,
+        Strategy::Share,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Strategy::Rowan => "rowan",
+            Strategy::Rpc => "rpc",
+            Strategy::Rwrite => "rwrite",
+            Strategy::Batch => "batch",
+            Strategy::Share => "share",
+        }
+    }
+
+    /// Whether backups receive one-sided WRITEs into granted segments.
+    pub fn uses_remote_logs(self) -> bool {
+        matches!(self, Strategy::Rwrite | Strategy::Batch | Strategy::Share)
+    }
+}
+
+impl fmt::Display for Strategy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for Strategy {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Strategy::ALL
+            .into_iter()
+            .find(|x| x.name().eq_ignore_ascii_case(s))
+            .ok_or_else(|| format!("unknown strategy {s:?} (rowan, rpc, rwrite, batch, share)"))
+    }
+}
+
+/// What a replicator may use of its worker.
+pub struct ReplCtx<'a, N: Nic> {
+    pub ep: &'a mut Endpoint<N>,
+    /// Cluster id, term and sender for the RPCs it sends (request id is its own).
+    pub env: Envelope,
+    pub now_ns: u64,
+}
+
+/// Replication as one worker does it.
+pub trait Replicator<N: Nic>: Send {
+    /// Start making `entry` (whole encoded blocks) durable in `backup`'s log.
+    fn replicate(&mut self, cx: &mut ReplCtx<'_, N>, backup: NodeId, entry: &[u8], token: u64);
+    /// A completion of the worker's completion queue with the replication tag.
+    fn on_completion(&mut self, cx: &mut ReplCtx<'_, N>, c: &Completion, out: &mut Outcomes);
+    /// A response to one of the replicator's RPCs.
+    fn on_response(
+        &mut self,
+        cx: &mut ReplCtx<'_, N>,
+        peer: PeerId,
+        request_id: u64,
+        response: &Response<'_>,
+        out: &mut Outcomes,
+    );
+    /// Timers and queued work (batch timeouts, entries waiting for a segment or a
+    /// credit). Returns whether it did anything.
+    fn tick(&mut self, cx: &mut ReplCtx<'_, N>, out: &mut Outcomes) -> bool;
+}
+
+/// Tokens whose replication finished.
+#[derive(Default)]
+pub struct Outcomes {
+    pub acked: Vec<u64>,
+    pub failed: Vec<(u64, String)>,
+}

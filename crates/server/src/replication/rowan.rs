@@ -1,0 +1,80 @@
+//! `rowan`: every entry is a persisted SEND to each backup's Rowan receiver, which
+//! lands it in the backup's one b-log without the backup's CPU (seed 000 §3, §4.1).
+
+use std::collections::HashMap;
+
+use rowankv_fabric::{Completion, Nic, WcStatus};
+use rowankv_rowan::RowanSender;
+use rowankv_types::NodeId;
+use rowankv_wire::endpoint::{wr_id, PeerId, WR_TAG_SHIFT};
+use rowankv_wire::frame::Response;
+
+use super::{Outcomes, ReplCtx, Replicator, WR_TAG_REPL};
+
+pub(crate) struct RowanReplicator<N: Nic> {
+    senders: HashMap<NodeId, RowanSender<N::Qp>>,
+    mtu_bytes: usize,
+    failed_posts: Vec<(u64, String)>,
+}
+
+impl<N: Nic> RowanReplicator<N> {
+    /// `senders`: one per backup server, connected to its receiver, on the
+    /// worker's completion queue.
+    pub fn new(senders: HashMap<NodeId, RowanSender<N::Qp>>, mtu_bytes: usize) -> Self {
+        RowanReplicator {
+            senders,
+            mtu_bytes,
+            failed_posts: Vec::new(),
+        }
+    }
+}
+
+impl<N: Nic> Replicator<N> for RowanReplicator<N> {
+    fn replicate(&mut self, _cx: &mut ReplCtx<'_, N>, backup: NodeId, entry: &[u8], token: u64) {
+        let Some(sender) = self.senders.get_mut(&backup) else {
+            self.failed_posts
+                .push((token, format!("no Rowan connection to {backup}")));
+            return;
+        };
+        let id = wr_id(WR_TAG_REPL, token);
+        // An entry larger than the MTU is sent block by block (each block at most
+        // one MTU, whole blocks only); the blocks may land apart (§4.2.2).
+        let r = if entry.len() <= self.mtu_bytes {
+            sender.write(id, entry)
+        } else {
+            let blocks: Vec<&[u8]> = entry.chunks(self.mtu_bytes).collect();
+            sender.write_blocks(id, &blocks)
+        };
+        if let Err(e) = r {
+            // Reported through a failed completion-like path on the next tick.
+            tracing::warn!(%backup, error = %e, "rowan replication could not be posted");
+            self.failed_posts.push((token, e.to_string()));
+        }
+    }
+
+    fn on_completion(&mut self, _cx: &mut ReplCtx<'_, N>, c: &Completion, out: &mut Outcomes) {
+        let token = c.wr_id & ((1 << WR_TAG_SHIFT) - 1);
+        if c.status == WcStatus::Success {
+            out.acked.push(token);
+        } else {
+            out.failed
+                .push((token, format!("rowan write: {:?}", c.status)));
+        }
+    }
+
+    fn on_response(
+        &mut self,
+        _cx: &mut ReplCtx<'_, N>,
+        _peer: PeerId,
+        _request_id: u64,
+        _response: &Response<'_>,
+        _out: &mut Outcomes,
+    ) {
+    }
+
+    fn tick(&mut self, _cx: &mut ReplCtx<'_, N>, out: &mut Outcomes) -> bool {
+        let any = !self.failed_posts.is_empty();
+        out.failed.append(&mut self.failed_posts);
+        any
+    }
+}

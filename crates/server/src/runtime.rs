@@ -1,0 +1,177 @@
+//! The runtime that schedules a server's roles (DESIGN §6).
+//!
+//! The paper's threads — workers, the control thread, digest and clean threads — are
+//! *roles*: each is a [`Task`], an event-driven state machine with a non-blocking
+//! `step`. The [`Executor`] runs tasks on OS threads in one of two placements:
+//! - `Shared`: tasks are spread over a few OS threads (`rowankv-exec-N`) that step
+//!   their tasks round-robin. A whole in-process cluster (three servers with dozens
+//!   of workers each, clients, the CM) runs this way on two cores.
+//! - `Dedicated`: one OS thread per task, named after its role (`s0-worker-3`,
+//!   `s0-control`, ...), as a deployed server pins one thread per core.
+//! The deterministic simulator steps the same tasks from one thread in an order
+//! drawn from its seed.
+//!
+//! A thread that finds all its tasks idle for a while yields, then sleeps briefly,
+//! so an idle cluster does not hold the cores.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use crossbeam::channel::{self, Receiver, Sender};
+use rowankv_types::Clock;
+
+/// What one step of a task did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Step {
+    /// Nothing to do.
+    Idle,
+    /// Some work was done; step again soon.
+    Worked,
+    /// The task has ended (its server stopped or crashed); drop it.
+    Done,
+}
+
+/// A role: an event-driven state machine.
+pub trait Task: Send {
+    /// The role's name, `s<server>-<role>[-<index>]`.
+    fn name(&self) -> &str;
+    /// Do what can be done now without blocking.
+    fn step(&mut self, now_ns: u64) -> Step;
+}
+
+/// Where tasks run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Placement {
+    /// Round-robin on `threads` OS threads.
+    Shared { threads: usize },
+    /// One OS thread per task, named after the role.
+    Dedicated,
+}
+
+/// Idle rounds before a thread yields its core, and before it sleeps.
+const IDLE_ROUNDS_BEFORE_YIELD: u32 = 64;
+const IDLE_ROUNDS_BEFORE_SLEEP: u32 = 256;
+const IDLE_SLEEP: Duration = Duration::from_micros(50);
+
+struct ThreadHandle {
+    inject: Sender<Box<dyn Task>>,
+    join: JoinHandle<Vec<Box<dyn Task>>>,
+}
+
+/// Runs tasks until stopped.
+pub struct Executor {
+    placement: Placement,
+    clock: Arc<dyn Clock>,
+    stop: Arc<AtomicBool>,
+    threads: Vec<ThreadHandle>,
+    next: usize,
+    /// Steps that did work, over all threads (for tests and reports).
+    worked: Arc<AtomicU64>,
+}
+
+impl Executor {
+    pub fn new(placement: Placement, clock: Arc<dyn Clock>) -> Executor {
+        let mut ex = Executor {
+            placement,
+            clock,
+            stop: Arc::new(AtomicBool::new(false)),
+            threads: Vec::new(),
+            next: 0,
+            worked: Arc::new(AtomicU64::new(0)),
+        };
+        if let Placement::Shared { threads } = placement {
+            for i in 0..threads.max(1) {
+                ex.start_thread(format!("rowankv-exec-{i}"), Vec::new());
+            }
+        }
+        ex
+    }
+
+    fn start_thread(&mut self, name: String, tasks: Vec<Box<dyn Task>>) {
+        let (tx, rx) = channel::unbounded();
+        let stop = self.stop.clone();
+        let clock = self.clock.clone();
+        let worked = self.worked.clone();
+        let join = std::thread::Builder::new()
+            .name(name)
+            .spawn(move || run_thread(tasks, rx, stop, clock, worked))
+            .expect("spawning an executor thread");
+        self.threads.push(ThreadHandle { inject: tx, join });
+    }
+
+    /// Start running `task`.
+    pub fn spawn(&mut self, task: Box<dyn Task>) {
+        match self.placement {
+            Placement::Dedicated => {
+                let name = task.name().to_string();
+                self.start_thread(name, vec![task]);
+            }
+            Placement::Shared { .. } => {
+                let i = self.next % self.threads.len();
+                self.next += 1;
+                let _ = self.threads[i].inject.send(task);
+            }
+        }
+    }
+
+    /// Steps that did work so far.
+    pub fn steps_worked(&self) -> u64 {
+        self.worked.load(Ordering::Relaxed)
+    }
+
+    /// Stop every thread; returns the tasks still running.
+    pub fn stop(self) -> Vec<Box<dyn Task>> {
+        self.stop.store(true, Ordering::Release);
+        let mut tasks = Vec::new();
+        for t in self.threads {
+            drop(t.inject);
+            if let Ok(mut ts) = t.join.join() {
+                tasks.append(&mut ts);
+            }
+        }
+        tasks
+    }
+}
+
+fn run_thread(
+    mut tasks: Vec<Box<dyn Task>>,
+    inject: Receiver<Box<dyn Task>>,
+    stop: Arc<AtomicBool>,
+    clock: Arc<dyn Clock>,
+    worked: Arc<AtomicU64>,
+) -> Vec<Box<dyn Task>> {
+    let mut idle_rounds = 0u32;
+    while !stop.load(Ordering::Acquire) {
+        while let Ok(t) = inject.try_recv() {
+            tasks.push(t);
+        }
+        let mut did = 0u64;
+        let mut i = 0;
+        while i < tasks.len() {
+            match tasks[i].step(clock.now_ns()) {
+                Step::Idle => i += 1,
+                Step::Worked => {
+                    did += 1;
+                    i += 1;
+                }
+                Step::Done => {
+                    drop(tasks.swap_remove(i));
+                }
+            }
+        }
+        if did > 0 {
+            worked.fetch_add(did, Ordering::Relaxed);
+            idle_rounds = 0;
+        } else {
+            idle_rounds = idle_rounds.saturating_add(1);
+            if idle_rounds > IDLE_ROUNDS_BEFORE_SLEEP {
+                std::thread::sleep(IDLE_SLEEP);
+            } else if idle_rounds > IDLE_ROUNDS_BEFORE_YIELD {
+                std::thread::yield_now();
+            }
+        }
+    }
+    tasks
+}

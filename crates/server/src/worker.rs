@@ -1,0 +1,651 @@
+//! The worker role (seed 000 §4.1, §5.1): network I/O and KV logic in one task.
+//!
+//! A worker polls its endpoint's completion queue, which carries both RPC messages
+//! and its replication completions. A PUT/DEL is appended to the worker's t-log,
+//! handed to the replicator for every backup, and *parked*: its context waits in a
+//! slot while the worker goes on serving. Each ACK decrements the slot's count;
+//! the last one makes the entry visible in the index and answers the client
+//! (§4.1: index update after all ACKs, so a GET never returns what a failure could
+//! still lose). Worker 0 also disseminates each primary shard's CommitVer every
+//! 15 ms through the same replication path (§4.4).
+//!
+//! Every request is checked before anything changes: its frame decodes, its cluster
+//! id and term are current, this server is the shard's primary (or, for
+//! replication, a backup), sizes are within bounds. A request that fails a check
+//! gets a typed error and changes nothing.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use rowankv_engine::entry::{self, Kind};
+use rowankv_engine::EngineError;
+use rowankv_fabric::Nic;
+use rowankv_types::{NodeId, SegmentId, ShardId, Term, Version};
+use rowankv_wire::directory::Acceptor;
+use rowankv_wire::endpoint::{Endpoint, Event, PeerId};
+use rowankv_wire::frame::{self, Body, Envelope, ErrorCode, Response};
+
+use crate::replication::{Outcomes, ReplCtx, Replicator, Strategy, SHARED_LOG_ID};
+use crate::runtime::{Step, Task};
+use crate::server::{ServerShared, KV_BYTES_MAX};
+
+/// Token of a CommitVer record: its ACK needs no answer.
+const COMMIT_TOKEN: u64 = (1 << 56) - 1;
+const SLOT_BITS: u32 = 24;
+
+struct PendingWrite {
+    peer: PeerId,
+    request_id: u64,
+    shard: ShardId,
+    key: Vec<u8>,
+    addr: u64,
+    version: Version,
+    len: usize,
+    acks_left: usize,
+    failure: Option<String>,
+}
+
+struct Slot {
+    generation: u32,
+    write: Option<PendingWrite>,
+}
+
+/// One worker of one server.
+pub struct Worker<N: Nic> {
+    name: String,
+    shared: Arc<ServerShared<N>>,
+    index: usize,
+    ep: Endpoint<N>,
+    acceptor: Acceptor,
+    repl: Box<dyn Replicator<N>>,
+    slots: Vec<Slot>,
+    free: Vec<u32>,
+    inflight: usize,
+    events: Vec<Event>,
+    data: Vec<u8>,
+    outcomes: Outcomes,
+    entry_buf: Vec<u8>,
+    value_buf: Vec<u8>,
+    last_commit_ns: u64,
+    commit_sent: Vec<u64>,
+}
+
+impl<N: Nic> Worker<N> {
+    pub(crate) fn new(
+        shared: Arc<ServerShared<N>>,
+        index: usize,
+        ep: Endpoint<N>,
+        acceptor: Acceptor,
+        repl: Box<dyn Replicator<N>>,
+    ) -> Self {
+        let shards = shared.engine.config().shard_count as usize;
+        Worker {
+            name: format!("s{}-worker-{index}", shared.node.0),
+            shared,
+            index,
+            ep,
+            acceptor,
+            repl,
+            slots: Vec::new(),
+            free: Vec::new(),
+            inflight: 0,
+            events: Vec::with_capacity(64),
+            data: Vec::with_capacity(64 * 1024),
+            outcomes: Outcomes::default(),
+            entry_buf: Vec::with_capacity(frame::FRAME_BYTES_MAX_DEFAULT),
+            value_buf: Vec::with_capacity(frame::FRAME_BYTES_MAX_DEFAULT),
+            last_commit_ns: 0,
+            commit_sent: vec![0; shards],
+        }
+    }
+
+    fn envelope(&self, request_id: u64) -> Envelope {
+        let config = self.shared.config();
+        Envelope {
+            cluster_id: config.cluster_id,
+            term: config.term,
+            request_id,
+            sender: self.shared.node,
+        }
+    }
+
+    fn respond(&mut self, peer: PeerId, request_id: u64, response: Response<'_>) {
+        let env = self.envelope(request_id);
+        if let Err(e) = self.ep.respond(peer, &env, &Body::Response(response)) {
+            tracing::debug!(worker = %self.name, error = %e, "response not sent");
+        }
+    }
+
+    fn reject(&mut self, peer: PeerId, request_id: u64, code: ErrorCode, detail: &str) {
+        let stats = &self.shared.stats;
+        let counter = match code {
+            ErrorCode::StaleTerm => &stats.rejected_stale_term,
+            ErrorCode::NotPrimary => &stats.rejected_not_primary,
+            ErrorCode::Malformed | ErrorCode::UnknownType => &stats.rejected_malformed,
+            ErrorCode::TooLarge => &stats.rejected_too_large,
+            _ => &stats.rejected_other,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+        let term = self.shared.term();
+        self.respond(peer, request_id, Response::Error { code, term, detail });
+    }
+
+    fn handle_message(&mut self, peer: PeerId, bytes: &[u8], now_ns: u64) {
+        let f = match frame::decode(bytes) {
+            Ok(f) => f,
+            Err(e) => {
+                match frame::decode_header(bytes) {
+                    // A response we cannot read: nobody to tell.
+                    Ok(h) if h.msg_type == frame::MsgType::Response as u8 => {
+                        tracing::warn!(worker = %self.name, error = %e, "malformed response dropped");
+                    }
+                    Ok(h) => self.reject(peer, h.request_id, e.code(), &e.to_string()),
+                    Err(_) => self.reject(peer, 0, e.code(), &e.to_string()),
+                }
+                return;
+            }
+        };
+        let h = f.header;
+        if let Body::Response(r) = f.body {
+            let mut cx = ReplCtx {
+                env: self.envelope(0),
+                ep: &mut self.ep,
+                now_ns,
+            };
+            self.repl
+                .on_response(&mut cx, peer, h.request_id, &r, &mut self.outcomes);
+            return;
+        }
+        let mut config = self.shared.config();
+        if h.cluster_id != config.cluster_id {
+            let detail = format!(
+                "cluster {:#x}, this server belongs to {:#x}",
+                h.cluster_id, config.cluster_id
+            );
+            self.reject(peer, h.request_id, ErrorCode::WrongCluster, &detail);
+            return;
+        }
+        if h.term > config.term {
+            config = self.shared.refresh_config();
+        }
+        if h.term != config.term {
+            let detail = format!("request term {}, server term {}", h.term, config.term);
+            self.reject(peer, h.request_id, ErrorCode::StaleTerm, &detail);
+            return;
+        }
+        match f.body {
+            Body::Get { key } => self.handle_get(peer, h.request_id, key),
+            Body::Put { key, value } => {
+                self.handle_write(peer, h.request_id, Kind::Put, key, value, now_ns)
+            }
+            Body::Del { key } => self.handle_write(peer, h.request_id, Kind::Del, key, &[], now_ns),
+            Body::Replicate { entries } => {
+                self.handle_replicate(peer, h.request_id, h.sender, entries)
+            }
+            Body::GrantSegment { log, sealed } => {
+                self.handle_grant(peer, h.request_id, h.sender, log, sealed, now_ns)
+            }
+            Body::Ping => self.respond(peer, h.request_id, Response::Ok { version: 0 }),
+            Body::Response(_) => unreachable!("handled above"),
+        }
+    }
+
+    /// The shard of `key` if this server is its primary.
+    fn primary_shard(
+        &mut self,
+        peer: PeerId,
+        request_id: u64,
+        key: &[u8],
+    ) -> Option<(ShardId, Vec<NodeId>)> {
+        let config = self.shared.config();
+        let s = config.shard_for_key(key);
+        if s.primary != self.shared.node {
+            let detail = format!(
+                "{} is primary of {} in term {}",
+                s.primary, s.shard, config.term
+            );
+            self.reject(peer, request_id, ErrorCode::NotPrimary, &detail);
+            return None;
+        }
+        Some((s.shard, s.backups.clone()))
+    }
+
+    fn handle_get(&mut self, peer: PeerId, request_id: u64, key: &[u8]) {
+        let Some((shard, _)) = self.primary_shard(peer, request_id, key) else {
+            return;
+        };
+        self.shared.stats.gets.fetch_add(1, Ordering::Relaxed);
+        let mut value = std::mem::take(&mut self.value_buf);
+        match self.shared.engine.get_into(shard, key, &mut value) {
+            Ok(Some(version)) => {
+                if value.len() > frame::value_response_bytes_max(self.ep.config().frame_bytes_max) {
+                    self.reject(
+                        peer,
+                        request_id,
+                        ErrorCode::TooLarge,
+                        "value larger than a response",
+                    );
+                } else {
+                    self.respond(
+                        peer,
+                        request_id,
+                        Response::Value {
+                            version: version.0,
+                            value: &value,
+                        },
+                    );
+                }
+            }
+            Ok(None) => self.respond(peer, request_id, Response::NotFound),
+            Err(e) => self.reject(peer, request_id, ErrorCode::Internal, &e.to_string()),
+        }
+        self.value_buf = value;
+    }
+
+    fn handle_write(
+        &mut self,
+        peer: PeerId,
+        request_id: u64,
+        kind: Kind,
+        key: &[u8],
+        value: &[u8],
+        now_ns: u64,
+    ) {
+        let Some((shard, backups)) = self.primary_shard(peer, request_id, key) else {
+            return;
+        };
+        if key.is_empty() {
+            self.reject(peer, request_id, ErrorCode::Malformed, "empty key");
+            return;
+        }
+        if key.len() + value.len() > KV_BYTES_MAX {
+            let detail = format!(
+                "key + value of {} B, at most {KV_BYTES_MAX} B",
+                key.len() + value.len()
+            );
+            self.reject(peer, request_id, ErrorCode::TooLarge, &detail);
+            return;
+        }
+        if self.inflight >= self.shared.settings.inflight_max {
+            self.reject(
+                peer,
+                request_id,
+                ErrorCode::Busy,
+                "too many writes in flight",
+            );
+            return;
+        }
+        let Some(version) = self.shared.versions.allocate(shard) else {
+            self.reject(
+                peer,
+                request_id,
+                ErrorCode::Internal,
+                "shard versions exhausted",
+            );
+            return;
+        };
+        let mtu = self.shared.engine.config().mtu_bytes;
+        if let Err(e) = entry::encode(&mut self.entry_buf, kind, shard, version, key, value, mtu) {
+            self.shared.versions.complete(shard, version);
+            self.reject(peer, request_id, ErrorCode::Malformed, &e.to_string());
+            return;
+        }
+        let addr = match self
+            .shared
+            .engine
+            .append_encoded(self.index, &self.entry_buf)
+        {
+            Ok(a) => a,
+            Err(e) => {
+                self.shared.versions.complete(shard, version);
+                let code = match e {
+                    EngineError::OutOfSpace => ErrorCode::OutOfSpace,
+                    _ => ErrorCode::Internal,
+                };
+                self.reject(peer, request_id, code, &e.to_string());
+                return;
+            }
+        };
+        match kind {
+            Kind::Del => self.shared.stats.dels.fetch_add(1, Ordering::Relaxed),
+            _ => self.shared.stats.puts.fetch_add(1, Ordering::Relaxed),
+        };
+        let slot = match self.free.pop() {
+            Some(s) => s,
+            None => {
+                self.slots.push(Slot {
+                    generation: 0,
+                    write: None,
+                });
+                (self.slots.len() - 1) as u32
+            }
+        };
+        let generation = self.slots[slot as usize].generation;
+        let token = ((generation as u64) << SLOT_BITS) | slot as u64;
+        self.slots[slot as usize].write = Some(PendingWrite {
+            peer,
+            request_id,
+            shard,
+            key: key.to_vec(),
+            addr,
+            version,
+            len: self.entry_buf.len(),
+            acks_left: backups.len(),
+            failure: None,
+        });
+        self.inflight += 1;
+        if backups.is_empty() {
+            self.finish(slot);
+            return;
+        }
+        let mut cx = ReplCtx {
+            env: self.envelope(0),
+            ep: &mut self.ep,
+            now_ns,
+        };
+        for b in backups {
+            self.repl.replicate(&mut cx, b, &self.entry_buf, token);
+        }
+    }
+
+    /// An ACK (or failure) of `token`.
+    fn on_outcome(&mut self, token: u64, failure: Option<String>) {
+        if token == COMMIT_TOKEN {
+            if let Some(why) = failure {
+                tracing::debug!(worker = %self.name, why, "CommitVer record not replicated");
+            }
+            return;
+        }
+        let slot = (token & ((1 << SLOT_BITS) - 1)) as u32;
+        let generation = (token >> SLOT_BITS) as u32;
+        let Some(s) = self.slots.get_mut(slot as usize) else {
+            return;
+        };
+        if s.generation != generation {
+            return;
+        }
+        let Some(w) = s.write.as_mut() else {
+            return;
+        };
+        if let Some(why) = failure {
+            self.shared
+                .stats
+                .replication_failures
+                .fetch_add(1, Ordering::Relaxed);
+            w.failure.get_or_insert(why);
+        }
+        w.acks_left = w.acks_left.saturating_sub(1);
+        if w.acks_left == 0 {
+            self.finish(slot);
+        }
+    }
+
+    fn finish(&mut self, slot: u32) {
+        let s = &mut self.slots[slot as usize];
+        let Some(w) = s.write.take() else {
+            return;
+        };
+        // 31 bits: a token never reaches COMMIT_TOKEN.
+        s.generation = (s.generation + 1) & 0x7fff_ffff;
+        self.free.push(slot);
+        self.inflight -= 1;
+        match w.failure {
+            None => {
+                let published = self
+                    .shared
+                    .engine
+                    .publish(w.shard, &w.key, w.addr, w.version, w.len);
+                self.shared.versions.complete(w.shard, w.version);
+                match published {
+                    Ok(_) => self.respond(
+                        w.peer,
+                        w.request_id,
+                        Response::Ok {
+                            version: w.version.0,
+                        },
+                    ),
+                    Err(e) => {
+                        self.reject(w.peer, w.request_id, ErrorCode::Internal, &e.to_string())
+                    }
+                }
+            }
+            Some(why) => {
+                self.shared.versions.complete(w.shard, w.version);
+                // The outcome is unknown to the client: some replicas may hold it.
+                let detail = format!("replication failed: {why}");
+                self.reject(w.peer, w.request_id, ErrorCode::Internal, &detail);
+            }
+        }
+    }
+
+    fn handle_replicate(&mut self, peer: PeerId, request_id: u64, sender: NodeId, entries: &[u8]) {
+        if self.shared.strategy != Strategy::Rpc {
+            let detail = format!("this cluster replicates by {}", self.shared.strategy);
+            self.reject(peer, request_id, ErrorCode::Malformed, &detail);
+            return;
+        }
+        // Every block must verify and belong to a shard this server backs up for
+        // the sender, before anything is appended.
+        let config = self.shared.config();
+        let mut at = 0;
+        while at < entries.len() {
+            match entry::parse_block(&entries[at..]) {
+                Ok((h, _)) => {
+                    let ok = config.shard(h.shard).is_some_and(|s| {
+                        s.primary == sender && s.backups.contains(&self.shared.node)
+                    });
+                    if !ok {
+                        let detail = format!("{} is not backed up here for {sender}", h.shard);
+                        self.reject(peer, request_id, ErrorCode::NotPrimary, &detail);
+                        return;
+                    }
+                    at += h.padded_len();
+                }
+                Err(e) => {
+                    let detail = format!("entry at byte {at}: {e}");
+                    self.reject(peer, request_id, ErrorCode::Malformed, &detail);
+                    return;
+                }
+            }
+        }
+        match self.shared.engine.append_backup(self.index, entries) {
+            Ok(sealed) => {
+                if let Some(seg) = sealed {
+                    self.shared.blog.enqueue_used(seg);
+                }
+                self.shared
+                    .stats
+                    .replicated_in
+                    .fetch_add(1, Ordering::Relaxed);
+                self.respond(peer, request_id, Response::Ok { version: 0 });
+            }
+            Err(e) => {
+                let code = match e {
+                    EngineError::OutOfSpace => ErrorCode::OutOfSpace,
+                    _ => ErrorCode::Internal,
+                };
+                self.reject(peer, request_id, code, &e.to_string());
+            }
+        }
+    }
+
+    fn handle_grant(
+        &mut self,
+        peer: PeerId,
+        request_id: u64,
+        sender: NodeId,
+        log: u32,
+        sealed: Option<u32>,
+        now_ns: u64,
+    ) {
+        if !self.shared.strategy.uses_remote_logs() {
+            let detail = format!("this cluster replicates by {}", self.shared.strategy);
+            self.reject(peer, request_id, ErrorCode::Malformed, &detail);
+            return;
+        }
+        let config = self.shared.config();
+        if config.member(sender).is_none() || sender == self.shared.node {
+            let detail = format!("{sender} is not a peer server");
+            self.reject(peer, request_id, ErrorCode::Malformed, &detail);
+            return;
+        }
+        let log_ok = log == SHARED_LOG_ID
+            || config
+                .member(sender)
+                .is_some_and(|m| (log as usize) < m.workers as usize);
+        if !log_ok {
+            let detail = format!("no log {log} of {sender}");
+            self.reject(peer, request_id, ErrorCode::Malformed, &detail);
+            return;
+        }
+        if let Some(seg) = sealed {
+            if !self.shared.seal_grant(seg, sender, log) {
+                let detail = format!("segment {seg} was not granted to log {log} of {sender}");
+                self.reject(peer, request_id, ErrorCode::Malformed, &detail);
+                return;
+            }
+            self.shared.blog.enqueue_sealed(SegmentId(seg), now_ns);
+        }
+        match self.shared.engine.alloc_remote_segment() {
+            Ok((seg, offset)) => {
+                self.shared.grant(seg.0, sender, log);
+                let len_bytes = self.shared.engine.config().segment_size_bytes as u64;
+                self.respond(
+                    peer,
+                    request_id,
+                    Response::Segment {
+                        segment: seg.0,
+                        offset: offset as u64,
+                        len_bytes,
+                    },
+                );
+            }
+            Err(e) => self.reject(peer, request_id, ErrorCode::OutOfSpace, &e.to_string()),
+        }
+    }
+
+    /// Worker 0: replicate ⟨shard, CommitVer⟩ of every primary shard whose
+    /// CommitVer moved (§4.4).
+    fn disseminate_commit_versions(&mut self, now_ns: u64) -> bool {
+        if self.index != 0 || now_ns < self.last_commit_ns + self.shared.settings.commit_interval_ns
+        {
+            return false;
+        }
+        self.last_commit_ns = now_ns;
+        let config = self.shared.config();
+        let mtu = self.shared.engine.config().mtu_bytes;
+        let mut did = false;
+        for s in config.primary_shards(self.shared.node) {
+            let cv = self.shared.versions.commit_version(s.shard);
+            let sent = &mut self.commit_sent[s.shard.0 as usize];
+            if cv <= *sent {
+                continue;
+            }
+            *sent = cv;
+            if entry::encode(
+                &mut self.entry_buf,
+                Kind::Commit,
+                s.shard,
+                Version(cv),
+                &[],
+                &[],
+                mtu,
+            )
+            .is_err()
+            {
+                continue;
+            }
+            let mut cx = ReplCtx {
+                env: Envelope {
+                    cluster_id: config.cluster_id,
+                    term: config.term,
+                    request_id: 0,
+                    sender: self.shared.node,
+                },
+                ep: &mut self.ep,
+                now_ns,
+            };
+            for &b in &s.backups {
+                self.repl
+                    .replicate(&mut cx, b, &self.entry_buf, COMMIT_TOKEN);
+            }
+            did = true;
+        }
+        did
+    }
+
+    /// Writes parked waiting for ACKs.
+    pub fn inflight(&self) -> usize {
+        self.inflight
+    }
+
+    /// This worker's term (for tests).
+    pub fn term(&self) -> Term {
+        self.shared.term()
+    }
+}
+
+impl<N: Nic> Task for Worker<N> {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn step(&mut self, now_ns: u64) -> Step {
+        if self.shared.stopped() {
+            return Step::Done;
+        }
+        let mut did = !self.acceptor.accept_pending(&mut self.ep).is_empty();
+        let mut events = std::mem::take(&mut self.events);
+        let mut data = std::mem::take(&mut self.data);
+        match self.ep.poll(&mut events, &mut data) {
+            Ok(n) => did |= n > 0,
+            Err(e) => tracing::error!(worker = %self.name, error = %e, "polling"),
+        }
+        for ev in &events {
+            match *ev {
+                Event::Message { peer, start, len } => {
+                    self.handle_message(peer, &data[start..start + len], now_ns)
+                }
+                Event::Owner(c) => {
+                    let mut cx = ReplCtx {
+                        env: self.envelope(0),
+                        ep: &mut self.ep,
+                        now_ns,
+                    };
+                    self.repl.on_completion(&mut cx, &c, &mut self.outcomes);
+                }
+                Event::SendFailed { peer, status } => {
+                    tracing::debug!(worker = %self.name, ?peer, ?status, "send failed");
+                }
+            }
+        }
+        self.events = events;
+        self.data = data;
+        {
+            let mut cx = ReplCtx {
+                env: self.envelope(0),
+                ep: &mut self.ep,
+                now_ns,
+            };
+            did |= self.repl.tick(&mut cx, &mut self.outcomes);
+        }
+        did |= self.disseminate_commit_versions(now_ns);
+        let acked = std::mem::take(&mut self.outcomes.acked);
+        let failed = std::mem::take(&mut self.outcomes.failed);
+        did |= !acked.is_empty() || !failed.is_empty();
+        for t in &acked {
+            self.on_outcome(*t, None);
+        }
+        for (t, why) in failed {
+            self.on_outcome(t, Some(why));
+        }
+        let mut acked = acked;
+        acked.clear();
+        self.outcomes.acked = acked;
+        if did {
+            Step::Worked
+        } else {
+            Step::Idle
+        }
+    }
+}

@@ -1,0 +1,326 @@
+//! The configuration the CM publishes: the term, the members and the shard map.
+//!
+//! Keys are routed by a 64-bit routing hash ([`routing_hash`]). Each shard owns a
+//! contiguous range of that hash space: from its `start_hash` (inclusive) to the next
+//! shard's `start_hash` (exclusive), the last shard to `u64::MAX`. Each shard has one
+//! primary and `replication_factor - 1` backups, all members of the cluster.
+//!
+//! Servers and clients learn the configuration through [`ConfigSource`], the CM's
+//! interface; the CM stores it as JSON ([`Config::to_json`]).
+//!
+//! # Invariants of a valid configuration ([`Config::validate`])
+//!
+//! - at least one member, no node listed twice;
+//! - `1 <= replication_factor <= members`;
+//! - shards non-empty, at most `u16::MAX` of them, with ids exactly `0..n` in order;
+//! - `start_hash` strictly increasing, the first 0, so the ranges cover the whole hash
+//!   space without overlap;
+//! - every primary and backup a member, the primary not among its backups, the
+//!   backups distinct and exactly `replication_factor - 1` of them.
+//!
+//! Lookups ([`Config::shard_for_hash`] and friends) assume a valid configuration;
+//! [`Config::from_json`] and [`Config::initial`] only return valid ones.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use rowankv_types::{NodeId, ShardId, Term};
+use serde::{Deserialize, Serialize};
+
+/// The routing hash seed. The engine's index hash is xxh3 unseeded and uses its top
+/// 16 bits as index tags; shards own contiguous ranges of the routing hash, i.e. its
+/// top bits. With the same hash, all keys of a shard would share a narrow range of
+/// tags and the index tags would stop telling keys apart, so the two hashes must be
+/// independent.
+pub const ROUTING_SEED: u64 = 0x526f_7761_6e4b_5631;
+
+// xxh3 with seed 0 is the unseeded xxh3: the seed must not be 0.
+const _: () = assert!(ROUTING_SEED != 0);
+
+/// The hash that decides which shard owns `key`.
+pub fn routing_hash(key: &[u8]) -> u64 {
+    xxhash_rust::xxh3::xxh3_64_with_seed(key, ROUTING_SEED)
+}
+
+/// A server of the cluster.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Member {
+    pub node: NodeId,
+    /// Worker threads the server runs (each with its own log).
+    pub workers: u16,
+}
+
+/// One shard's range of the routing hash space and its replicas.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShardAssignment {
+    pub shard: ShardId,
+    /// First routing hash of the range (inclusive); the range ends where the next
+    /// shard's begins.
+    pub start_hash: u64,
+    pub primary: NodeId,
+    pub backups: Vec<NodeId>,
+}
+
+impl ShardAssignment {
+    /// Whether `node` is the primary or a backup of this shard.
+    pub fn is_replica(&self, node: NodeId) -> bool {
+        self.primary == node || self.backups.contains(&node)
+    }
+}
+
+/// The cluster's configuration at one term.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Config {
+    pub cluster_id: u64,
+    pub term: Term,
+    pub replication_factor: u8,
+    pub members: Vec<Member>,
+    pub shards: Vec<ShardAssignment>,
+}
+
+/// A configuration that breaks an invariant, or bytes that are not a configuration.
+#[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]
+pub enum ConfigError {
+    #[error("invalid configuration: {0}")]
+    Invalid(String),
+    #[error("cannot decode configuration: {0}")]
+    Decode(String),
+}
+
+fn invalid(message: String) -> ConfigError {
+    ConfigError::Invalid(message)
+}
+
+impl Config {
+    /// The first configuration: term 1; `shards_per_server * nodes.len()` shards of
+    /// equal ranges of the hash space (shard i starts at i * ceil(2^64/n)); shard i's
+    /// primary is nodes[i % n], its backups the next rf-1 nodes in ring order.
+    pub fn initial(
+        cluster_id: u64,
+        nodes: &[Member],
+        shards_per_server: u16,
+        replication_factor: u8,
+    ) -> Result<Config, ConfigError> {
+        if nodes.is_empty() {
+            return Err(invalid("no members".into()));
+        }
+        if shards_per_server == 0 {
+            return Err(invalid("shards_per_server must be at least 1".into()));
+        }
+        let rf = replication_factor as usize;
+        if rf == 0 || rf > nodes.len() {
+            return Err(invalid(format!(
+                "replication factor {rf} must be between 1 and the {} members",
+                nodes.len()
+            )));
+        }
+        let node_count = nodes.len();
+        let shard_count = shards_per_server as usize * node_count;
+        if shard_count > u16::MAX as usize {
+            return Err(invalid(format!(
+                "{shards_per_server} shards per server × {node_count} servers = \
+                 {shard_count} shards, more than {}",
+                u16::MAX
+            )));
+        }
+        // In u128 so that 2^64 itself is representable; every start is below 2^64
+        // because i * ceil(2^64/n) < 2^64 for i < n <= u16::MAX.
+        let step = (1u128 << 64).div_ceil(shard_count as u128);
+        let shards = (0..shard_count)
+            .map(|i| ShardAssignment {
+                shard: ShardId(i as u16),
+                start_hash: u64::try_from(i as u128 * step)
+                    .expect("every shard's start lies below 2^64"),
+                primary: nodes[i % node_count].node,
+                backups: (1..rf).map(|k| nodes[(i + k) % node_count].node).collect(),
+            })
+            .collect();
+        let config = Config {
+            cluster_id,
+            term: Term(1),
+            replication_factor,
+            members: nodes.to_vec(),
+            shards,
+        };
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Checks every invariant listed in the module documentation.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.members.is_empty() {
+            return Err(invalid("no members".into()));
+        }
+        let mut nodes = BTreeSet::new();
+        for member in &self.members {
+            if !nodes.insert(member.node) {
+                return Err(invalid(format!("member {} is listed twice", member.node)));
+            }
+        }
+        let rf = self.replication_factor as usize;
+        if rf == 0 || rf > self.members.len() {
+            return Err(invalid(format!(
+                "replication factor {rf} must be between 1 and the {} members",
+                self.members.len()
+            )));
+        }
+        if self.shards.is_empty() {
+            return Err(invalid("no shards".into()));
+        }
+        if self.shards.len() > u16::MAX as usize {
+            return Err(invalid(format!(
+                "{} shards, more than {}",
+                self.shards.len(),
+                u16::MAX
+            )));
+        }
+        let mut previous_start: Option<u64> = None;
+        for (i, s) in self.shards.iter().enumerate() {
+            if s.shard.0 as usize != i {
+                return Err(invalid(format!(
+                    "shard at position {i} has id {}; ids must be 0..{} in order",
+                    s.shard,
+                    self.shards.len()
+                )));
+            }
+            match previous_start {
+                None if s.start_hash != 0 => {
+                    return Err(invalid(format!(
+                        "{} starts at hash {:#x}; the first shard must start at 0",
+                        s.shard, s.start_hash
+                    )))
+                }
+                Some(previous) if s.start_hash <= previous => {
+                    return Err(invalid(format!(
+                        "{} starts at hash {:#x}, not after the previous shard's {:#x}",
+                        s.shard, s.start_hash, previous
+                    )))
+                }
+                _ => {}
+            }
+            previous_start = Some(s.start_hash);
+            if !nodes.contains(&s.primary) {
+                return Err(invalid(format!(
+                    "{}'s primary {} is not a member",
+                    s.shard, s.primary
+                )));
+            }
+            if s.backups.len() != rf - 1 {
+                return Err(invalid(format!(
+                    "{} has {} backups; replication factor {rf} needs {}",
+                    s.shard,
+                    s.backups.len(),
+                    rf - 1
+                )));
+            }
+            for (k, backup) in s.backups.iter().enumerate() {
+                if !nodes.contains(backup) {
+                    return Err(invalid(format!(
+                        "{}'s backup {backup} is not a member",
+                        s.shard
+                    )));
+                }
+                if *backup == s.primary {
+                    return Err(invalid(format!(
+                        "{}'s primary {backup} is also one of its backups",
+                        s.shard
+                    )));
+                }
+                if s.backups[..k].contains(backup) {
+                    return Err(invalid(format!("{} lists backup {backup} twice", s.shard)));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The shard whose range holds `hash`. Requires a validated configuration.
+    pub fn shard_for_hash(&self, hash: u64) -> &ShardAssignment {
+        // The first shard starts at 0, so at least one shard starts at or before `hash`.
+        let after = self.shards.partition_point(|s| s.start_hash <= hash);
+        assert!(
+            after > 0,
+            "shard_for_hash on a configuration that does not start at hash 0"
+        );
+        &self.shards[after - 1]
+    }
+
+    /// The shard that owns `key`. Requires a validated configuration.
+    pub fn shard_for_key(&self, key: &[u8]) -> &ShardAssignment {
+        self.shard_for_hash(routing_hash(key))
+    }
+
+    pub fn shard(&self, id: ShardId) -> Option<&ShardAssignment> {
+        self.shards.get(id.0 as usize).filter(|s| s.shard == id)
+    }
+
+    pub fn member(&self, node: NodeId) -> Option<&Member> {
+        self.members.iter().find(|m| m.node == node)
+    }
+
+    /// Number of shards. Requires a validated configuration.
+    pub fn shard_count(&self) -> u16 {
+        u16::try_from(self.shards.len()).expect("a valid configuration has at most u16::MAX shards")
+    }
+
+    /// Shards whose primary is `node`.
+    pub fn primary_shards(&self, node: NodeId) -> impl Iterator<Item = &ShardAssignment> {
+        self.shards.iter().filter(move |s| s.primary == node)
+    }
+
+    /// Shards of which `node` is a backup.
+    pub fn backup_shards(&self, node: NodeId) -> impl Iterator<Item = &ShardAssignment> {
+        self.shards
+            .iter()
+            .filter(move |s| s.backups.contains(&node))
+    }
+
+    /// The configuration as JSON, the form the CM stores and publishes.
+    pub fn to_json(&self) -> Vec<u8> {
+        serde_json::to_vec(self).expect("a configuration always serializes to JSON")
+    }
+
+    /// Parses and validates a configuration.
+    pub fn from_json(bytes: &[u8]) -> Result<Config, ConfigError> {
+        let config: Config =
+            serde_json::from_slice(bytes).map_err(|e| ConfigError::Decode(e.to_string()))?;
+        config.validate()?;
+        Ok(config)
+    }
+}
+
+/// What servers and clients call to learn the current configuration: the CM's
+/// interface (its implementation lives in the `cm` crate).
+pub trait ConfigSource: Send + Sync {
+    fn fetch(&self) -> Result<Arc<Config>, ConfigError>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn members(n: u32) -> Vec<Member> {
+        (0..n)
+            .map(|i| Member {
+                node: NodeId(i),
+                workers: 1,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_single_shard_covers_everything() {
+        let config = Config::initial(7, &members(1), 1, 1).unwrap();
+        assert_eq!(config.shards.len(), 1);
+        assert_eq!(config.shard_for_hash(u64::MAX).shard, ShardId(0));
+        assert!(config.shards[0].backups.is_empty());
+    }
+
+    #[test]
+    fn the_largest_shard_count_keeps_every_start_in_range() {
+        // 65535 = 3 × 5 × 17 × 257 shards: the last start is the closest to 2^64.
+        let config = Config::initial(7, &members(5), u16::MAX / 5, 1).unwrap();
+        assert_eq!(config.shard_count(), u16::MAX);
+        assert_eq!(config.shard_for_hash(u64::MAX).shard, ShardId(u16::MAX - 1));
+    }
+}

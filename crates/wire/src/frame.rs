@@ -1,0 +1,748 @@
+//! RPC frames: the control traffic between clients and servers and between servers
+//! (GET/PUT/DEL, replication by RPC, segment grants, pings and their responses),
+//! carried in fabric SEND/RECV messages, one frame per message.
+//!
+//! A frame is a fixed 40-byte header followed by a body whose layout depends on the
+//! message type. Every integer is little-endian. The whole frame, header included,
+//! must fit in `frame_bytes_max` (4096 B by default), which is the size of the
+//! receive buffers a node posts for RPCs.
+//!
+//! # Header
+//!
+//! | bytes    | field        | type  | meaning                                              |
+//! | -------- | ------------ | ----- | ---------------------------------------------------- |
+//! | 0..2     | `magic`      | [u8;2]| `"RK"`                                               |
+//! | 2        | `version`    | u8    | [`WIRE_VERSION`] (1)                                 |
+//! | 3        | `msg_type`   | u8    | a [`MsgType`]                                        |
+//! | 4..8     | `body_len`   | u32   | bytes after the header; must equal what follows      |
+//! | 8..16    | `cluster_id` | u64   | the cluster the sender believes it belongs to        |
+//! | 16..24   | `term`       | u64   | the sender's configuration term                      |
+//! | 24..32   | `request_id` | u64   | chosen by the requester, echoed in the response      |
+//! | 32..36   | `sender`     | u32   | the sender's `NodeId`                                |
+//! | 36..40   | reserved     | u32   | must be zero                                         |
+//!
+//! # Bodies
+//!
+//! | type                | code | body                                                                  |
+//! | ------------------- | ---- | --------------------------------------------------------------------- |
+//! | `Get`               | 1    | `key_len u16, key`                                                    |
+//! | `Put`               | 2    | `key_len u16, value_len u32, key, value`                              |
+//! | `Del`               | 3    | `key_len u16, key`                                                    |
+//! | `Replicate`         | 4    | encoded log entries: the whole body, non-empty, a multiple of 64 B    |
+//! | `GrantSegment`      | 5    | `log u32, has_sealed u8 (0 or 1), sealed u32 (0 when has_sealed = 0)` |
+//! | `Ping`              | 6    | empty                                                                 |
+//! | `Response`          | 0x80 | `status u8`, then per status (below)                                  |
+//!
+//! | status | response   | rest of the body                                                    |
+//! | ------ | ---------- | ------------------------------------------------------------------- |
+//! | 0      | `Ok`       | `version u64`                                                       |
+//! | 1      | `Value`    | `version u64, value_len u32, value`                                 |
+//! | 2      | `NotFound` | nothing                                                             |
+//! | 3      | `Segment`  | `segment u32, offset u64, len_bytes u64`                            |
+//! | 4      | `Error`    | `code u8, term u64 (the server's term), detail_len u16, detail (UTF-8)` |
+//!
+//! # Invariants
+//!
+//! - Encoding is canonical: every frame [`decode`] accepts re-encodes to the same
+//!   bytes. Hence the decoder refuses trailing bytes, non-zero reserved bytes and a
+//!   non-zero `sealed` when `has_sealed` is 0.
+//! - Keys are at most [`KEY_BYTES_MAX`] bytes on both sides of the wire.
+//! - [`decode`] reads only the slice it is given, never panics, and borrows keys,
+//!   values, entries and details from it (zero copy).
+//! - [`decode_header`] needs only the 40 header bytes and does not look at the message
+//!   type, so that a server can answer a frame whose type or body is bad with the
+//!   request id and an error code ([`FrameError::code`]).
+//!
+//! # Version history
+//!
+//! - 1: the first version.
+
+use std::fmt;
+
+use rowankv_types::{NodeId, Term};
+
+/// The first two bytes of every frame.
+pub const MAGIC: [u8; 2] = *b"RK";
+/// The frame format this build reads and writes.
+pub const WIRE_VERSION: u8 = 1;
+/// Size of the fixed header.
+pub const HEADER_BYTES: usize = 40;
+/// Default bound on a whole frame (header and body): the RPC receive buffer size.
+pub const FRAME_BYTES_MAX_DEFAULT: usize = 4096;
+/// The longest key RowanKV stores.
+pub const KEY_BYTES_MAX: usize = 1024;
+
+/// Fixed bytes of a Put body before the key: key_len u16, value_len u32.
+const PUT_FIXED_BYTES: usize = 2 + 4;
+/// Fixed bytes of a Get or Del body before the key: key_len u16.
+const KEY_FIXED_BYTES: usize = 2;
+/// Fixed bytes of a GrantSegment body: log u32, has_sealed u8, sealed u32.
+const GRANT_SEGMENT_BYTES: usize = 4 + 1 + 4;
+/// Fixed bytes of a Value response before the value: status u8, version u64, value_len u32.
+const VALUE_RESPONSE_FIXED_BYTES: usize = 1 + 8 + 4;
+/// Fixed bytes of an Error response before the detail: status, code, term, detail_len.
+const ERROR_RESPONSE_FIXED_BYTES: usize = 1 + 1 + 8 + 2;
+/// Replicated log entries are 64 B-aligned (the stride of a Rowan buffer).
+const ENTRY_ALIGN_BYTES: usize = 64;
+/// The body length field is a u32, so no frame can be longer than this.
+const FRAME_BYTES_LIMIT: usize = HEADER_BYTES + u32::MAX as usize;
+
+const STATUS_OK: u8 = 0;
+const STATUS_VALUE: u8 = 1;
+const STATUS_NOT_FOUND: u8 = 2;
+const STATUS_SEGMENT: u8 = 3;
+const STATUS_ERROR: u8 = 4;
+
+// key_len travels as a u16.
+const _: () = assert!(KEY_BYTES_MAX <= u16::MAX as usize);
+// A Put with the longest key and a non-empty value fits a default frame.
+const _: () = assert!(HEADER_BYTES + PUT_FIXED_BYTES + KEY_BYTES_MAX < FRAME_BYTES_MAX_DEFAULT);
+// A default frame carries at least one replicated log entry.
+const _: () = assert!(HEADER_BYTES + ENTRY_ALIGN_BYTES <= FRAME_BYTES_MAX_DEFAULT);
+
+/// The fixed part of every frame, as decoded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Header {
+    /// The raw message type; [`decode`] checks it, [`decode_header`] does not.
+    pub msg_type: u8,
+    pub body_len: u32,
+    pub cluster_id: u64,
+    pub term: Term,
+    pub request_id: u64,
+    pub sender: NodeId,
+}
+
+impl Header {
+    /// Length of the whole frame this header announces.
+    pub fn frame_bytes(&self) -> usize {
+        HEADER_BYTES + self.body_len as usize
+    }
+}
+
+/// What the sender fills in; body_len and msg_type come from the body.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Envelope {
+    pub cluster_id: u64,
+    pub term: Term,
+    pub request_id: u64,
+    pub sender: NodeId,
+}
+
+/// The message type in header byte 3.
+#[repr(u8)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MsgType {
+    Get = 1,
+    Put = 2,
+    Del = 3,
+    Replicate = 4,
+    GrantSegment = 5,
+    Ping = 6,
+    Response = 0x80,
+}
+
+impl MsgType {
+    pub fn from_u8(b: u8) -> Option<MsgType> {
+        Some(match b {
+            1 => MsgType::Get,
+            2 => MsgType::Put,
+            3 => MsgType::Del,
+            4 => MsgType::Replicate,
+            5 => MsgType::GrantSegment,
+            6 => MsgType::Ping,
+            0x80 => MsgType::Response,
+            _ => return None,
+        })
+    }
+}
+
+/// A frame's body, borrowing its byte fields from the frame.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Body<'a> {
+    Get {
+        key: &'a [u8],
+    },
+    Put {
+        key: &'a [u8],
+        value: &'a [u8],
+    },
+    Del {
+        key: &'a [u8],
+    },
+    /// One or more encoded log entries, replicated by RPC: non-empty, a multiple of 64 B.
+    Replicate {
+        entries: &'a [u8],
+    },
+    /// Ask a backup for a segment for remote log `log`; `sealed`: the segment the
+    /// sender filled and will not write again.
+    GrantSegment {
+        log: u32,
+        sealed: Option<u32>,
+    },
+    Ping,
+    Response(Response<'a>),
+}
+
+impl Body<'_> {
+    /// The message type this body travels under.
+    pub fn msg_type(&self) -> MsgType {
+        match self {
+            Body::Get { .. } => MsgType::Get,
+            Body::Put { .. } => MsgType::Put,
+            Body::Del { .. } => MsgType::Del,
+            Body::Replicate { .. } => MsgType::Replicate,
+            Body::GrantSegment { .. } => MsgType::GrantSegment,
+            Body::Ping => MsgType::Ping,
+            Body::Response(_) => MsgType::Response,
+        }
+    }
+
+    /// The encoded body length, after checking the limits that do not depend on the
+    /// frame size.
+    fn encoded_len(&self) -> Result<usize, FrameError> {
+        fn check_key(key: &[u8]) -> Result<(), FrameError> {
+            if key.len() > KEY_BYTES_MAX {
+                return Err(FrameError::KeyTooLarge { len: key.len() });
+            }
+            Ok(())
+        }
+        Ok(match self {
+            Body::Get { key } | Body::Del { key } => {
+                check_key(key)?;
+                KEY_FIXED_BYTES + key.len()
+            }
+            Body::Put { key, value } => {
+                check_key(key)?;
+                // Saturating: an absurd value length must end in TooLarge, not overflow.
+                (PUT_FIXED_BYTES + key.len()).saturating_add(value.len())
+            }
+            Body::Replicate { entries } => {
+                if entries.is_empty() || !entries.len().is_multiple_of(ENTRY_ALIGN_BYTES) {
+                    return Err(FrameError::FieldLength(format!(
+                        "replicate entries must be a non-empty multiple of \
+                         {ENTRY_ALIGN_BYTES} bytes, got {} bytes",
+                        entries.len()
+                    )));
+                }
+                entries.len()
+            }
+            Body::GrantSegment { .. } => GRANT_SEGMENT_BYTES,
+            Body::Ping => 0,
+            Body::Response(Response::Ok { .. }) => 1 + 8,
+            Body::Response(Response::Value { value, .. }) => {
+                VALUE_RESPONSE_FIXED_BYTES.saturating_add(value.len())
+            }
+            Body::Response(Response::NotFound) => 1,
+            Body::Response(Response::Segment { .. }) => 1 + 4 + 8 + 8,
+            Body::Response(Response::Error { detail, .. }) => {
+                if detail.len() > u16::MAX as usize {
+                    return Err(FrameError::FieldLength(format!(
+                        "error detail of {} bytes exceeds the {}-byte field",
+                        detail.len(),
+                        u16::MAX
+                    )));
+                }
+                ERROR_RESPONSE_FIXED_BYTES + detail.len()
+            }
+        })
+    }
+}
+
+/// The answer to any request, matched to it by `request_id`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Response<'a> {
+    /// A PUT or DEL is durable on every replica at this shard version.
+    Ok { version: u64 },
+    /// A GET found the key.
+    Value { version: u64, value: &'a [u8] },
+    /// A GET did not find the key (or found its tombstone).
+    NotFound,
+    /// A segment granted to a GrantSegment: where the sender may write.
+    Segment {
+        segment: u32,
+        offset: u64,
+        len_bytes: u64,
+    },
+    /// The request was refused; `term` is the server's term, so that a client with a
+    /// stale configuration learns it must refresh.
+    Error {
+        code: ErrorCode,
+        term: Term,
+        detail: &'a str,
+    },
+}
+
+/// Why a request was refused.
+#[repr(u8)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ErrorCode {
+    /// The request carries an older term than the server's.
+    StaleTerm = 1,
+    /// The server is not the primary of the key's shard in its configuration.
+    NotPrimary = 2,
+    /// The frame, key or value exceeds a limit.
+    TooLarge = 3,
+    /// The frame could not be decoded.
+    Malformed = 4,
+    /// The message type is unknown to the server.
+    UnknownType = 5,
+    /// An in-flight bound is reached; retry later.
+    Busy = 6,
+    /// The shard does not serve requests for now (failover, recovery or migration).
+    Blocked = 7,
+    /// No free segment is left.
+    OutOfSpace = 8,
+    /// The frame carries another cluster's id.
+    WrongCluster = 9,
+    /// A fault inside the server.
+    Internal = 10,
+}
+
+impl ErrorCode {
+    pub fn from_u8(b: u8) -> Option<ErrorCode> {
+        Some(match b {
+            1 => ErrorCode::StaleTerm,
+            2 => ErrorCode::NotPrimary,
+            3 => ErrorCode::TooLarge,
+            4 => ErrorCode::Malformed,
+            5 => ErrorCode::UnknownType,
+            6 => ErrorCode::Busy,
+            7 => ErrorCode::Blocked,
+            8 => ErrorCode::OutOfSpace,
+            9 => ErrorCode::WrongCluster,
+            10 => ErrorCode::Internal,
+            _ => return None,
+        })
+    }
+}
+
+impl fmt::Display for ErrorCode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            ErrorCode::StaleTerm => "stale term",
+            ErrorCode::NotPrimary => "not the primary of the shard",
+            ErrorCode::TooLarge => "too large",
+            ErrorCode::Malformed => "malformed frame",
+            ErrorCode::UnknownType => "unknown message type",
+            ErrorCode::Busy => "server busy",
+            ErrorCode::Blocked => "shard blocked",
+            ErrorCode::OutOfSpace => "out of space",
+            ErrorCode::WrongCluster => "wrong cluster",
+            ErrorCode::Internal => "internal error",
+        })
+    }
+}
+
+/// A decoded frame.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Frame<'a> {
+    pub header: Header,
+    pub body: Body<'a>,
+}
+
+/// Everything that can be wrong with a frame, on either side of the wire.
+#[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]
+pub enum FrameError {
+    #[error("frame truncated: need {need} bytes, have {have}")]
+    Truncated { need: usize, have: usize },
+    #[error("bad magic {0:02x?}: a RowanKV frame starts with \"RK\" ([52, 4b])")]
+    BadMagic([u8; 2]),
+    #[error("unsupported wire version {0} (this build speaks version {WIRE_VERSION})")]
+    BadVersion(u8),
+    #[error("reserved header bytes 36..40 are not zero")]
+    ReservedNonZero,
+    #[error("unknown message type {0:#04x}")]
+    UnknownType(u8),
+    #[error("header declares a {declared}-byte body but {actual} bytes follow the header")]
+    BodyLength { declared: usize, actual: usize },
+    #[error("key of {len} bytes exceeds the {KEY_BYTES_MAX}-byte limit")]
+    KeyTooLarge { len: usize },
+    #[error("bad field length: {0}")]
+    FieldLength(String),
+    #[error("{0} trailing bytes after the end of the body")]
+    TrailingBytes(usize),
+    #[error("unknown error code {0} in an error response")]
+    BadErrorCode(u8),
+    #[error("unknown response status {0}")]
+    BadStatus(u8),
+    #[error("error detail is not valid UTF-8")]
+    BadUtf8,
+    #[error("frame of {len} bytes exceeds the {max}-byte frame limit")]
+    TooLarge { len: usize, max: usize },
+}
+
+impl FrameError {
+    /// The error code a server answers this with: UnknownType → UnknownType,
+    /// TooLarge/KeyTooLarge → TooLarge, everything else → Malformed.
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            FrameError::UnknownType(_) => ErrorCode::UnknownType,
+            FrameError::TooLarge { .. } | FrameError::KeyTooLarge { .. } => ErrorCode::TooLarge,
+            _ => ErrorCode::Malformed,
+        }
+    }
+}
+
+/// Encode into `out` (cleared first) and return the frame's length. Fails with
+/// TooLarge if the frame would exceed `frame_bytes_max`, with KeyTooLarge for a key
+/// over KEY_BYTES_MAX, with FieldLength for an empty/misaligned Replicate or a detail
+/// over u16. Does not allocate when `out` has capacity. On error `out` is left empty.
+pub fn encode(
+    out: &mut Vec<u8>,
+    env: &Envelope,
+    body: &Body<'_>,
+    frame_bytes_max: usize,
+) -> Result<usize, FrameError> {
+    out.clear();
+    let body_len = body.encoded_len()?;
+    let frame_bytes = HEADER_BYTES.saturating_add(body_len);
+    let max = frame_bytes_max.min(FRAME_BYTES_LIMIT);
+    if frame_bytes > max {
+        return Err(FrameError::TooLarge {
+            len: frame_bytes,
+            max,
+        });
+    }
+    // Cannot truncate: body_len <= FRAME_BYTES_LIMIT - HEADER_BYTES = u32::MAX.
+    let body_len_u32 = body_len as u32;
+    out.reserve(frame_bytes);
+
+    out.extend_from_slice(&MAGIC);
+    out.push(WIRE_VERSION);
+    out.push(body.msg_type() as u8);
+    out.extend_from_slice(&body_len_u32.to_le_bytes());
+    out.extend_from_slice(&env.cluster_id.to_le_bytes());
+    out.extend_from_slice(&env.term.0.to_le_bytes());
+    out.extend_from_slice(&env.request_id.to_le_bytes());
+    out.extend_from_slice(&env.sender.0.to_le_bytes());
+    out.extend_from_slice(&[0; 4]);
+    assert_eq!(out.len(), HEADER_BYTES);
+
+    match body {
+        Body::Get { key } | Body::Del { key } => {
+            put_u16(out, key.len());
+            out.extend_from_slice(key);
+        }
+        Body::Put { key, value } => {
+            put_u16(out, key.len());
+            put_u32(out, value.len());
+            out.extend_from_slice(key);
+            out.extend_from_slice(value);
+        }
+        Body::Replicate { entries } => out.extend_from_slice(entries),
+        Body::GrantSegment { log, sealed } => {
+            out.extend_from_slice(&log.to_le_bytes());
+            out.push(u8::from(sealed.is_some()));
+            out.extend_from_slice(&sealed.unwrap_or(0).to_le_bytes());
+        }
+        Body::Ping => {}
+        Body::Response(response) => match response {
+            Response::Ok { version } => {
+                out.push(STATUS_OK);
+                out.extend_from_slice(&version.to_le_bytes());
+            }
+            Response::Value { version, value } => {
+                out.push(STATUS_VALUE);
+                out.extend_from_slice(&version.to_le_bytes());
+                put_u32(out, value.len());
+                out.extend_from_slice(value);
+            }
+            Response::NotFound => out.push(STATUS_NOT_FOUND),
+            Response::Segment {
+                segment,
+                offset,
+                len_bytes,
+            } => {
+                out.push(STATUS_SEGMENT);
+                out.extend_from_slice(&segment.to_le_bytes());
+                out.extend_from_slice(&offset.to_le_bytes());
+                out.extend_from_slice(&len_bytes.to_le_bytes());
+            }
+            Response::Error { code, term, detail } => {
+                out.push(STATUS_ERROR);
+                out.push(*code as u8);
+                out.extend_from_slice(&term.0.to_le_bytes());
+                put_u16(out, detail.len());
+                out.extend_from_slice(detail.as_bytes());
+            }
+        },
+    }
+    assert_eq!(
+        out.len(),
+        frame_bytes,
+        "encoded length disagrees with encoded_len"
+    );
+    Ok(frame_bytes)
+}
+
+/// Writes a length already checked to fit a u16.
+fn put_u16(out: &mut Vec<u8>, len: usize) {
+    let len = u16::try_from(len).expect("length checked to fit a u16 before encoding");
+    out.extend_from_slice(&len.to_le_bytes());
+}
+
+/// Writes a length already checked to fit a u32 (it is shorter than the body).
+fn put_u32(out: &mut Vec<u8>, len: usize) {
+    let len = u32::try_from(len).expect("length checked to fit a u32 before encoding");
+    out.extend_from_slice(&len.to_le_bytes());
+}
+
+/// Just the header (so a server can answer a frame whose body is bad with the right
+/// request_id). Checks magic, version and the reserved bytes; needs only the first
+/// [`HEADER_BYTES`] bytes and checks neither the message type nor the body length.
+pub fn decode_header(bytes: &[u8]) -> Result<Header, FrameError> {
+    let Some(header) = bytes.first_chunk::<HEADER_BYTES>() else {
+        return Err(FrameError::Truncated {
+            need: HEADER_BYTES,
+            have: bytes.len(),
+        });
+    };
+    let magic = [header[0], header[1]];
+    if magic != MAGIC {
+        return Err(FrameError::BadMagic(magic));
+    }
+    if header[2] != WIRE_VERSION {
+        return Err(FrameError::BadVersion(header[2]));
+    }
+    if header[36..40] != [0; 4] {
+        return Err(FrameError::ReservedNonZero);
+    }
+    let mut r = Reader::new(&header[3..36], "header");
+    // The header is exactly long enough for these reads; errors cannot happen but
+    // are propagated rather than unwrapped.
+    Ok(Header {
+        msg_type: r.u8("msg_type")?,
+        body_len: r.u32("body_len")?,
+        cluster_id: r.u64("cluster_id")?,
+        term: Term(r.u64("term")?),
+        request_id: r.u64("request_id")?,
+        sender: NodeId(r.u32("sender")?),
+    })
+}
+
+/// A whole frame, zero-copy. Never panics on any input.
+pub fn decode(bytes: &[u8]) -> Result<Frame<'_>, FrameError> {
+    let header = decode_header(bytes)?;
+    let body_bytes = &bytes[HEADER_BYTES..];
+    if body_bytes.len() != header.body_len as usize {
+        return Err(FrameError::BodyLength {
+            declared: header.body_len as usize,
+            actual: body_bytes.len(),
+        });
+    }
+    let msg_type =
+        MsgType::from_u8(header.msg_type).ok_or(FrameError::UnknownType(header.msg_type))?;
+    let body = decode_body(msg_type, body_bytes)?;
+    Ok(Frame { header, body })
+}
+
+fn decode_body(msg_type: MsgType, bytes: &[u8]) -> Result<Body<'_>, FrameError> {
+    let body = match msg_type {
+        MsgType::Get => {
+            let mut r = Reader::new(bytes, "get");
+            let key = r.key()?;
+            r.finish()?;
+            Body::Get { key }
+        }
+        MsgType::Del => {
+            let mut r = Reader::new(bytes, "del");
+            let key = r.key()?;
+            r.finish()?;
+            Body::Del { key }
+        }
+        MsgType::Put => {
+            let mut r = Reader::new(bytes, "put");
+            let key_len = r.key_len()?;
+            let value_len = r.u32("value_len")? as usize;
+            let key = r.take(key_len, "key")?;
+            let value = r.take(value_len, "value")?;
+            r.finish()?;
+            Body::Put { key, value }
+        }
+        MsgType::Replicate => {
+            if bytes.is_empty() || !bytes.len().is_multiple_of(ENTRY_ALIGN_BYTES) {
+                return Err(FrameError::FieldLength(format!(
+                    "replicate: entries must be a non-empty multiple of \
+                     {ENTRY_ALIGN_BYTES} bytes, got {} bytes",
+                    bytes.len()
+                )));
+            }
+            Body::Replicate { entries: bytes }
+        }
+        MsgType::GrantSegment => {
+            let mut r = Reader::new(bytes, "grant_segment");
+            let log = r.u32("log")?;
+            let has_sealed = r.u8("has_sealed")?;
+            let sealed = r.u32("sealed")?;
+            r.finish()?;
+            let sealed = match (has_sealed, sealed) {
+                (0, 0) => None,
+                (0, other) => {
+                    return Err(FrameError::FieldLength(format!(
+                        "grant_segment: sealed must be 0 when has_sealed is 0, got {other}"
+                    )))
+                }
+                (1, segment) => Some(segment),
+                (other, _) => {
+                    return Err(FrameError::FieldLength(format!(
+                        "grant_segment: has_sealed must be 0 or 1, got {other}"
+                    )))
+                }
+            };
+            Body::GrantSegment { log, sealed }
+        }
+        MsgType::Ping => {
+            Reader::new(bytes, "ping").finish()?;
+            Body::Ping
+        }
+        MsgType::Response => Body::Response(decode_response(bytes)?),
+    };
+    Ok(body)
+}
+
+fn decode_response(bytes: &[u8]) -> Result<Response<'_>, FrameError> {
+    let mut r = Reader::new(bytes, "response");
+    let response = match r.u8("status")? {
+        STATUS_OK => Response::Ok {
+            version: r.u64("version")?,
+        },
+        STATUS_VALUE => {
+            let version = r.u64("version")?;
+            let value_len = r.u32("value_len")? as usize;
+            let value = r.take(value_len, "value")?;
+            Response::Value { version, value }
+        }
+        STATUS_NOT_FOUND => Response::NotFound,
+        STATUS_SEGMENT => Response::Segment {
+            segment: r.u32("segment")?,
+            offset: r.u64("offset")?,
+            len_bytes: r.u64("len_bytes")?,
+        },
+        STATUS_ERROR => {
+            let code_byte = r.u8("code")?;
+            let code = ErrorCode::from_u8(code_byte).ok_or(FrameError::BadErrorCode(code_byte))?;
+            let term = Term(r.u64("term")?);
+            let detail_len = r.u16("detail_len")? as usize;
+            let detail = r.take(detail_len, "detail")?;
+            let detail = std::str::from_utf8(detail).map_err(|_| FrameError::BadUtf8)?;
+            Response::Error { code, term, detail }
+        }
+        status => return Err(FrameError::BadStatus(status)),
+    };
+    r.finish()?;
+    Ok(response)
+}
+
+/// A bounds-checked cursor over a body; every shortfall names the message and field.
+struct Reader<'a> {
+    bytes: &'a [u8],
+    what: &'static str,
+}
+
+impl<'a> Reader<'a> {
+    fn new(bytes: &'a [u8], what: &'static str) -> Self {
+        Reader { bytes, what }
+    }
+
+    fn take(&mut self, n: usize, field: &'static str) -> Result<&'a [u8], FrameError> {
+        if n > self.bytes.len() {
+            return Err(FrameError::FieldLength(format!(
+                "{}: {field} needs {n} bytes but only {} remain in the body",
+                self.what,
+                self.bytes.len()
+            )));
+        }
+        let (head, rest) = self.bytes.split_at(n);
+        self.bytes = rest;
+        Ok(head)
+    }
+
+    fn array<const N: usize>(&mut self, field: &'static str) -> Result<[u8; N], FrameError> {
+        let mut out = [0; N];
+        out.copy_from_slice(self.take(N, field)?);
+        Ok(out)
+    }
+
+    fn u8(&mut self, field: &'static str) -> Result<u8, FrameError> {
+        Ok(self.array::<1>(field)?[0])
+    }
+
+    fn u16(&mut self, field: &'static str) -> Result<u16, FrameError> {
+        self.array(field).map(u16::from_le_bytes)
+    }
+
+    fn u32(&mut self, field: &'static str) -> Result<u32, FrameError> {
+        self.array(field).map(u32::from_le_bytes)
+    }
+
+    fn u64(&mut self, field: &'static str) -> Result<u64, FrameError> {
+        self.array(field).map(u64::from_le_bytes)
+    }
+
+    fn key_len(&mut self) -> Result<usize, FrameError> {
+        let len = self.u16("key_len")? as usize;
+        if len > KEY_BYTES_MAX {
+            return Err(FrameError::KeyTooLarge { len });
+        }
+        Ok(len)
+    }
+
+    fn key(&mut self) -> Result<&'a [u8], FrameError> {
+        let len = self.key_len()?;
+        self.take(len, "key")
+    }
+
+    fn finish(self) -> Result<(), FrameError> {
+        match self.bytes.len() {
+            0 => Ok(()),
+            n => Err(FrameError::TrailingBytes(n)),
+        }
+    }
+}
+
+/// The largest value a Put with a key of `key_len` can carry in a frame of
+/// `frame_bytes_max`. 0 when the key alone does not fit, or is over [`KEY_BYTES_MAX`]
+/// (no Put can carry such a key at all).
+pub fn put_value_bytes_max(key_len: usize, frame_bytes_max: usize) -> usize {
+    if key_len > KEY_BYTES_MAX {
+        return 0;
+    }
+    frame_bytes_max
+        .min(FRAME_BYTES_LIMIT)
+        .saturating_sub(HEADER_BYTES + PUT_FIXED_BYTES + key_len)
+}
+
+/// The largest value a Value response can carry in a frame of `frame_bytes_max`.
+pub fn value_response_bytes_max(frame_bytes_max: usize) -> usize {
+    frame_bytes_max
+        .min(FRAME_BYTES_LIMIT)
+        .saturating_sub(HEADER_BYTES + VALUE_RESPONSE_FIXED_BYTES)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_msg_type_and_error_code_round_trips_through_its_byte() {
+        for b in 0..=u8::MAX {
+            if let Some(t) = MsgType::from_u8(b) {
+                assert_eq!(t as u8, b);
+            }
+            if let Some(c) = ErrorCode::from_u8(b) {
+                assert_eq!(c as u8, b);
+            }
+        }
+    }
+
+    #[test]
+    fn reader_reports_the_field_that_ran_short() {
+        let mut r = Reader::new(&[1, 2, 3], "put");
+        assert_eq!(r.u16("key_len"), Ok(0x0201));
+        let err = r.u32("value_len").unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "bad field length: put: value_len needs 4 bytes but only 1 remain in the body"
+        );
+    }
+}

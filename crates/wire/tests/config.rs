@@ -1,0 +1,317 @@
+//! The configuration: the initial shard map, routing, validation and JSON.
+
+use std::sync::Arc;
+
+use rowankv_types::{NodeId, ShardId, Term};
+use rowankv_wire::config::{
+    routing_hash, Config, ConfigError, ConfigSource, Member, ShardAssignment, ROUTING_SEED,
+};
+
+fn members(n: u32) -> Vec<Member> {
+    (1..=n)
+        .map(|i| Member {
+            node: NodeId(i),
+            workers: 4,
+        })
+        .collect()
+}
+
+/// 3 servers × 48 shards, replication factor 3: the standard test cluster.
+fn standard() -> Config {
+    Config::initial(0xC1A5, &members(3), 48, 3).expect("initial configuration")
+}
+
+#[test]
+fn initial_three_by_forty_eight_validates_and_places_replicas() {
+    let config = standard();
+    config.validate().unwrap();
+    assert_eq!(config.term, Term(1));
+    assert_eq!(config.cluster_id, 0xC1A5);
+    assert_eq!(config.replication_factor, 3);
+    assert_eq!(config.members, members(3));
+    assert_eq!(config.shard_count(), 144);
+    for node in 1..=3 {
+        let node = NodeId(node);
+        assert_eq!(config.primary_shards(node).count(), 48, "{node}");
+        assert_eq!(config.backup_shards(node).count(), 96, "{node}");
+    }
+    for (i, s) in config.shards.iter().enumerate() {
+        assert_eq!(s.shard, ShardId(i as u16));
+        assert_eq!(s.primary, NodeId(i as u32 % 3 + 1));
+        // Backups follow the primary in ring order.
+        let expected: Vec<NodeId> = (1..3).map(|k| NodeId((i as u32 + k) % 3 + 1)).collect();
+        assert_eq!(s.backups, expected);
+        assert!(s.is_replica(s.primary));
+    }
+}
+
+#[test]
+fn initial_covers_the_whole_hash_space() {
+    let config = standard();
+    assert_eq!(config.shard_for_hash(0).shard, ShardId(0));
+    assert_eq!(config.shard_for_hash(u64::MAX).shard, ShardId(143));
+    for pair in config.shards.windows(2) {
+        let (a, b) = (&pair[0], &pair[1]);
+        assert_eq!(config.shard_for_hash(b.start_hash).shard, b.shard);
+        assert_eq!(config.shard_for_hash(b.start_hash - 1).shard, a.shard);
+        assert_eq!(config.shard_for_hash(a.start_hash).shard, a.shard);
+    }
+    // Equal ranges: every start is a multiple of ceil(2^64 / 144).
+    let step = ((1u128 << 64).div_ceil(144)) as u64;
+    for (i, s) in config.shards.iter().enumerate() {
+        assert_eq!(s.start_hash, i as u64 * step);
+    }
+}
+
+#[test]
+fn routing_spreads_keys_evenly_over_servers() {
+    let config = standard();
+    let keys = 100_000;
+    let mut per_server = [0usize; 3];
+    for i in 0..keys {
+        let key = format!("user{i:012}");
+        let shard = config.shard_for_key(key.as_bytes());
+        assert_eq!(
+            shard.shard,
+            config.shard_for_hash(routing_hash(key.as_bytes())).shard
+        );
+        per_server[(shard.primary.0 - 1) as usize] += 1;
+    }
+    let third = keys as f64 / 3.0;
+    for (server, &count) in per_server.iter().enumerate() {
+        let ratio = count as f64 / third;
+        assert!(
+            (0.9..=1.1).contains(&ratio),
+            "server {server} got {count} of {keys} keys ({per_server:?})"
+        );
+    }
+}
+
+#[test]
+fn routing_hash_is_seeded_apart_from_the_index_hash() {
+    let key = b"user000000000042";
+    assert_eq!(
+        routing_hash(key),
+        xxhash_rust::xxh3::xxh3_64_with_seed(key, ROUTING_SEED)
+    );
+    let differing = (0..100u32)
+        .filter(|i| {
+            let key = i.to_le_bytes();
+            routing_hash(&key) != xxhash_rust::xxh3::xxh3_64(&key)
+        })
+        .count();
+    assert_eq!(differing, 100);
+}
+
+#[test]
+fn lookups_by_id() {
+    let config = standard();
+    assert_eq!(config.shard(ShardId(5)).unwrap().shard, ShardId(5));
+    assert_eq!(config.shard(ShardId(143)).unwrap().shard, ShardId(143));
+    assert!(config.shard(ShardId(144)).is_none());
+    assert_eq!(config.member(NodeId(2)).unwrap().workers, 4);
+    assert!(config.member(NodeId(9)).is_none());
+}
+
+#[test]
+fn initial_with_replication_factor_one_has_no_backups() {
+    let config = Config::initial(1, &members(2), 4, 1).unwrap();
+    assert_eq!(config.shard_count(), 8);
+    assert!(config.shards.iter().all(|s| s.backups.is_empty()));
+    assert_eq!(config.backup_shards(NodeId(1)).count(), 0);
+    assert_eq!(config.primary_shards(NodeId(1)).count(), 4);
+}
+
+#[test]
+fn initial_rejects_impossible_requests() {
+    let cases = [
+        Config::initial(1, &[], 4, 1),
+        Config::initial(1, &members(3), 0, 3),
+        Config::initial(1, &members(3), 4, 0),
+        Config::initial(1, &members(3), 4, 4),
+        Config::initial(1, &members(2), 40_000, 2),
+        Config::initial(
+            1,
+            &[
+                Member {
+                    node: NodeId(1),
+                    workers: 1,
+                },
+                Member {
+                    node: NodeId(1),
+                    workers: 1,
+                },
+            ],
+            4,
+            1,
+        ),
+    ];
+    for (i, result) in cases.into_iter().enumerate() {
+        assert!(
+            matches!(result, Err(ConfigError::Invalid(_))),
+            "case {i}: {result:?}"
+        );
+    }
+}
+
+/// Applies `break_it` to a valid configuration and expects validation to fail with a
+/// message containing `needle`.
+fn rejects(what: &str, needle: &str, break_it: impl FnOnce(&mut Config)) {
+    let mut config = standard();
+    break_it(&mut config);
+    match config.validate() {
+        Err(ConfigError::Invalid(message)) => assert!(
+            message.contains(needle),
+            "{what}: message {message:?} does not mention {needle:?}"
+        ),
+        other => panic!("{what}: expected Invalid, got {other:?}"),
+    }
+    // from_json validates too.
+    assert!(
+        matches!(
+            Config::from_json(&config.to_json()),
+            Err(ConfigError::Invalid(_))
+        ),
+        "{what}: from_json accepted it"
+    );
+}
+
+#[test]
+fn validate_rejects_each_broken_invariant() {
+    rejects("no members", "no members", |c| c.members.clear());
+    rejects("duplicate member", "twice", |c| {
+        let first = c.members[0].clone();
+        c.members.push(first);
+    });
+    rejects("rf 0", "replication factor", |c| c.replication_factor = 0);
+    rejects("rf over members", "replication factor", |c| {
+        c.replication_factor = 4
+    });
+    rejects("no shards", "no shards", |c| c.shards.clear());
+    rejects("ids out of order", "ids must be", |c| c.shards.swap(3, 4));
+    rejects("id gap", "ids must be", |c| {
+        c.shards[7].shard = ShardId(200)
+    });
+    rejects("first start non-zero", "must start at 0", |c| {
+        c.shards[0].start_hash = 1
+    });
+    rejects("equal starts", "not after", |c| {
+        c.shards[10].start_hash = c.shards[9].start_hash
+    });
+    rejects("decreasing starts", "not after", |c| {
+        c.shards[10].start_hash = c.shards[9].start_hash - 1
+    });
+    rejects("primary not a member", "not a member", |c| {
+        c.shards[2].primary = NodeId(77)
+    });
+    rejects("backup not a member", "not a member", |c| {
+        c.shards[2].backups[1] = NodeId(77)
+    });
+    rejects("primary among backups", "also one of its backups", |c| {
+        let primary = c.shards[2].primary;
+        c.shards[2].backups[0] = primary;
+    });
+    rejects("duplicate backups", "twice", |c| {
+        let b = c.shards[2].backups[0];
+        c.shards[2].backups[1] = b;
+    });
+    rejects("too few backups", "backups", |c| {
+        c.shards[2].backups.pop();
+    });
+    rejects("too many backups", "backups", |c| {
+        c.members.push(Member {
+            node: NodeId(4),
+            workers: 1,
+        });
+        c.shards[2].backups.push(NodeId(4));
+    });
+}
+
+#[test]
+fn validate_rejects_more_shards_than_a_shard_id_can_name() {
+    let shard_count = u16::MAX as usize + 1;
+    let config = Config {
+        cluster_id: 1,
+        term: Term(1),
+        replication_factor: 1,
+        members: members(1),
+        shards: (0..shard_count)
+            .map(|i| ShardAssignment {
+                shard: ShardId(i as u16),
+                start_hash: (i as u64) << 47,
+                primary: NodeId(1),
+                backups: Vec::new(),
+            })
+            .collect(),
+    };
+    match config.validate() {
+        Err(ConfigError::Invalid(message)) => assert!(message.contains("65536"), "{message}"),
+        other => panic!("expected Invalid, got {other:?}"),
+    }
+}
+
+#[test]
+fn json_round_trips() {
+    let config = standard();
+    let json = config.to_json();
+    assert_eq!(Config::from_json(&json), Ok(config.clone()));
+    // Domain numbers travel as plain JSON numbers.
+    let value: serde_json::Value = serde_json::from_slice(&json).unwrap();
+    assert_eq!(value["term"], 1);
+    assert_eq!(value["shards"][1]["primary"], 2);
+    assert_eq!(value["shards"][1]["shard"], 1);
+
+    let mut later = config;
+    later.term = Term(9);
+    later.shards[4].primary = NodeId(3);
+    later.shards[4].backups = vec![NodeId(1), NodeId(2)];
+    assert_eq!(Config::from_json(&later.to_json()), Ok(later));
+}
+
+#[test]
+fn from_json_rejects_what_is_not_a_configuration() {
+    for bytes in [
+        &b""[..],
+        b"not json",
+        b"{}",
+        b"[1, 2, 3]",
+        b"{\"cluster_id\": 1, \"term\": -1, \"replication_factor\": 1, \"members\": [], \"shards\": []}",
+        &[0xFF, 0xFE],
+    ] {
+        assert!(
+            matches!(Config::from_json(bytes), Err(ConfigError::Decode(_))),
+            "{:?}",
+            String::from_utf8_lossy(bytes)
+        );
+    }
+    // Well-formed JSON of an invalid configuration.
+    let json =
+        br#"{"cluster_id": 1, "term": 1, "replication_factor": 1, "members": [], "shards": []}"#;
+    assert!(matches!(
+        Config::from_json(json),
+        Err(ConfigError::Invalid(_))
+    ));
+}
+
+#[test]
+fn config_errors_read_clearly() {
+    assert_eq!(
+        ConfigError::Invalid("no members".into()).to_string(),
+        "invalid configuration: no members"
+    );
+    assert!(ConfigError::Decode("eof".into())
+        .to_string()
+        .starts_with("cannot decode configuration"));
+}
+
+#[test]
+fn a_config_source_is_object_safe() {
+    struct Fixed(Arc<Config>);
+    impl ConfigSource for Fixed {
+        fn fetch(&self) -> Result<Arc<Config>, ConfigError> {
+            Ok(Arc::clone(&self.0))
+        }
+    }
+    let source: Box<dyn ConfigSource> = Box::new(Fixed(Arc::new(standard())));
+    assert_eq!(source.fetch().unwrap().term, Term(1));
+}

@@ -1,0 +1,824 @@
+//! RPC frames: round trips, the byte layout, every decoding error, and fuzzing of the
+//! decoder with arbitrary, truncated and mutated input.
+
+use proptest::prelude::*;
+use rowankv_types::{NodeId, Term};
+use rowankv_wire::frame::{
+    decode, decode_header, encode, put_value_bytes_max, value_response_bytes_max, Body, Envelope,
+    ErrorCode, FrameError, MsgType, Response, FRAME_BYTES_MAX_DEFAULT, HEADER_BYTES, KEY_BYTES_MAX,
+    MAGIC, WIRE_VERSION,
+};
+
+const MAX: usize = FRAME_BYTES_MAX_DEFAULT;
+
+fn env() -> Envelope {
+    Envelope {
+        cluster_id: 0xC1A5_7E20_0000_0001,
+        term: Term(7),
+        request_id: 0x0102_0304_0506_0708,
+        sender: NodeId(3),
+    }
+}
+
+fn encoded(body: &Body<'_>) -> Vec<u8> {
+    let mut out = Vec::new();
+    let len = encode(&mut out, &env(), body, MAX).expect("encode");
+    assert_eq!(len, out.len());
+    out
+}
+
+/// A frame built by hand, independently of the encoder: the header layout spelled out.
+fn raw_frame(msg_type: u8, body: &[u8]) -> Vec<u8> {
+    let mut f = Vec::new();
+    f.extend_from_slice(b"RK");
+    f.push(1);
+    f.push(msg_type);
+    f.extend_from_slice(&(body.len() as u32).to_le_bytes());
+    f.extend_from_slice(&11u64.to_le_bytes()); // cluster_id
+    f.extend_from_slice(&5u64.to_le_bytes()); // term
+    f.extend_from_slice(&99u64.to_le_bytes()); // request_id
+    f.extend_from_slice(&2u32.to_le_bytes()); // sender
+    f.extend_from_slice(&[0; 4]);
+    f.extend_from_slice(body);
+    f
+}
+
+fn error_body(code: u8, detail: &[u8]) -> Vec<u8> {
+    let mut b = vec![4, code];
+    b.extend_from_slice(&9u64.to_le_bytes());
+    b.extend_from_slice(&(detail.len() as u16).to_le_bytes());
+    b.extend_from_slice(detail);
+    b
+}
+
+fn entries(blocks: usize) -> Vec<u8> {
+    (0..blocks * 64).map(|i| i as u8).collect()
+}
+
+/// One body of every variant and every response status.
+fn samples(entries: &[u8]) -> Vec<Body<'_>> {
+    vec![
+        Body::Get { key: b"user:42" },
+        Body::Get { key: b"" },
+        Body::Put {
+            key: b"user:42",
+            value: b"hello, world",
+        },
+        Body::Put {
+            key: b"",
+            value: b"",
+        },
+        Body::Del { key: b"user:42" },
+        Body::Replicate { entries },
+        Body::GrantSegment {
+            log: 3,
+            sealed: None,
+        },
+        Body::GrantSegment {
+            log: u32::MAX,
+            sealed: Some(17),
+        },
+        Body::GrantSegment {
+            log: 0,
+            sealed: Some(0),
+        },
+        Body::Ping,
+        Body::Response(Response::Ok { version: 1 << 40 }),
+        Body::Response(Response::Value {
+            version: 12,
+            value: b"payload",
+        }),
+        Body::Response(Response::Value {
+            version: 0,
+            value: b"",
+        }),
+        Body::Response(Response::NotFound),
+        Body::Response(Response::Segment {
+            segment: 9,
+            offset: 4 << 20,
+            len_bytes: 4 << 20,
+        }),
+        Body::Response(Response::Error {
+            code: ErrorCode::StaleTerm,
+            term: Term(8),
+            detail: "request term t7 is older than the server's t8",
+        }),
+        Body::Response(Response::Error {
+            code: ErrorCode::Internal,
+            term: Term(0),
+            detail: "",
+        }),
+    ]
+}
+
+#[test]
+fn every_body_and_response_round_trips() {
+    let entries = entries(3);
+    for body in samples(&entries) {
+        let bytes = encoded(&body);
+        let frame = decode(&bytes).unwrap_or_else(|e| panic!("{body:?}: {e}"));
+        assert_eq!(frame.body, body);
+        assert_eq!(frame.header.msg_type, body.msg_type() as u8);
+        assert_eq!(frame.header.body_len as usize, bytes.len() - HEADER_BYTES);
+        assert_eq!(frame.header.frame_bytes(), bytes.len());
+        assert_eq!(frame.header.cluster_id, env().cluster_id);
+        assert_eq!(frame.header.term, env().term);
+        assert_eq!(frame.header.request_id, env().request_id);
+        assert_eq!(frame.header.sender, env().sender);
+        assert_eq!(decode_header(&bytes), Ok(frame.header));
+    }
+}
+
+#[test]
+fn every_error_code_round_trips() {
+    for b in 1..=10 {
+        let code = ErrorCode::from_u8(b).expect("codes 1..=10 exist");
+        let body = Body::Response(Response::Error {
+            code,
+            term: Term(3),
+            detail: "détail ✓",
+        });
+        assert_eq!(decode(&encoded(&body)).unwrap().body, body);
+        assert!(!code.to_string().is_empty());
+    }
+    assert_eq!(ErrorCode::from_u8(0), None);
+    assert_eq!(ErrorCode::from_u8(11), None);
+}
+
+#[test]
+fn msg_types_map_to_their_bytes() {
+    let all = [
+        (MsgType::Get, 1),
+        (MsgType::Put, 2),
+        (MsgType::Del, 3),
+        (MsgType::Replicate, 4),
+        (MsgType::GrantSegment, 5),
+        (MsgType::Ping, 6),
+        (MsgType::Response, 0x80),
+    ];
+    for (t, b) in all {
+        assert_eq!(t as u8, b);
+        assert_eq!(MsgType::from_u8(b), Some(t));
+    }
+    assert_eq!(MsgType::from_u8(0), None);
+    assert_eq!(MsgType::from_u8(7), None);
+    assert_eq!(MsgType::from_u8(0x81), None);
+}
+
+#[test]
+fn put_frame_has_the_documented_layout() {
+    let bytes = encoded(&Body::Put {
+        key: b"ab",
+        value: b"xyz",
+    });
+    let mut expected = Vec::new();
+    expected.extend_from_slice(&MAGIC);
+    expected.push(WIRE_VERSION);
+    expected.push(2);
+    expected.extend_from_slice(&11u32.to_le_bytes()); // 2 + 4 + 2 + 3
+    expected.extend_from_slice(&0xC1A5_7E20_0000_0001u64.to_le_bytes());
+    expected.extend_from_slice(&7u64.to_le_bytes());
+    expected.extend_from_slice(&0x0102_0304_0506_0708u64.to_le_bytes());
+    expected.extend_from_slice(&3u32.to_le_bytes());
+    expected.extend_from_slice(&[0; 4]);
+    expected.extend_from_slice(&2u16.to_le_bytes());
+    expected.extend_from_slice(&3u32.to_le_bytes());
+    expected.extend_from_slice(b"ab");
+    expected.extend_from_slice(b"xyz");
+    assert_eq!(bytes, expected);
+}
+
+#[test]
+fn grant_segment_and_error_have_the_documented_layout() {
+    let bytes = encoded(&Body::GrantSegment {
+        log: 0x0A0B_0C0D,
+        sealed: Some(6),
+    });
+    assert_eq!(
+        &bytes[HEADER_BYTES..],
+        &[0x0D, 0x0C, 0x0B, 0x0A, 1, 6, 0, 0, 0]
+    );
+
+    let bytes = encoded(&Body::GrantSegment {
+        log: 1,
+        sealed: None,
+    });
+    assert_eq!(&bytes[HEADER_BYTES..], &[1, 0, 0, 0, 0, 0, 0, 0, 0]);
+
+    let bytes = encoded(&Body::Response(Response::Error {
+        code: ErrorCode::Busy,
+        term: Term(9),
+        detail: "hi",
+    }));
+    assert_eq!(&bytes[HEADER_BYTES..], &error_body(6, b"hi")[..]);
+}
+
+#[test]
+fn hand_built_frames_decode() {
+    let bytes = raw_frame(3, &[1, 0, b'k']);
+    let frame = decode(&bytes).unwrap();
+    assert_eq!(frame.body, Body::Del { key: b"k" });
+    assert_eq!(frame.header.cluster_id, 11);
+    assert_eq!(frame.header.term, Term(5));
+    assert_eq!(frame.header.request_id, 99);
+    assert_eq!(frame.header.sender, NodeId(2));
+    assert_eq!(decode(&raw_frame(6, &[])).unwrap().body, Body::Ping);
+}
+
+#[test]
+fn encode_reuses_the_buffer_it_is_given() {
+    let mut out = Vec::with_capacity(MAX);
+    out.extend_from_slice(b"stale bytes from the previous frame");
+    let ptr = out.as_ptr();
+    let value = vec![7u8; put_value_bytes_max(8, MAX)];
+    let len = encode(
+        &mut out,
+        &env(),
+        &Body::Put {
+            key: b"12345678",
+            value: &value,
+        },
+        MAX,
+    )
+    .unwrap();
+    assert_eq!(len, MAX);
+    assert_eq!(out.len(), MAX);
+    assert_eq!(
+        out.as_ptr(),
+        ptr,
+        "encode reallocated a buffer with enough capacity"
+    );
+    assert_eq!(out.capacity(), MAX);
+}
+
+// ---- decoding errors, one by one ----
+
+#[test]
+fn short_header_is_truncated() {
+    let bytes = encoded(&Body::Ping);
+    assert_eq!(
+        decode(&bytes[..39]),
+        Err(FrameError::Truncated { need: 40, have: 39 })
+    );
+    assert_eq!(
+        decode_header(&[]),
+        Err(FrameError::Truncated { need: 40, have: 0 })
+    );
+}
+
+#[test]
+fn bad_magic_is_rejected() {
+    let mut bytes = encoded(&Body::Ping);
+    bytes[0] = b'X';
+    assert_eq!(decode(&bytes), Err(FrameError::BadMagic([b'X', b'K'])));
+    assert_eq!(
+        decode_header(&bytes),
+        Err(FrameError::BadMagic([b'X', b'K']))
+    );
+}
+
+#[test]
+fn bad_version_is_rejected() {
+    let mut bytes = encoded(&Body::Ping);
+    bytes[2] = 2;
+    assert_eq!(decode(&bytes), Err(FrameError::BadVersion(2)));
+}
+
+#[test]
+fn non_zero_reserved_bytes_are_rejected() {
+    for i in 36..40 {
+        let mut bytes = encoded(&Body::Ping);
+        bytes[i] = 1;
+        assert_eq!(decode(&bytes), Err(FrameError::ReservedNonZero));
+    }
+}
+
+#[test]
+fn unknown_type_is_rejected_but_its_header_still_decodes() {
+    let bytes = raw_frame(0x42, &[]);
+    assert_eq!(decode(&bytes), Err(FrameError::UnknownType(0x42)));
+    let header = decode_header(&bytes).unwrap();
+    assert_eq!(header.msg_type, 0x42);
+    assert_eq!(header.request_id, 99);
+}
+
+#[test]
+fn body_length_mismatch_is_rejected() {
+    let mut bytes = encoded(&Body::Get { key: b"abc" });
+    bytes.push(0);
+    assert_eq!(
+        decode(&bytes),
+        Err(FrameError::BodyLength {
+            declared: 5,
+            actual: 6
+        })
+    );
+    bytes.truncate(bytes.len() - 2);
+    assert_eq!(
+        decode(&bytes),
+        Err(FrameError::BodyLength {
+            declared: 5,
+            actual: 4
+        })
+    );
+}
+
+#[test]
+fn trailing_bytes_in_a_body_are_rejected() {
+    assert_eq!(
+        decode(&raw_frame(1, &[1, 0, b'k', b'!'])),
+        Err(FrameError::TrailingBytes(1))
+    );
+    assert_eq!(
+        decode(&raw_frame(6, &[0, 0])),
+        Err(FrameError::TrailingBytes(2))
+    );
+    let mut put = vec![1, 0, 1, 0, 0, 0, b'k', b'v'];
+    put.extend_from_slice(b"extra");
+    assert_eq!(
+        decode(&raw_frame(2, &put)),
+        Err(FrameError::TrailingBytes(5))
+    );
+    assert_eq!(
+        decode(&raw_frame(0x80, &[2, 0])),
+        Err(FrameError::TrailingBytes(1))
+    );
+    let mut ok = vec![0];
+    ok.extend_from_slice(&[0; 9]);
+    assert_eq!(
+        decode(&raw_frame(0x80, &ok)),
+        Err(FrameError::TrailingBytes(1))
+    );
+}
+
+#[test]
+fn lengths_pointing_past_the_end_are_rejected() {
+    // Get: key_len 5, 2 key bytes present.
+    let err = decode(&raw_frame(1, &[5, 0, b'a', b'b'])).unwrap_err();
+    assert!(matches!(err, FrameError::FieldLength(_)), "{err:?}");
+    // Get: key_len itself cut short.
+    let err = decode(&raw_frame(1, &[5])).unwrap_err();
+    assert!(matches!(err, FrameError::FieldLength(_)), "{err:?}");
+    // Put: value_len u32::MAX.
+    let mut put = vec![1, 0];
+    put.extend_from_slice(&u32::MAX.to_le_bytes());
+    put.push(b'k');
+    let err = decode(&raw_frame(2, &put)).unwrap_err();
+    assert!(matches!(err, FrameError::FieldLength(_)), "{err:?}");
+    // Value response: value_len 10, 1 byte present.
+    let mut value = vec![1];
+    value.extend_from_slice(&0u64.to_le_bytes());
+    value.extend_from_slice(&10u32.to_le_bytes());
+    value.push(0);
+    let err = decode(&raw_frame(0x80, &value)).unwrap_err();
+    assert!(matches!(err, FrameError::FieldLength(_)), "{err:?}");
+    // Error response: detail_len past the end.
+    let mut error = error_body(1, b"abc");
+    error.truncate(error.len() - 1);
+    let err = decode(&raw_frame(0x80, &error)).unwrap_err();
+    assert!(matches!(err, FrameError::FieldLength(_)), "{err:?}");
+    // Response without a status.
+    let err = decode(&raw_frame(0x80, &[])).unwrap_err();
+    assert!(matches!(err, FrameError::FieldLength(_)), "{err:?}");
+    // GrantSegment short by one byte.
+    let err = decode(&raw_frame(5, &[0; 8])).unwrap_err();
+    assert!(matches!(err, FrameError::FieldLength(_)), "{err:?}");
+}
+
+#[test]
+fn oversized_key_is_rejected_on_both_sides() {
+    let key = vec![b'k'; KEY_BYTES_MAX + 1];
+    let mut body = ((KEY_BYTES_MAX + 1) as u16).to_le_bytes().to_vec();
+    body.extend_from_slice(&key);
+    assert_eq!(
+        decode(&raw_frame(1, &body)),
+        Err(FrameError::KeyTooLarge {
+            len: KEY_BYTES_MAX + 1
+        })
+    );
+    // The declared length alone is refused, before looking for the bytes.
+    assert_eq!(
+        decode(&raw_frame(3, &u16::MAX.to_le_bytes())),
+        Err(FrameError::KeyTooLarge {
+            len: u16::MAX as usize
+        })
+    );
+    let mut out = Vec::new();
+    for body in [
+        Body::Get { key: &key },
+        Body::Del { key: &key },
+        Body::Put {
+            key: &key,
+            value: b"",
+        },
+    ] {
+        assert_eq!(
+            encode(&mut out, &env(), &body, MAX),
+            Err(FrameError::KeyTooLarge {
+                len: KEY_BYTES_MAX + 1
+            })
+        );
+        assert!(out.is_empty());
+    }
+    // The longest key is fine.
+    let key = vec![b'k'; KEY_BYTES_MAX];
+    let body = Body::Get { key: &key };
+    assert_eq!(decode(&encoded(&body)).unwrap().body, body);
+}
+
+#[test]
+fn bad_utf8_in_detail_is_rejected() {
+    assert_eq!(
+        decode(&raw_frame(0x80, &error_body(4, &[b'o', 0xFF, b'k']))),
+        Err(FrameError::BadUtf8)
+    );
+}
+
+#[test]
+fn unknown_status_is_rejected() {
+    for status in [5u8, 0x7F, 0xFF] {
+        assert_eq!(
+            decode(&raw_frame(0x80, &[status])),
+            Err(FrameError::BadStatus(status))
+        );
+    }
+}
+
+#[test]
+fn unknown_error_code_is_rejected() {
+    for code in [0u8, 11, 0xFF] {
+        assert_eq!(
+            decode(&raw_frame(0x80, &error_body(code, b""))),
+            Err(FrameError::BadErrorCode(code))
+        );
+    }
+}
+
+#[test]
+fn bad_grant_segment_flags_are_rejected() {
+    let mut body = 1u32.to_le_bytes().to_vec();
+    body.push(2);
+    body.extend_from_slice(&0u32.to_le_bytes());
+    let err = decode(&raw_frame(5, &body)).unwrap_err();
+    assert!(matches!(err, FrameError::FieldLength(_)), "{err:?}");
+
+    // A sealed segment without has_sealed is not canonical.
+    let mut body = 1u32.to_le_bytes().to_vec();
+    body.push(0);
+    body.extend_from_slice(&4u32.to_le_bytes());
+    let err = decode(&raw_frame(5, &body)).unwrap_err();
+    assert!(matches!(err, FrameError::FieldLength(_)), "{err:?}");
+}
+
+#[test]
+fn misaligned_or_empty_replicate_is_rejected_on_both_sides() {
+    for len in [0usize, 1, 63, 65, 127] {
+        let entries = vec![0u8; len];
+        let err = decode(&raw_frame(4, &entries)).unwrap_err();
+        assert!(matches!(err, FrameError::FieldLength(_)), "{len}: {err:?}");
+        let err = encode(
+            &mut Vec::new(),
+            &env(),
+            &Body::Replicate { entries: &entries },
+            MAX,
+        )
+        .unwrap_err();
+        assert!(matches!(err, FrameError::FieldLength(_)), "{len}: {err:?}");
+    }
+}
+
+#[test]
+fn detail_over_u16_is_refused_by_encode() {
+    let detail = "x".repeat(u16::MAX as usize + 1);
+    let body = Body::Response(Response::Error {
+        code: ErrorCode::Internal,
+        term: Term(1),
+        detail: &detail,
+    });
+    let err = encode(&mut Vec::new(), &env(), &body, usize::MAX).unwrap_err();
+    assert!(matches!(err, FrameError::FieldLength(_)), "{err:?}");
+    // Just under the field's limit is fine when the frame is big enough.
+    let detail = "x".repeat(u16::MAX as usize);
+    let body = Body::Response(Response::Error {
+        code: ErrorCode::Internal,
+        term: Term(1),
+        detail: &detail,
+    });
+    let mut out = Vec::new();
+    encode(&mut out, &env(), &body, usize::MAX).unwrap();
+    assert_eq!(decode(&out).unwrap().body, body);
+}
+
+#[test]
+fn too_large_frames_are_refused_by_encode() {
+    let value = vec![0u8; MAX];
+    let mut out = Vec::new();
+    assert_eq!(
+        encode(
+            &mut out,
+            &env(),
+            &Body::Put {
+                key: b"k",
+                value: &value
+            },
+            MAX
+        ),
+        Err(FrameError::TooLarge {
+            len: HEADER_BYTES + 6 + 1 + MAX,
+            max: MAX
+        })
+    );
+    assert!(out.is_empty());
+    let entries = entries(MAX / 64);
+    let err = encode(
+        &mut out,
+        &env(),
+        &Body::Replicate { entries: &entries },
+        MAX,
+    )
+    .unwrap_err();
+    assert!(matches!(err, FrameError::TooLarge { .. }), "{err:?}");
+    // A frame limit below the header refuses even a Ping.
+    assert_eq!(
+        encode(&mut out, &env(), &Body::Ping, HEADER_BYTES - 1),
+        Err(FrameError::TooLarge {
+            len: HEADER_BYTES,
+            max: HEADER_BYTES - 1
+        })
+    );
+}
+
+#[test]
+fn put_value_bytes_max_is_an_exact_boundary() {
+    for frame_bytes_max in [MAX, 1500, 64 << 10] {
+        for key_len in [0, 1, 100, KEY_BYTES_MAX] {
+            let key = vec![b'k'; key_len];
+            let max = put_value_bytes_max(key_len, frame_bytes_max);
+            let value = vec![b'v'; max + 1];
+            let mut out = Vec::new();
+            let fits = Body::Put {
+                key: &key,
+                value: &value[..max],
+            };
+            assert_eq!(
+                encode(&mut out, &env(), &fits, frame_bytes_max),
+                Ok(frame_bytes_max)
+            );
+            assert_eq!(decode(&out).unwrap().body, fits);
+            let one_more = Body::Put {
+                key: &key,
+                value: &value,
+            };
+            assert_eq!(
+                encode(&mut out, &env(), &one_more, frame_bytes_max),
+                Err(FrameError::TooLarge {
+                    len: frame_bytes_max + 1,
+                    max: frame_bytes_max
+                })
+            );
+        }
+    }
+    assert_eq!(put_value_bytes_max(KEY_BYTES_MAX + 1, MAX), 0);
+    assert_eq!(put_value_bytes_max(0, 10), 0);
+}
+
+#[test]
+fn value_response_bytes_max_is_an_exact_boundary() {
+    let max = value_response_bytes_max(MAX);
+    let value = vec![1u8; max + 1];
+    let mut out = Vec::new();
+    let fits = Body::Response(Response::Value {
+        version: 5,
+        value: &value[..max],
+    });
+    assert_eq!(encode(&mut out, &env(), &fits, MAX), Ok(MAX));
+    let one_more = Body::Response(Response::Value {
+        version: 5,
+        value: &value,
+    });
+    assert!(matches!(
+        encode(&mut out, &env(), &one_more, MAX),
+        Err(FrameError::TooLarge { .. })
+    ));
+    assert_eq!(value_response_bytes_max(10), 0);
+}
+
+#[test]
+fn frame_errors_map_to_the_code_a_server_answers() {
+    let cases = [
+        (FrameError::UnknownType(9), ErrorCode::UnknownType),
+        (
+            FrameError::TooLarge {
+                len: 5000,
+                max: 4096,
+            },
+            ErrorCode::TooLarge,
+        ),
+        (FrameError::KeyTooLarge { len: 2000 }, ErrorCode::TooLarge),
+        (
+            FrameError::Truncated { need: 40, have: 3 },
+            ErrorCode::Malformed,
+        ),
+        (FrameError::BadMagic(*b"XX"), ErrorCode::Malformed),
+        (FrameError::BadVersion(9), ErrorCode::Malformed),
+        (FrameError::ReservedNonZero, ErrorCode::Malformed),
+        (
+            FrameError::BodyLength {
+                declared: 1,
+                actual: 2,
+            },
+            ErrorCode::Malformed,
+        ),
+        (FrameError::FieldLength("x".into()), ErrorCode::Malformed),
+        (FrameError::TrailingBytes(1), ErrorCode::Malformed),
+        (FrameError::BadErrorCode(0), ErrorCode::Malformed),
+        (FrameError::BadStatus(9), ErrorCode::Malformed),
+        (FrameError::BadUtf8, ErrorCode::Malformed),
+    ];
+    for (err, code) in cases {
+        assert_eq!(err.code(), code, "{err:?}");
+        assert!(!err.to_string().is_empty());
+    }
+}
+
+#[test]
+fn error_messages_name_what_is_wrong() {
+    assert_eq!(
+        FrameError::BodyLength {
+            declared: 5,
+            actual: 6
+        }
+        .to_string(),
+        "header declares a 5-byte body but 6 bytes follow the header"
+    );
+    assert_eq!(
+        FrameError::KeyTooLarge { len: 1025 }.to_string(),
+        "key of 1025 bytes exceeds the 1024-byte limit"
+    );
+    assert_eq!(
+        FrameError::UnknownType(0x42).to_string(),
+        "unknown message type 0x42"
+    );
+    assert_eq!(
+        FrameError::TooLarge {
+            len: 4097,
+            max: 4096
+        }
+        .to_string(),
+        "frame of 4097 bytes exceeds the 4096-byte frame limit"
+    );
+}
+
+#[test]
+fn every_truncation_of_every_sample_is_an_error() {
+    let entries = entries(2);
+    for body in samples(&entries) {
+        let bytes = encoded(&body);
+        for len in 0..bytes.len() {
+            assert!(
+                decode(&bytes[..len]).is_err(),
+                "{body:?} truncated to {len} bytes decoded"
+            );
+        }
+    }
+}
+
+// ---- property tests ----
+
+fn envelope() -> impl Strategy<Value = Envelope> {
+    (any::<u64>(), any::<u64>(), any::<u64>(), any::<u32>()).prop_map(
+        |(cluster_id, term, request_id, sender)| Envelope {
+            cluster_id,
+            term: Term(term),
+            request_id,
+            sender: NodeId(sender),
+        },
+    )
+}
+
+/// A key within limits and a value that fits beside it in a default frame.
+fn key_and_value() -> impl Strategy<Value = (Vec<u8>, Vec<u8>)> {
+    proptest::collection::vec(any::<u8>(), 0..=KEY_BYTES_MAX).prop_flat_map(|key| {
+        let value_max = put_value_bytes_max(key.len(), MAX);
+        (
+            Just(key),
+            proptest::collection::vec(any::<u8>(), 0..=value_max),
+        )
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    #[test]
+    fn put_get_del_round_trip(env in envelope(), (key, value) in key_and_value()) {
+        let mut out = Vec::new();
+        for body in [
+            Body::Put { key: &key, value: &value },
+            Body::Get { key: &key },
+            Body::Del { key: &key },
+        ] {
+            encode(&mut out, &env, &body, MAX).unwrap();
+            let frame = decode(&out).unwrap();
+            prop_assert_eq!(frame.body, body);
+            prop_assert_eq!(frame.header.term, env.term);
+            prop_assert_eq!(frame.header.request_id, env.request_id);
+            prop_assert_eq!(frame.header.sender, env.sender);
+            prop_assert_eq!(frame.header.cluster_id, env.cluster_id);
+        }
+    }
+
+    #[test]
+    fn responses_round_trip(
+        env in envelope(),
+        version in any::<u64>(),
+        value in proptest::collection::vec(any::<u8>(), 0..=value_response_bytes_max(MAX)),
+        code in 1u8..=10,
+        term in any::<u64>(),
+        detail in "\\PC{0,200}",
+        segment in any::<u32>(),
+        offset in any::<u64>(),
+        len_bytes in any::<u64>(),
+    ) {
+        let code = ErrorCode::from_u8(code).unwrap();
+        let mut out = Vec::new();
+        for response in [
+            Response::Ok { version },
+            Response::Value { version, value: &value },
+            Response::NotFound,
+            Response::Segment { segment, offset, len_bytes },
+            Response::Error { code, term: Term(term), detail: &detail },
+        ] {
+            let body = Body::Response(response);
+            encode(&mut out, &env, &body, MAX).unwrap();
+            prop_assert_eq!(decode(&out).unwrap().body, body);
+        }
+    }
+
+    #[test]
+    fn control_bodies_round_trip(
+        env in envelope(),
+        blocks in 1usize..=(MAX - HEADER_BYTES) / 64,
+        log in any::<u32>(),
+        sealed in proptest::option::of(any::<u32>()),
+    ) {
+        let entries = entries(blocks);
+        let mut out = Vec::new();
+        for body in [
+            Body::Replicate { entries: &entries },
+            Body::GrantSegment { log, sealed },
+            Body::Ping,
+        ] {
+            encode(&mut out, &env, &body, MAX).unwrap();
+            prop_assert_eq!(decode(&out).unwrap().body, body);
+        }
+    }
+
+    #[test]
+    fn decode_never_panics_on_arbitrary_bytes(
+        bytes in proptest::collection::vec(any::<u8>(), 0..600),
+    ) {
+        let _ = decode(&bytes);
+        let _ = decode_header(&bytes);
+    }
+
+    /// A valid header over an arbitrary body exercises every body parser.
+    #[test]
+    fn decode_never_panics_on_arbitrary_bodies(
+        msg_type in prop_oneof![1u8..=6, Just(0x80u8), any::<u8>()],
+        body in proptest::collection::vec(any::<u8>(), 0..300),
+    ) {
+        if let Ok(frame) = decode(&raw_frame(msg_type, &body)) {
+            // Whatever decodes must re-encode to the same body bytes (canonical form).
+            let mut out = Vec::new();
+            encode(&mut out, &env(), &frame.body, usize::MAX).unwrap();
+            prop_assert_eq!(&out[HEADER_BYTES..], &body[..]);
+        }
+    }
+
+    #[test]
+    fn truncations_of_valid_frames_are_errors(
+        env in envelope(),
+        (key, value) in key_and_value(),
+        cut in any::<prop::sample::Index>(),
+    ) {
+        let mut out = Vec::new();
+        encode(&mut out, &env, &Body::Put { key: &key, value: &value }, MAX).unwrap();
+        let len = cut.index(out.len());
+        prop_assert!(decode(&out[..len]).is_err());
+    }
+
+    #[test]
+    fn mutated_frames_never_panic(
+        (key, value) in key_and_value(),
+        flips in proptest::collection::vec((any::<prop::sample::Index>(), any::<u8>()), 1..8),
+    ) {
+        let mut out = Vec::new();
+        encode(&mut out, &env(), &Body::Put { key: &key, value: &value }, MAX).unwrap();
+        for (at, byte) in flips {
+            let i = at.index(out.len());
+            out[i] = byte;
+        }
+        let _ = decode(&out);
+    }
+}
