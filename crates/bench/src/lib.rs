@@ -17,3 +17,4 @@
 pub mod dlwa;
 pub mod engine_bench;
 pub mod table;
+pub mod ycsb;

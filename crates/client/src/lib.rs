@@ -1,1 +1,518 @@
-//! placeholder
+//! The RowanKV client: routes each operation by its key's routing hash to the
+//! primary of the key's shard, caches the configuration, refreshes it when a
+//! server refuses a request for its term or its shard, and offers synchronous
+//! calls and pipelined asynchronous ones with a bound on operations in flight.
+//!
+//! A client connects to one worker of every server (worker `client_index` modulo
+//! the server's worker count, §5.2), through the cluster's [`Directory`].
+//!
+//! Retries: an operation refused with `StaleTerm`, `NotPrimary`, `Busy` or
+//! `Blocked` changed nothing at the server, so it is sent again (up to
+//! `retries_max`) after refreshing the configuration. An operation that times
+//! out is *not* retried: its outcome is unknown (a write may or may not have been
+//! applied) and it is reported as [`ClientError::Timeout`]. An `Internal` error
+//! on a write is also of unknown outcome.
+#![forbid(unsafe_code)]
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rowankv_fabric::Nic;
+use rowankv_types::{NodeId, Term};
+use rowankv_wire::config::{Config, ConfigSource};
+use rowankv_wire::directory::{ConnectError, Directory};
+use rowankv_wire::endpoint::{Endpoint, EndpointConfig, Event, PeerId, SendError};
+use rowankv_wire::frame::{self, Body, Envelope, ErrorCode, Response, KEY_BYTES_MAX, KV_BYTES_MAX};
+
+/// Settings of a client.
+#[derive(Clone, Debug)]
+pub struct ClientConfig {
+    /// An operation not answered within this is reported as timed out.
+    pub timeout: Duration,
+    /// Operations in flight (submitted, not completed).
+    pub inflight_max: usize,
+    /// Resends of an operation refused without effect.
+    pub retries_max: u32,
+    pub connect_timeout: Duration,
+    /// Which worker of each server to connect to (modulo its worker count).
+    pub worker_hint: usize,
+    pub endpoint: EndpointConfig,
+}
+
+impl Default for ClientConfig {
+    fn default() -> Self {
+        ClientConfig {
+            timeout: Duration::from_secs(2),
+            inflight_max: 32,
+            retries_max: 16,
+            connect_timeout: Duration::from_secs(5),
+            worker_hint: 0,
+            endpoint: EndpointConfig::default(),
+        }
+    }
+}
+
+/// Errors a client reports.
+#[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]
+pub enum ClientError {
+    #[error("key not found")]
+    NotFound,
+    #[error("no answer within {0:?}: the outcome is unknown")]
+    Timeout(Duration),
+    #[error("the cluster's term moved past {ours} and the configuration could not catch up (server at {server})")]
+    StaleTerm { ours: Term, server: Term },
+    #[error("{what} of {len} B, at most {max} B")]
+    TooLarge {
+        what: &'static str,
+        len: usize,
+        max: usize,
+    },
+    #[error("{0} operations in flight, the client's bound")]
+    Busy(usize),
+    #[error("server refused: {code}: {detail}")]
+    Server { code: ErrorCode, detail: String },
+    #[error("connecting: {0}")]
+    Connect(String),
+    #[error("configuration: {0}")]
+    Config(String),
+}
+
+/// An operation.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Op {
+    Get { key: Vec<u8> },
+    Put { key: Vec<u8>, value: Vec<u8> },
+    Del { key: Vec<u8> },
+}
+
+impl Op {
+    pub fn key(&self) -> &[u8] {
+        match self {
+            Op::Get { key } | Op::Put { key, .. } | Op::Del { key } => key,
+        }
+    }
+}
+
+/// What a successful operation returned.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Output {
+    /// A GET's value and its version.
+    Value { value: Vec<u8>, version: u64 },
+    /// A PUT's or DEL's version.
+    Written { version: u64 },
+}
+
+/// Identifies a submitted operation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct OpId(pub u64);
+
+/// A completed operation.
+#[derive(Clone, Debug)]
+pub struct Completed {
+    pub id: OpId,
+    pub result: Result<Output, ClientError>,
+    /// From submission to completion.
+    pub latency: Duration,
+}
+
+struct Pending {
+    id: OpId,
+    op: Op,
+    submitted: Instant,
+    /// Deadline of the current attempt.
+    deadline: Instant,
+    attempts: u32,
+    /// Where the current attempt went.
+    sent_to: Option<PeerId>,
+}
+
+/// A client of one cluster.
+pub struct Client<N: Nic> {
+    config: ClientConfig,
+    node: NodeId,
+    source: Arc<dyn ConfigSource>,
+    cluster: Arc<Config>,
+    directory: Directory,
+    ep: Endpoint<N>,
+    servers: HashMap<NodeId, PeerId>,
+    next_id: u64,
+    next_request: u64,
+    /// By request id.
+    pending: HashMap<u64, Pending>,
+    /// Waiting for a credit or a retry.
+    queued: VecDeque<Pending>,
+    inflight: usize,
+    events: Vec<Event>,
+    data: Vec<u8>,
+    done: Vec<Completed>,
+}
+
+impl<N: Nic> Client<N> {
+    /// A client on `nic`, fetching the configuration from `source`.
+    pub fn connect(
+        nic: N,
+        directory: Directory,
+        source: Arc<dyn ConfigSource>,
+        config: ClientConfig,
+    ) -> Result<Self, ClientError> {
+        let cluster = source
+            .fetch()
+            .map_err(|e| ClientError::Config(e.to_string()))?;
+        let node = nic.node();
+        let ep = Endpoint::new(nic, config.endpoint.clone())
+            .map_err(|e| ClientError::Connect(e.to_string()))?;
+        let mut c = Client {
+            config,
+            node,
+            source,
+            cluster,
+            directory,
+            ep,
+            servers: HashMap::new(),
+            next_id: 1,
+            next_request: 1,
+            pending: HashMap::new(),
+            queued: VecDeque::new(),
+            inflight: 0,
+            events: Vec::new(),
+            data: Vec::new(),
+            done: Vec::new(),
+        };
+        let members: Vec<NodeId> = c.cluster.members.iter().map(|m| m.node).collect();
+        for m in members {
+            c.connect_server(m)?;
+        }
+        Ok(c)
+    }
+
+    fn connect_server(&mut self, node: NodeId) -> Result<PeerId, ClientError> {
+        if let Some(&p) = self.servers.get(&node) {
+            return Ok(p);
+        }
+        let workers = self
+            .cluster
+            .member(node)
+            .map_or(1, |m| m.workers.max(1) as usize);
+        let worker = (self.config.worker_hint % workers) as u16;
+        let peer = self
+            .directory
+            .connect(&mut self.ep, node, worker, self.config.connect_timeout)
+            .map_err(|e: ConnectError| ClientError::Connect(e.to_string()))?;
+        self.servers.insert(node, peer);
+        Ok(peer)
+    }
+
+    /// The configuration the client routes by.
+    pub fn cluster_config(&self) -> &Arc<Config> {
+        &self.cluster
+    }
+
+    pub fn term(&self) -> Term {
+        self.cluster.term
+    }
+
+    pub fn node(&self) -> NodeId {
+        self.node
+    }
+
+    /// Operations submitted and not yet completed.
+    pub fn inflight(&self) -> usize {
+        self.inflight
+    }
+
+    /// Re-read the configuration from the CM; adopts it if newer.
+    pub fn refresh(&mut self) -> Result<(), ClientError> {
+        let c = self
+            .source
+            .fetch()
+            .map_err(|e| ClientError::Config(e.to_string()))?;
+        if c.term > self.cluster.term {
+            self.cluster = c;
+        }
+        Ok(())
+    }
+
+    fn check(op: &Op) -> Result<(), ClientError> {
+        let key = op.key();
+        if key.is_empty() {
+            return Err(ClientError::TooLarge {
+                what: "empty key",
+                len: 0,
+                max: KEY_BYTES_MAX,
+            });
+        }
+        if key.len() > KEY_BYTES_MAX {
+            return Err(ClientError::TooLarge {
+                what: "key",
+                len: key.len(),
+                max: KEY_BYTES_MAX,
+            });
+        }
+        if let Op::Put { key, value } = op {
+            if key.len() + value.len() > KV_BYTES_MAX {
+                return Err(ClientError::TooLarge {
+                    what: "key + value",
+                    len: key.len() + value.len(),
+                    max: KV_BYTES_MAX,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Start an operation; its outcome comes from [`Client::poll`].
+    pub fn submit(&mut self, op: Op) -> Result<OpId, ClientError> {
+        Self::check(&op)?;
+        if self.inflight >= self.config.inflight_max {
+            return Err(ClientError::Busy(self.inflight));
+        }
+        let id = OpId(self.next_id);
+        self.next_id += 1;
+        let now = Instant::now();
+        self.inflight += 1;
+        let p = Pending {
+            id,
+            op,
+            submitted: now,
+            deadline: now + self.config.timeout,
+            attempts: 0,
+            sent_to: None,
+        };
+        if self.queued.is_empty() {
+            self.send(p);
+        } else {
+            self.queued.push_back(p);
+        }
+        Ok(id)
+    }
+
+    /// Send (or queue, if the server's credit is used up) one attempt.
+    fn send(&mut self, mut p: Pending) {
+        let shard = self.cluster.shard_for_key(p.op.key());
+        let primary = shard.primary;
+        let peer = match self.connect_server(primary) {
+            Ok(peer) => peer,
+            Err(e) => {
+                self.complete(p, Err(e));
+                return;
+            }
+        };
+        let request_id = self.next_request;
+        let env = Envelope {
+            cluster_id: self.cluster.cluster_id,
+            term: self.cluster.term,
+            request_id,
+            sender: self.node,
+        };
+        let body = match &p.op {
+            Op::Get { key } => Body::Get { key },
+            Op::Put { key, value } => Body::Put { key, value },
+            Op::Del { key } => Body::Del { key },
+        };
+        match self.ep.request(peer, &env, &body) {
+            Ok(()) => {
+                self.next_request += 1;
+                p.sent_to = Some(peer);
+                self.pending.insert(request_id, p);
+            }
+            Err(SendError::Busy(..)) => self.queued.push_front(p),
+            Err(e) => self.complete(
+                p,
+                Err(ClientError::Server {
+                    code: ErrorCode::Internal,
+                    detail: format!("sending: {e}"),
+                }),
+            ),
+        }
+    }
+
+    fn complete(&mut self, p: Pending, result: Result<Output, ClientError>) {
+        self.inflight -= 1;
+        self.done.push(Completed {
+            id: p.id,
+            result,
+            latency: p.submitted.elapsed(),
+        });
+    }
+
+    /// Make progress: read answers, resend refused operations, expire timed-out
+    /// ones. Completed operations are appended to `out`; returns how many.
+    pub fn poll(&mut self, out: &mut Vec<Completed>) -> usize {
+        let mut events = std::mem::take(&mut self.events);
+        let mut data = std::mem::take(&mut self.data);
+        let _ = self.ep.poll(&mut events, &mut data);
+        for ev in &events {
+            if let Event::Message { start, len, .. } = *ev {
+                self.on_message(&data[start..start + len]);
+            }
+        }
+        self.events = events;
+        self.data = data;
+        // Queued attempts, as credits allow.
+        let mut n = self.queued.len();
+        while n > 0 {
+            n -= 1;
+            let Some(p) = self.queued.pop_front() else {
+                break;
+            };
+            let before = self.queued.len();
+            self.send(p);
+            if self.queued.len() > before {
+                break; // still no credit
+            }
+        }
+        // Timeouts.
+        let now = Instant::now();
+        if self.pending.values().any(|p| now >= p.deadline)
+            || self.queued.iter().any(|p| now >= p.deadline)
+        {
+            let expired: Vec<u64> = self
+                .pending
+                .iter()
+                .filter(|(_, p)| now >= p.deadline)
+                .map(|(&r, _)| r)
+                .collect();
+            for r in expired {
+                let p = self.pending.remove(&r).expect("listed");
+                if let Some(peer) = p.sent_to {
+                    self.ep.forget(peer);
+                }
+                let t = self.config.timeout;
+                self.complete(p, Err(ClientError::Timeout(t)));
+            }
+            let (expired, keep): (Vec<Pending>, Vec<Pending>) =
+                self.queued.drain(..).partition(|p| now >= p.deadline);
+            self.queued = keep.into();
+            for p in expired {
+                let t = self.config.timeout;
+                self.complete(p, Err(ClientError::Timeout(t)));
+            }
+        }
+        let n = self.done.len();
+        out.append(&mut self.done);
+        n
+    }
+
+    fn on_message(&mut self, bytes: &[u8]) {
+        let Ok(f) = frame::decode(bytes) else {
+            return;
+        };
+        let Body::Response(r) = f.body else {
+            return;
+        };
+        let Some(mut p) = self.pending.remove(&f.header.request_id) else {
+            return; // late answer to an operation that timed out
+        };
+        let result = match r {
+            Response::Ok { version } => Ok(Output::Written { version }),
+            Response::Value { version, value } => Ok(Output::Value {
+                value: value.to_vec(),
+                version,
+            }),
+            Response::NotFound => Err(ClientError::NotFound),
+            Response::Segment { .. } => Err(ClientError::Server {
+                code: ErrorCode::Malformed,
+                detail: "unexpected segment grant".into(),
+            }),
+            Response::Error { code, term, detail } => {
+                let retry = matches!(
+                    code,
+                    ErrorCode::StaleTerm
+                        | ErrorCode::NotPrimary
+                        | ErrorCode::Busy
+                        | ErrorCode::Blocked
+                );
+                if retry && p.attempts < self.config.retries_max {
+                    p.attempts += 1;
+                    if matches!(code, ErrorCode::StaleTerm | ErrorCode::NotPrimary) {
+                        let _ = self.refresh();
+                    }
+                    p.sent_to = None;
+                    p.deadline = Instant::now() + self.config.timeout;
+                    self.queued.push_back(p);
+                    return;
+                }
+                Err(match code {
+                    ErrorCode::StaleTerm => ClientError::StaleTerm {
+                        ours: self.cluster.term,
+                        server: term,
+                    },
+                    ErrorCode::TooLarge => ClientError::TooLarge {
+                        what: "request",
+                        len: p.op.key().len(),
+                        max: KV_BYTES_MAX,
+                    },
+                    code => ClientError::Server {
+                        code,
+                        detail: detail.to_string(),
+                    },
+                })
+            }
+        };
+        self.complete(p, result);
+    }
+
+    /// Run one operation to completion.
+    pub fn execute(&mut self, op: Op) -> Result<Output, ClientError> {
+        let id = self.submit(op)?;
+        let mut out = Vec::new();
+        loop {
+            self.poll(&mut out);
+            if let Some(i) = out.iter().position(|c| c.id == id) {
+                let c = out.swap_remove(i);
+                // Others completed meanwhile stay for the next poll.
+                self.done.append(&mut out);
+                return c.result;
+            }
+            std::thread::yield_now();
+        }
+    }
+
+    /// The value of `key` (`NotFound` if absent or deleted).
+    pub fn get(&mut self, key: &[u8]) -> Result<Vec<u8>, ClientError> {
+        match self.execute(Op::Get { key: key.to_vec() })? {
+            Output::Value { value, .. } => Ok(value),
+            Output::Written { .. } => Err(ClientError::Server {
+                code: ErrorCode::Malformed,
+                detail: "a write acknowledgement answered a GET".into(),
+            }),
+        }
+    }
+
+    /// Store `value` under `key`; returns its version. Durable on every replica
+    /// when it returns.
+    pub fn put(&mut self, key: &[u8], value: &[u8]) -> Result<u64, ClientError> {
+        match self.execute(Op::Put {
+            key: key.to_vec(),
+            value: value.to_vec(),
+        })? {
+            Output::Written { version } => Ok(version),
+            Output::Value { .. } => Err(ClientError::Server {
+                code: ErrorCode::Malformed,
+                detail: "a value answered a PUT".into(),
+            }),
+        }
+    }
+
+    /// Delete `key`; returns the tombstone's version.
+    pub fn delete(&mut self, key: &[u8]) -> Result<u64, ClientError> {
+        match self.execute(Op::Del { key: key.to_vec() })? {
+            Output::Written { version } => Ok(version),
+            Output::Value { .. } => Err(ClientError::Server {
+                code: ErrorCode::Malformed,
+                detail: "a value answered a DEL".into(),
+            }),
+        }
+    }
+
+    /// The endpoint (tests send raw frames through it).
+    pub fn endpoint_mut(&mut self) -> &mut Endpoint<N> {
+        &mut self.ep
+    }
+
+    /// The peer of `server`'s worker this client talks to.
+    pub fn server_peer(&self, server: NodeId) -> Option<PeerId> {
+        self.servers.get(&server).copied()
+    }
+}

@@ -16,12 +16,15 @@ use rowankv_wire::frame::{self, HEADER_BYTES};
 use crate::replication::{BatchConfig, Strategy};
 use crate::version::VersionBook;
 
-/// Largest key + value of one PUT: its entry must fit one block of one RPC frame,
-/// so that every strategy — `rpc` included — can carry it (a 24 B entry header,
-/// padded to 64 B, inside a frame of `FRAME_BYTES_MAX_DEFAULT` less the RPC header).
-pub const KV_BYTES_MAX: usize =
-    (frame::FRAME_BYTES_MAX_DEFAULT - HEADER_BYTES) / entry::STRIDE_BYTES * entry::STRIDE_BYTES
-        - entry::HEADER_BYTES;
+pub use rowankv_wire::frame::KV_BYTES_MAX;
+
+// The wire's bound is the entry format's: one block of one RPC frame.
+const _: () = assert!(
+    KV_BYTES_MAX
+        == (frame::FRAME_BYTES_MAX_DEFAULT - HEADER_BYTES) / entry::STRIDE_BYTES
+            * entry::STRIDE_BYTES
+            - entry::HEADER_BYTES
+);
 
 /// A server's thread counts and timers.
 #[derive(Clone, Debug)]

@@ -71,6 +71,11 @@ pub const HEADER_BYTES: usize = 40;
 pub const FRAME_BYTES_MAX_DEFAULT: usize = 4096;
 /// The longest key RowanKV stores.
 pub const KEY_BYTES_MAX: usize = 1024;
+/// Largest key + value of one PUT. Its log entry (a 24 B header, padded to 64 B)
+/// must fit one block inside one frame of `FRAME_BYTES_MAX_DEFAULT` less this
+/// header, so that every replication strategy — RPC included — carries it whole.
+/// The server checks this against the engine's entry format at compile time.
+pub const KV_BYTES_MAX: usize = (FRAME_BYTES_MAX_DEFAULT - HEADER_BYTES) / 64 * 64 - 24;
 
 /// Fixed bytes of a Put body before the key: key_len u16, value_len u32.
 const PUT_FIXED_BYTES: usize = 2 + 4;
