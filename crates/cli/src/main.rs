@@ -12,6 +12,8 @@ use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
 use rowankv_bench::dlwa::{self, DlwaOptions, Mode};
 
+mod demo;
+
 #[derive(Parser)]
 #[command(
     name = "rowankv",
@@ -25,6 +27,9 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// The main job: a 3-server cluster on emulated PM, a load, YCSB-A with Rowan,
+    /// then a short comparison with the other replication strategies.
+    Demo(demo::DemoArgs),
     /// Run an experiment of the papers' evaluations.
     Bench {
         #[command(subcommand)]
@@ -40,6 +45,64 @@ enum BenchCommand {
     /// One server's engine: PUT/GET against an unpersisted DRAM map in the same run,
     /// DLWA of a PUT-only run, cold start.
     Engine(EngineArgs),
+    /// YCSB on an in-process cluster, replication strategies side by side (seed 000
+    /// §6.3). With no options: the paper's setting scaled to this machine.
+    Ycsb(YcsbArgs),
+}
+
+#[derive(Args)]
+struct YcsbArgs {
+    /// Workload: load, a, b, c, d, f.
+    #[arg(long, default_value = "a")]
+    workload: String,
+    /// Key distribution: zipfian (0.99), zipfian:THETA, uniform, latest.
+    #[arg(long)]
+    keys: Option<String>,
+    /// Object sizes: zippydb, up2x, udb, etc, sys, fixed:K:V.
+    #[arg(long, default_value = "zippydb")]
+    sizes: String,
+    /// Strategies to run side by side, comma-separated (rowan, rpc, rwrite, batch, share).
+    #[arg(long, value_delimiter = ',', default_value = "rowan")]
+    compare: Vec<String>,
+    /// Objects loaded before the measured phase.
+    #[arg(long)]
+    records: Option<u64>,
+    /// Length of the measured phase, seconds.
+    #[arg(long)]
+    seconds: Option<f64>,
+    #[arg(long)]
+    servers: Option<usize>,
+    /// Replication factor.
+    #[arg(long)]
+    rf: Option<u8>,
+    /// Worker roles per server.
+    #[arg(long)]
+    workers: Option<usize>,
+    #[arg(long)]
+    shards_per_server: Option<u16>,
+    /// Client load generators.
+    #[arg(long)]
+    clients: Option<usize>,
+    /// Operations in flight per client.
+    #[arg(long)]
+    depth: Option<usize>,
+    /// OS threads that run the cluster's roles.
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Media write bandwidth per DIMM, bytes/s (timing mode).
+    #[arg(long)]
+    media_bandwidth: Option<u64>,
+    /// Turn the media model's timing off (DLWA is still counted).
+    #[arg(long)]
+    no_media_timing: bool,
+    #[arg(long)]
+    seed: Option<u64>,
+    /// A small, fast run (smoke test).
+    #[arg(long)]
+    quick: bool,
+    /// Print one JSON object per strategy (an array).
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Args)]
@@ -111,7 +174,94 @@ fn main() -> Result<()> {
         Command::Bench {
             which: BenchCommand::Engine(args),
         } => bench_engine(args),
+        Command::Bench {
+            which: BenchCommand::Ycsb(args),
+        } => bench_ycsb(args),
+        Command::Demo(args) => demo::run(args),
     }
+}
+
+fn bench_ycsb(args: YcsbArgs) -> Result<()> {
+    use rowankv_bench::ycsb::{self, YcsbOptions};
+    let mut opts = YcsbOptions::default();
+    if args.quick {
+        opts.records = 20_000;
+        opts.seconds = 2.0;
+        opts.workers = 4;
+        opts.clients = 8;
+        opts.shards_per_server = 8;
+        opts.pool_bytes = 512 << 20;
+    }
+    opts.workload = args.workload.parse().map_err(anyhow::Error::msg)?;
+    opts.keys = match args.keys {
+        Some(k) => k.parse().map_err(anyhow::Error::msg)?,
+        None => opts.workload.default_key_dist(),
+    };
+    opts.sizes = args.sizes.parse().map_err(anyhow::Error::msg)?;
+    opts.strategies = args
+        .compare
+        .iter()
+        .map(|s| s.parse().map_err(anyhow::Error::msg))
+        .collect::<Result<_>>()?;
+    if let Some(v) = args.records {
+        opts.records = v;
+    }
+    if let Some(v) = args.seconds {
+        opts.seconds = v;
+    }
+    if let Some(v) = args.servers {
+        opts.servers = v;
+    }
+    if let Some(v) = args.rf {
+        opts.replication_factor = v;
+    }
+    if let Some(v) = args.workers {
+        opts.workers = v;
+    }
+    if let Some(v) = args.shards_per_server {
+        opts.shards_per_server = v;
+    }
+    if let Some(v) = args.clients {
+        opts.clients = v;
+    }
+    if let Some(v) = args.depth {
+        opts.depth = v;
+    }
+    if let Some(v) = args.threads {
+        opts.threads = v;
+    }
+    if let Some(v) = args.media_bandwidth {
+        opts.media_bandwidth = Some(v);
+    }
+    if args.no_media_timing {
+        opts.media_bandwidth = None;
+    }
+    if let Some(v) = args.seed {
+        opts.seed = v;
+    }
+    opts.progress = !args.json;
+    let results = ycsb::run(&opts)
+        .map_err(anyhow::Error::msg)
+        .context("YCSB")?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&results)?);
+    } else {
+        println!(
+            "YCSB-{} {} keys, {:?} sizes, {} servers, RF {}, {} workers/server, {} clients x {} deep, {} s; media timing {}",
+            opts.workload,
+            match opts.keys { rowankv_bench::ycsb::workload::KeyDist::Zipfian { theta } => format!("zipfian {theta}"), k => format!("{k:?}").to_lowercase() },
+            opts.sizes,
+            opts.servers,
+            opts.replication_factor,
+            opts.workers,
+            opts.clients,
+            opts.depth,
+            opts.seconds,
+            opts.media_bandwidth.map_or("off".to_string(), |b| format!("{} MB/s per DIMM", b / 1_000_000)),
+        );
+        print!("{}", ycsb::table(&results));
+    }
+    Ok(())
 }
 
 fn bench_dlwa(args: DlwaArgs) -> Result<()> {

@@ -1,1 +1,7 @@
+//! YCSB on RowanKV: workload generation (`workload`) and the cluster runner that
+//! compares replication strategies side by side (`runner`).
+
+pub mod runner;
 pub mod workload;
+
+pub use runner::{run, table, YcsbOptions, YcsbResult, SCALED_MEDIA_BANDWIDTH};
