@@ -23,9 +23,6 @@ pub fn run(args: DemoArgs) -> Result<()> {
     println!("all on the in-process loopback fabric.\n");
     let base = YcsbOptions {
         records: args.records,
-        workers: 8,
-        clients: 16,
-        shards_per_server: 16,
         pool_bytes: 1 << 30,
         ..YcsbOptions::default()
     };

@@ -34,7 +34,9 @@
 //! With [`MediaModelConfig::timing`] set, each DIMM keeps a virtual "busy until" time;
 //! every XPLine written to media advances it by `xpline_bytes / bandwidth`, and the
 //! thread whose write caused media writes waits until the DIMM has caught up (less a
-//! small slack), so that write amplification costs throughput as it does on Optane.
+//! slack: the time to write back one buffer's worth, at least 20 µs — see
+//! [`timing_slack_ns`]), so that write amplification costs throughput as it does on
+//! Optane.
 //!
 //! # Concurrency
 //! One `parking_lot::Mutex` per DIMM guards that DIMM's buffer and counters; there is
@@ -49,8 +51,20 @@ use parking_lot::Mutex;
 use crate::raw::CACHELINE_BYTES;
 use crate::PoolError;
 
-/// Time the waiting thread may run ahead of its DIMM's virtual clock.
+/// Least time a writer may run ahead of its DIMM's virtual clock.
 const TIMING_SLACK_NS: u64 = 20_000;
+
+/// How far a writer may run ahead of its DIMM's virtual clock: the time the DIMM
+/// takes to write back one write-combining buffer's worth of lines (its write
+/// queue absorbs that much before a writer stalls), and at least
+/// `TIMING_SLACK_NS`. At Optane's ~2 GB/s that is the 20 µs floor; at a bandwidth
+/// scaled down for an emulated cluster it grows in proportion, so a single
+/// write-back never stalls a writer that is within the bandwidth on average.
+pub fn timing_slack_ns(config: &MediaModelConfig, timing: &MediaTiming) -> u64 {
+    let buffer_ns = config.wc_buffer_bytes_per_dimm as u64 * 1_000_000_000
+        / timing.media_write_bytes_per_sec_per_dimm;
+    buffer_ns.max(TIMING_SLACK_NS)
+}
 /// Spins before a waiting thread starts yielding its core.
 const TIMING_SPINS_BEFORE_YIELD: u32 = 1_000;
 
@@ -295,6 +309,7 @@ impl MediaModel {
         let lines_per_chunk = c.interleave_bytes / CACHELINE_BYTES;
         let xplines_per_chunk = c.interleave_bytes / c.xpline_bytes;
         let mut wait_until_ns = 0u64;
+        let mut slack_ns = 0u64;
         let mut line = first_line;
         // One interleave chunk lives on one DIMM: take its lock once per chunk.
         while line < end_line {
@@ -322,11 +337,12 @@ impl MediaModel {
                         / t.media_write_bytes_per_sec_per_dimm;
                     dimm.busy_until_ns = dimm.busy_until_ns.max(now) + cost_ns;
                     wait_until_ns = wait_until_ns.max(dimm.busy_until_ns);
+                    slack_ns = timing_slack_ns(c, t);
                 }
             }
         }
         if wait_until_ns > 0 {
-            wait_for(wait_until_ns.saturating_sub(TIMING_SLACK_NS));
+            wait_for(wait_until_ns.saturating_sub(slack_ns));
         }
     }
 
@@ -560,8 +576,8 @@ mod tests {
         }
         assert_eq!(m.stats().media_bytes, evictions * 256);
         // The writer may run ahead only by the slack.
-        let floor =
-            media_write_duration(&timing, evictions * 256) - Duration::from_nanos(TIMING_SLACK_NS);
+        let slack = timing_slack_ns(&MediaModelConfig::default(), &timing);
+        let floor = media_write_duration(&timing, evictions * 256) - Duration::from_nanos(slack);
         assert!(
             start.elapsed() >= floor,
             "elapsed {:?} < {floor:?}",

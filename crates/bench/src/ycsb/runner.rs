@@ -60,7 +60,7 @@ pub struct YcsbOptions {
 /// scaled down from Optane's ~2 GB/s by the ratio of the loopback cluster's
 /// operation rate to the paper's, so that PM bandwidth binds here as it does in
 /// the paper's one-DIMM experiment (Figure 13(d)).
-pub const SCALED_MEDIA_BANDWIDTH: u64 = 40_000_000;
+pub const SCALED_MEDIA_BANDWIDTH: u64 = 4_000_000;
 
 impl Default for YcsbOptions {
     /// The paper's setting scaled to this machine.
