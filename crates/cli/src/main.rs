@@ -47,7 +47,7 @@ enum BenchCommand {
     Engine(EngineArgs),
     /// YCSB on an in-process cluster, replication strategies side by side (seed 000
     /// §6.3). With no options: the paper's setting scaled to this machine.
-    Ycsb(YcsbArgs),
+    Ycsb(Box<YcsbArgs>),
 }
 
 #[derive(Args)]
@@ -176,7 +176,7 @@ fn main() -> Result<()> {
         } => bench_engine(args),
         Command::Bench {
             which: BenchCommand::Ycsb(args),
-        } => bench_ycsb(args),
+        } => bench_ycsb(*args),
         Command::Demo(args) => demo::run(args),
     }
 }

@@ -40,7 +40,9 @@ mod pool;
 mod raw;
 
 pub use crash::CrashSim;
-pub use media::{media_write_duration, timing_slack_ns, MediaModel, MediaModelConfig, MediaStats, MediaTiming};
+pub use media::{
+    media_write_duration, timing_slack_ns, MediaModel, MediaModelConfig, MediaStats, MediaTiming,
+};
 pub use pool::{raw_store_persist, Medium, ParseMediumError, Pool, PoolError, PoolOptions};
 pub use raw::{flush_instruction, sfence, FlushInstruction, CACHELINE_BYTES};
 pub use rowankv_fabric::{PowerFailure, RegionMemory};

@@ -97,6 +97,7 @@ pub struct Cluster {
     servers: Vec<Arc<ServerShared<LoopbackNic>>>,
     executor: Option<Executor>,
     next_client: u32,
+    nics: Vec<LoopbackNic>,
     /// The backups' ends of remote-log connections, and their completion queues.
     _passive: (
         Vec<<LoopbackNic as Nic>::Qp>,
@@ -129,7 +130,7 @@ impl Cluster {
         .map_err(err("configuration"))?;
         let store: Arc<dyn CoordStore> = match &config.dir {
             Some(d) => Arc::new(
-                EmbeddedStore::open(&d.join("coordination.json"), clock.clone())
+                EmbeddedStore::open(d.join("coordination.json"), clock.clone())
                     .map_err(err("coordination store"))?,
             ),
             None => Arc::new(EmbeddedStore::in_memory(clock.clone())),
@@ -327,6 +328,7 @@ impl Cluster {
             }
         }
         Ok(Cluster {
+            nics,
             _passive: (passive_qps, passive_cqs),
             config,
             fabric,
@@ -367,6 +369,12 @@ impl Cluster {
         let id = NodeId(CLIENT_NODE_BASE + self.next_client);
         self.next_client += 1;
         self.fabric.attach(id).map_err(err("attaching a client"))
+    }
+
+    /// Server `i`'s NIC: another process on that server's machine (tests use it to
+    /// talk to peers over a connection that really comes from that server).
+    pub fn server_nic(&self, i: usize) -> LoopbackNic {
+        self.nics[i].clone()
     }
 
     /// Run another task (a load generator) on the cluster's executor.

@@ -8,6 +8,7 @@
 //!   of workers each, clients, the CM) runs this way on two cores.
 //! - `Dedicated`: one OS thread per task, named after its role (`s0-worker-3`,
 //!   `s0-control`, ...), as a deployed server pins one thread per core.
+//!
 //! The deterministic simulator steps the same tasks from one thread in an order
 //! drawn from its seed.
 //!

@@ -146,6 +146,19 @@ impl<N: Nic> Worker<N> {
             }
         };
         let h = f.header;
+        // Who sent it is what the connection says (the queue pair's remote node, as
+        // an RC connection authenticates it), not what the header claims.
+        let from = self.ep.remote(peer).map(|a| a.node);
+        if from != Some(h.sender) {
+            if !matches!(f.body, Body::Response(_)) {
+                let detail = format!(
+                    "header names sender {} on a connection from {from:?}",
+                    h.sender
+                );
+                self.reject(peer, h.request_id, ErrorCode::Malformed, &detail);
+            }
+            return;
+        }
         if let Body::Response(r) = f.body {
             let mut cx = ReplCtx {
                 env: self.envelope(0),

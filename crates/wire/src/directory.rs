@@ -71,10 +71,13 @@ pub enum ConnectError {
     Fabric(#[from] rowankv_fabric::FabricError),
 }
 
+/// Where to send a connection request for each (node, worker).
+type Acceptors = HashMap<(NodeId, u16), Sender<ConnectRequest>>;
+
 /// Registered acceptors by (node, worker). Cheap to clone.
 #[derive(Clone, Default)]
 pub struct Directory {
-    inner: Arc<RwLock<HashMap<(NodeId, u16), Sender<ConnectRequest>>>>,
+    inner: Arc<RwLock<Acceptors>>,
 }
 
 impl Directory {

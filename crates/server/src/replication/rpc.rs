@@ -15,8 +15,9 @@ use super::{Outcomes, ReplCtx, Replicator};
 pub(crate) struct RpcReplicator {
     peers: HashMap<NodeId, PeerId>,
     next_request: u64,
-    /// Request id → token.
-    pending: HashMap<u64, u64>,
+    /// Request id → (the peer it went to, token). A response counts only from
+    /// the connection its request went on.
+    pending: HashMap<u64, (PeerId, u64)>,
     /// Entries waiting for a credit: (backup, entry, token).
     queued: VecDeque<(NodeId, Vec<u8>, u64)>,
     queued_failures: Vec<(u64, String)>,
@@ -59,7 +60,7 @@ impl RpcReplicator {
         {
             Ok(()) => {
                 self.next_request += 1;
-                self.pending.insert(request_id, token);
+                self.pending.insert(request_id, (peer, token));
                 true
             }
             Err(SendError::Busy(..)) => false,
@@ -87,14 +88,24 @@ impl<N: Nic> Replicator<N> for RpcReplicator {
     fn on_response(
         &mut self,
         _cx: &mut ReplCtx<'_, N>,
-        _peer: PeerId,
+        peer: PeerId,
         request_id: u64,
         response: &Response<'_>,
         out: &mut Outcomes,
     ) {
-        let Some(token) = self.pending.remove(&request_id) else {
+        if self
+            .pending
+            .get(&request_id)
+            .is_none_or(|&(p, _)| p != peer)
+        {
+            tracing::warn!(
+                ?peer,
+                request_id,
+                "a response to no request of this peer, ignored"
+            );
             return;
-        };
+        }
+        let (_, token) = self.pending.remove(&request_id).expect("checked");
         match response {
             Response::Ok { .. } => out.acked.push(token),
             other => out

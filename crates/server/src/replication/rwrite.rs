@@ -299,17 +299,27 @@ impl<N: Nic> Replicator<N> for RwriteReplicator<N> {
     fn on_response(
         &mut self,
         cx: &mut ReplCtx<'_, N>,
-        _peer: PeerId,
+        peer: PeerId,
         request_id: u64,
         response: &Response<'_>,
         out: &mut Outcomes,
     ) {
-        let Some(backup) = self.grant_requests.remove(&request_id) else {
+        // A grant counts only from the connection its request went on.
+        let Some(&backup) = self.grant_requests.get(&request_id) else {
             return;
         };
         let Some(log) = self.logs.get_mut(&backup) else {
             return;
         };
+        if log.target.peer != peer {
+            tracing::warn!(
+                ?peer,
+                request_id,
+                "a grant from another connection, ignored"
+            );
+            return;
+        }
+        self.grant_requests.remove(&request_id);
         log.requested = log.requested.saturating_sub(1);
         match *response {
             Response::Segment {

@@ -192,14 +192,24 @@ impl<N: Nic> Replicator<N> for ShareReplicator<N> {
     fn on_response(
         &mut self,
         cx: &mut ReplCtx<'_, N>,
-        _peer: PeerId,
+        peer: PeerId,
         request_id: u64,
         response: &Response<'_>,
         _out: &mut Outcomes,
     ) {
-        let Some(backup) = self.grant_requests.remove(&request_id) else {
+        // A grant counts only from the connection its request went on.
+        let Some(&backup) = self.grant_requests.get(&request_id) else {
             return;
         };
+        if self.logs.get(&backup).is_none_or(|(_, t)| t.peer != peer) {
+            tracing::warn!(
+                ?peer,
+                request_id,
+                "a grant from another connection, ignored"
+            );
+            return;
+        }
+        self.grant_requests.remove(&request_id);
         if let Some((shared, _)) = self.logs.get(&backup) {
             let mut s = shared.inner.lock();
             s.requested = s.requested.saturating_sub(1);
