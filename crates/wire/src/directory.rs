@@ -106,19 +106,7 @@ impl Directory {
         worker: u16,
         timeout: Duration,
     ) -> Result<PeerId, ConnectError> {
-        let tx = self
-            .inner
-            .read()
-            .get(&(node, worker))
-            .cloned()
-            .ok_or(ConnectError::Unknown { node, worker })?;
-        let (peer, addr) = ep.open()?;
-        let (reply_tx, reply_rx) = channel::bounded(1);
-        tx.send(ConnectRequest {
-            from: addr,
-            reply: reply_tx,
-        })
-        .map_err(|_| ConnectError::Unknown { node, worker })?;
+        let (peer, reply_rx) = self.connect_async(ep, node, worker)?;
         let remote = reply_rx
             .recv_timeout(timeout)
             .map_err(|_| ConnectError::Timeout {
