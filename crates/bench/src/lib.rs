@@ -12,6 +12,8 @@
 //!   Rowan stream, with and without local sequential PM writers.
 //! - [`engine_bench`]: one server's engine — PUT/GET rates against a DRAM map, DLWA
 //!   of a PUT-only run, cold start.
+//! - [`ycsb`]: seed 000 §6.3 — YCSB on an in-process cluster, the five replication
+//!   strategies side by side (throughput, latency, DLWA per server, CPU per op).
 #![forbid(unsafe_code)]
 
 pub mod dlwa;

@@ -1,7 +1,8 @@
 //! `rowankv`: the one command line of RowanKV.
 //!
-//! Subcommands today: `bench dlwa` (seed 000 Figures 2 and 8) and `bench engine`
-//! (one server's engine). The command line only
+//! Subcommands today: `demo` (the main job: a 3-server cluster, YCSB-A with Rowan and
+//! a comparison of the replication strategies), `bench dlwa` (seed 000 Figures 2 and
+//! 8), `bench engine` (one server's engine) and `bench ycsb` (seed 000 §6.3). The command line only
 //! parses options, runs a library entry point and prints; all logic lives in the
 //! crates below it.
 #![forbid(unsafe_code)]

@@ -18,6 +18,12 @@
 //! when, for every shard, its MaxVer ≤ CommitVer — all its entries are durable on
 //! every replica — and only then may the cleaner collect it.
 //!
+//! A *passive* backup log (`passive`) has no receiver: the WRITE strategies' backups
+//! hand it segments their senders sealed (`enqueue_sealed`, used after the same
+//! grace period) and RPC backups their full per-thread b-log segments
+//! (`enqueue_used`); digest and commit are the same for all. `digest_now` digests
+//! one segment whatever its state, for a quiescent backup.
+//!
 //! After a restart, recovery has already indexed every b-log segment; the b-log's
 //! earlier segments are then considered committed (a standalone engine has no peer
 //! to ask; the cluster's cold start agrees on them with the other replicas first).
@@ -27,7 +33,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
-use rowankv_fabric::{Access, Nic, QpAddr, RegionMemory};
+use rowankv_fabric::{Access, MemoryRegion, Nic, QpAddr, RegionMemory};
 use rowankv_rowan::{ReceiverConfig, RowanReceiver};
 use rowankv_types::{SegmentId, ShardId};
 
@@ -35,6 +41,21 @@ use crate::engine::Ingested;
 use crate::entry::Assembler;
 use crate::segment::{Owner, SegmentState};
 use crate::{Engine, EngineError};
+
+/// Register `engine`'s data area (every segment) with `nic` for remote writes:
+/// where a NIC lands what primaries replicate, by Rowan into the b-log or by
+/// WRITE into granted segments. Offsets in the region are data-area offsets.
+pub fn register_data_area<N: Nic>(engine: &Engine, nic: &N) -> Result<MemoryRegion, EngineError> {
+    let layout = engine.layout();
+    let memory: Arc<dyn RegionMemory> = engine.pool().clone();
+    nic.register(
+        memory,
+        layout.data_offset,
+        layout.segment_count * layout.segment_size_bytes,
+        Access::REMOTE_WRITE,
+    )
+    .map_err(|e| EngineError::Config(format!("registering the data area: {e}")))
+}
 
 /// Configuration of the backup log.
 #[derive(Clone, Debug)]
@@ -108,15 +129,7 @@ impl<N: Nic> BackupLog<N> {
             ));
         }
         let layout = *engine.layout();
-        let memory: Arc<dyn RegionMemory> = engine.pool().clone();
-        let region = nic
-            .register(
-                memory,
-                layout.data_offset,
-                layout.segment_count * layout.segment_size_bytes,
-                Access::REMOTE_WRITE,
-            )
-            .map_err(|e| EngineError::Config(format!("registering the b-log: {e}")))?;
+        let region = register_data_area(&engine, &nic)?;
         let receiver = Some(
             RowanReceiver::new(
                 nic,

@@ -4,6 +4,12 @@
 //! Write path (a worker, `put`/`delete`): take the next version of the shard, encode
 //! the entry, append it to the worker's own t-log with non-temporal stores and drain
 //! (durable on return), then install it in the shard's index version-conditionally.
+//! A replicated write is split in two (seed 000 §4.1): the primary appends the entry
+//! it encoded, with the version it chose, to its t-log (`append_encoded`) and makes
+//! it visible (`publish`) only after every backup has it. A backup's worker that
+//! receives entries by RPC appends them to its per-thread b-log (`append_backup`);
+//! a full b-log segment is handed back to the caller for digest. Segments for logs
+//! that remote senders fill with WRITEs are allocated by `alloc_remote_segment`.
 //! Read path (`get`): look up the index, read the entry from PM, verify it (checksum,
 //! key) and return it; a tombstone (DEL) reads as absent.
 //!

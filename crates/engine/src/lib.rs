@@ -20,7 +20,7 @@ pub mod entry;
 pub mod index;
 pub mod segment;
 
-pub use blog::{BackupLog, BackupLogConfig, ControlReport};
+pub use blog::{register_data_area, BackupLog, BackupLogConfig, ControlReport};
 pub use engine::{CleanReport, Engine, EngineConfig, RecoveryReport, Written, WORKERS_MAX};
 pub use segment::{Owner, SegmentState};
 

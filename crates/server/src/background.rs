@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use rowankv_fabric::Nic;
 
-use crate::runtime::{Step, Task};
+use crate::runtime::{Periodic, Step, Task};
 use crate::server::ServerShared;
 
 /// The control role: Rowan's control path (§4.3) and commit of digested
@@ -14,15 +14,15 @@ use crate::server::ServerShared;
 pub struct ControlTask<N: Nic> {
     name: String,
     shared: Arc<ServerShared<N>>,
-    next_ns: u64,
+    period: Periodic,
 }
 
 impl<N: Nic> ControlTask<N> {
     pub fn new(shared: Arc<ServerShared<N>>) -> Self {
         ControlTask {
             name: format!("s{}-control", shared.node.0),
+            period: Periodic::new(shared.settings.control_interval_ns),
             shared,
-            next_ns: 0,
         }
     }
 }
@@ -36,10 +36,9 @@ impl<N: Nic> Task for ControlTask<N> {
         if self.shared.stopped() {
             return Step::Done;
         }
-        if now_ns < self.next_ns {
+        if !self.period.due(now_ns) {
             return Step::Idle;
         }
-        self.next_ns = now_ns + self.shared.settings.control_interval_ns;
         let mut did = false;
         match self.shared.blog.control_step(now_ns) {
             Ok(r) => did |= r.segments_used > 0 || r.segments_posted > 0,
@@ -96,16 +95,16 @@ pub struct CleanTask<N: Nic> {
     name: String,
     shared: Arc<ServerShared<N>>,
     c: usize,
-    next_ns: u64,
+    period: Periodic,
 }
 
 impl<N: Nic> CleanTask<N> {
     pub fn new(shared: Arc<ServerShared<N>>, c: usize) -> Self {
         CleanTask {
             name: format!("s{}-clean-{c}", shared.node.0),
+            period: Periodic::new(shared.settings.clean_interval_ns),
             shared,
             c,
-            next_ns: 0,
         }
     }
 }
@@ -119,10 +118,9 @@ impl<N: Nic> Task for CleanTask<N> {
         if self.shared.stopped() {
             return Step::Done;
         }
-        if now_ns < self.next_ns {
+        if !self.period.due(now_ns) {
             return Step::Idle;
         }
-        self.next_ns = now_ns + self.shared.settings.clean_interval_ns;
         match self.shared.engine.clean_as(self.c) {
             Ok(r) if r.segments_cleaned > 0 || r.segments_freed > 0 => Step::Worked,
             Ok(_) => Step::Idle,

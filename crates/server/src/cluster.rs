@@ -15,10 +15,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use rowankv_cm::{ConfigManager, CoordStore, EmbeddedStore};
-use rowankv_engine::{BackupLog, Engine, EngineConfig};
-use rowankv_fabric::{
-    Access, CqKind, Fabric, LoopbackFabric, LoopbackNic, Nic, QueuePair, RegionMemory,
-};
+use rowankv_engine::{register_data_area, BackupLog, Engine, EngineConfig};
+use rowankv_fabric::{CqKind, Fabric, LoopbackFabric, LoopbackNic, Nic, QueuePair};
 use rowankv_pmem::{MediaModelConfig, MediaStats, Medium, Pool, PoolOptions};
 use rowankv_rowan::RowanSender;
 use rowankv_types::{Clock, NodeId, SegmentId, SystemClock};
@@ -177,16 +175,7 @@ impl Cluster {
                 .map_err(err("backup log"))?,
             );
             if config.strategy.uses_remote_logs() {
-                let layout = *engine.layout();
-                let memory: Arc<dyn RegionMemory> = engine.pool().clone();
-                let mr = nic
-                    .register(
-                        memory,
-                        layout.data_offset,
-                        layout.segment_count * layout.segment_size_bytes,
-                        Access::REMOTE_WRITE,
-                    )
-                    .map_err(err("registering remote logs"))?;
+                let mr = register_data_area(&engine, &nic).map_err(err("remote logs"))?;
                 regions.push(Some(mr.remote()));
                 passive_cqs.push(Some(
                     nic.create_cq(CqKind::Ring { capacity: 1024 })

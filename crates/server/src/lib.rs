@@ -27,5 +27,5 @@ pub mod worker;
 
 pub use cluster::{Cluster, ClusterConfig, ClusterError, CLIENT_NODE_BASE};
 pub use replication::{BatchConfig, Strategy};
-pub use runtime::{Executor, Placement, Step, Task};
+pub use runtime::{Executor, Periodic, Placement, Step, Task};
 pub use server::{ServerSettings, ServerShared, ServerStats, KV_BYTES_MAX};

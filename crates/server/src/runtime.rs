@@ -15,7 +15,7 @@
 //! A thread that finds all its tasks idle for a while yields, then sleeps briefly,
 //! so an idle cluster does not hold the cores.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -32,6 +32,31 @@ pub enum Step {
     Worked,
     /// The task has ended (its server stopped or crashed); drop it.
     Done,
+}
+
+/// A gate that opens once per `interval_ns` (roles that run periodically).
+#[derive(Clone, Copy, Debug)]
+pub struct Periodic {
+    interval_ns: u64,
+    next_ns: u64,
+}
+
+impl Periodic {
+    pub fn new(interval_ns: u64) -> Periodic {
+        Periodic {
+            interval_ns,
+            next_ns: 0,
+        }
+    }
+
+    /// Whether the period has come round at `now_ns` (and start the next one).
+    pub fn due(&mut self, now_ns: u64) -> bool {
+        if now_ns < self.next_ns {
+            return false;
+        }
+        self.next_ns = now_ns + self.interval_ns;
+        true
+    }
 }
 
 /// A role: an event-driven state machine.
@@ -68,8 +93,6 @@ pub struct Executor {
     stop: Arc<AtomicBool>,
     threads: Vec<ThreadHandle>,
     next: usize,
-    /// Steps that did work, over all threads (for tests and reports).
-    worked: Arc<AtomicU64>,
 }
 
 impl Executor {
@@ -80,7 +103,6 @@ impl Executor {
             stop: Arc::new(AtomicBool::new(false)),
             threads: Vec::new(),
             next: 0,
-            worked: Arc::new(AtomicU64::new(0)),
         };
         if let Placement::Shared { threads } = placement {
             for i in 0..threads.max(1) {
@@ -94,10 +116,9 @@ impl Executor {
         let (tx, rx) = channel::unbounded();
         let stop = self.stop.clone();
         let clock = self.clock.clone();
-        let worked = self.worked.clone();
         let join = std::thread::Builder::new()
             .name(name)
-            .spawn(move || run_thread(tasks, rx, stop, clock, worked))
+            .spawn(move || run_thread(tasks, rx, stop, clock))
             .expect("spawning an executor thread");
         self.threads.push(ThreadHandle { inject: tx, join });
     }
@@ -115,11 +136,6 @@ impl Executor {
                 let _ = self.threads[i].inject.send(task);
             }
         }
-    }
-
-    /// Steps that did work so far.
-    pub fn steps_worked(&self) -> u64 {
-        self.worked.load(Ordering::Relaxed)
     }
 
     /// Stop every thread; returns the tasks still running.
@@ -141,20 +157,19 @@ fn run_thread(
     inject: Receiver<Box<dyn Task>>,
     stop: Arc<AtomicBool>,
     clock: Arc<dyn Clock>,
-    worked: Arc<AtomicU64>,
 ) -> Vec<Box<dyn Task>> {
     let mut idle_rounds = 0u32;
     while !stop.load(Ordering::Acquire) {
         while let Ok(t) = inject.try_recv() {
             tasks.push(t);
         }
-        let mut did = 0u64;
+        let mut did = false;
         let mut i = 0;
         while i < tasks.len() {
             match tasks[i].step(clock.now_ns()) {
                 Step::Idle => i += 1,
                 Step::Worked => {
-                    did += 1;
+                    did = true;
                     i += 1;
                 }
                 Step::Done => {
@@ -162,8 +177,7 @@ fn run_thread(
                 }
             }
         }
-        if did > 0 {
-            worked.fetch_add(did, Ordering::Relaxed);
+        if did {
             idle_rounds = 0;
         } else {
             idle_rounds = idle_rounds.saturating_add(1);

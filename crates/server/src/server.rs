@@ -95,6 +95,9 @@ pub struct ServerShared<N: Nic> {
     pub versions: VersionBook,
     pub stats: ServerStats,
     config: RwLock<Arc<Config>>,
+    /// Bumped whenever `config` is replaced, so roles can cache it and check one
+    /// atomic instead of taking the lock per request.
+    config_epoch: AtomicU64,
     cm: Arc<dyn ConfigSource>,
     /// Segments granted to remote logs: segment → (sender, log id).
     grants: Mutex<HashMap<u32, (NodeId, u32)>>,
@@ -124,6 +127,7 @@ impl<N: Nic> ServerShared<N> {
             versions,
             stats: ServerStats::default(),
             config: RwLock::new(config),
+            config_epoch: AtomicU64::new(0),
             cm,
             grants: Mutex::new(HashMap::new()),
             stopped: AtomicBool::new(false),
@@ -132,6 +136,11 @@ impl<N: Nic> ServerShared<N> {
 
     pub fn config(&self) -> Arc<Config> {
         self.config.read().clone()
+    }
+
+    /// Changes whenever the configuration is replaced.
+    pub fn config_epoch(&self) -> u64 {
+        self.config_epoch.load(Ordering::Acquire)
     }
 
     pub fn term(&self) -> Term {
@@ -144,6 +153,7 @@ impl<N: Nic> ServerShared<N> {
             let mut cur = self.config.write();
             if c.term > cur.term {
                 *cur = c;
+                self.config_epoch.fetch_add(1, Ordering::Release);
             }
         }
         self.config()

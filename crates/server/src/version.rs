@@ -75,13 +75,6 @@ impl VersionBook {
             }
         })
     }
-
-    /// Versions of `shard` in flight now.
-    pub fn inflight(&self, shard: ShardId) -> usize {
-        self.shards
-            .get(shard.0 as usize)
-            .map_or(0, |b| b.lock().inflight.len())
-    }
 }
 
 #[cfg(test)]

@@ -20,7 +20,8 @@ use std::sync::Arc;
 use rowankv_engine::entry::{self, Kind};
 use rowankv_engine::EngineError;
 use rowankv_fabric::Nic;
-use rowankv_types::{NodeId, SegmentId, ShardId, Term, Version};
+use rowankv_types::{NodeId, SegmentId, ShardId, Version};
+use rowankv_wire::config::Config;
 use rowankv_wire::directory::Acceptor;
 use rowankv_wire::endpoint::{Endpoint, Event, PeerId};
 use rowankv_wire::frame::{self, Body, Envelope, ErrorCode, Response};
@@ -68,6 +69,9 @@ pub struct Worker<N: Nic> {
     value_buf: Vec<u8>,
     last_commit_ns: u64,
     commit_sent: Vec<u64>,
+    /// The server's configuration as of `config_epoch` (refreshed once per step).
+    config: Arc<Config>,
+    config_epoch: u64,
 }
 
 impl<N: Nic> Worker<N> {
@@ -79,6 +83,8 @@ impl<N: Nic> Worker<N> {
         repl: Box<dyn Replicator<N>>,
     ) -> Self {
         let shards = shared.engine.config().shard_count as usize;
+        let config_epoch = shared.config_epoch();
+        let config = shared.config();
         Worker {
             name: format!("s{}-worker-{index}", shared.node.0),
             shared,
@@ -96,14 +102,24 @@ impl<N: Nic> Worker<N> {
             value_buf: Vec::with_capacity(frame::FRAME_BYTES_MAX_DEFAULT),
             last_commit_ns: 0,
             commit_sent: vec![0; shards],
+            config_epoch,
+            config,
+        }
+    }
+
+    /// Take the server's configuration if it was replaced.
+    fn sync_config(&mut self) {
+        let epoch = self.shared.config_epoch();
+        if epoch != self.config_epoch {
+            self.config_epoch = epoch;
+            self.config = self.shared.config();
         }
     }
 
     fn envelope(&self, request_id: u64) -> Envelope {
-        let config = self.shared.config();
         Envelope {
-            cluster_id: config.cluster_id,
-            term: config.term,
+            cluster_id: self.config.cluster_id,
+            term: self.config.term,
             request_id,
             sender: self.shared.node,
         }
@@ -126,7 +142,7 @@ impl<N: Nic> Worker<N> {
             _ => &stats.rejected_other,
         };
         counter.fetch_add(1, Ordering::Relaxed);
-        let term = self.shared.term();
+        let term = self.config.term;
         self.respond(peer, request_id, Response::Error { code, term, detail });
     }
 
@@ -169,20 +185,20 @@ impl<N: Nic> Worker<N> {
                 .on_response(&mut cx, peer, h.request_id, &r, &mut self.outcomes);
             return;
         }
-        let mut config = self.shared.config();
-        if h.cluster_id != config.cluster_id {
+        if h.cluster_id != self.config.cluster_id {
             let detail = format!(
                 "cluster {:#x}, this server belongs to {:#x}",
-                h.cluster_id, config.cluster_id
+                h.cluster_id, self.config.cluster_id
             );
             self.reject(peer, h.request_id, ErrorCode::WrongCluster, &detail);
             return;
         }
-        if h.term > config.term {
-            config = self.shared.refresh_config();
+        if h.term > self.config.term {
+            self.shared.refresh_config();
+            self.sync_config();
         }
-        if h.term != config.term {
-            let detail = format!("request term {}, server term {}", h.term, config.term);
+        if h.term != self.config.term {
+            let detail = format!("request term {}, server term {}", h.term, self.config.term);
             self.reject(peer, h.request_id, ErrorCode::StaleTerm, &detail);
             return;
         }
@@ -204,27 +220,21 @@ impl<N: Nic> Worker<N> {
     }
 
     /// The shard of `key` if this server is its primary.
-    fn primary_shard(
-        &mut self,
-        peer: PeerId,
-        request_id: u64,
-        key: &[u8],
-    ) -> Option<(ShardId, Vec<NodeId>)> {
-        let config = self.shared.config();
-        let s = config.shard_for_key(key);
+    fn primary_shard(&mut self, peer: PeerId, request_id: u64, key: &[u8]) -> Option<ShardId> {
+        let s = self.config.shard_for_key(key);
         if s.primary != self.shared.node {
             let detail = format!(
                 "{} is primary of {} in term {}",
-                s.primary, s.shard, config.term
+                s.primary, s.shard, self.config.term
             );
             self.reject(peer, request_id, ErrorCode::NotPrimary, &detail);
             return None;
         }
-        Some((s.shard, s.backups.clone()))
+        Some(s.shard)
     }
 
     fn handle_get(&mut self, peer: PeerId, request_id: u64, key: &[u8]) {
-        let Some((shard, _)) = self.primary_shard(peer, request_id, key) else {
+        let Some(shard) = self.primary_shard(peer, request_id, key) else {
             return;
         };
         self.shared.stats.gets.fetch_add(1, Ordering::Relaxed);
@@ -264,9 +274,15 @@ impl<N: Nic> Worker<N> {
         value: &[u8],
         now_ns: u64,
     ) {
-        let Some((shard, backups)) = self.primary_shard(peer, request_id, key) else {
+        let Some(shard) = self.primary_shard(peer, request_id, key) else {
             return;
         };
+        // A cheap handle on this step's configuration: the backups are read from it.
+        let config = Arc::clone(&self.config);
+        let backups = &config
+            .shard(shard)
+            .expect("a validated configuration")
+            .backups;
         if key.is_empty() {
             self.reject(peer, request_id, ErrorCode::Malformed, "empty key");
             return;
@@ -356,7 +372,7 @@ impl<N: Nic> Worker<N> {
             ep: &mut self.ep,
             now_ns,
         };
-        for b in backups {
+        for &b in backups {
             self.repl.replicate(&mut cx, b, &self.entry_buf, token);
         }
     }
@@ -439,7 +455,7 @@ impl<N: Nic> Worker<N> {
         }
         // Every block must verify and belong to a shard this server backs up for
         // the sender, before anything is appended.
-        let config = self.shared.config();
+        let config = Arc::clone(&self.config);
         let mut at = 0;
         while at < entries.len() {
             match entry::parse_block(&entries[at..]) {
@@ -496,7 +512,7 @@ impl<N: Nic> Worker<N> {
             self.reject(peer, request_id, ErrorCode::Malformed, &detail);
             return;
         }
-        let config = self.shared.config();
+        let config = Arc::clone(&self.config);
         if config.member(sender).is_none() || sender == self.shared.node {
             let detail = format!("{sender} is not a peer server");
             self.reject(peer, request_id, ErrorCode::Malformed, &detail);
@@ -545,7 +561,7 @@ impl<N: Nic> Worker<N> {
             return false;
         }
         self.last_commit_ns = now_ns;
-        let config = self.shared.config();
+        let config = Arc::clone(&self.config);
         let mtu = self.shared.engine.config().mtu_bytes;
         let mut did = false;
         for s in config.primary_shards(self.shared.node) {
@@ -586,16 +602,6 @@ impl<N: Nic> Worker<N> {
         }
         did
     }
-
-    /// Writes parked waiting for ACKs.
-    pub fn inflight(&self) -> usize {
-        self.inflight
-    }
-
-    /// This worker's term (for tests).
-    pub fn term(&self) -> Term {
-        self.shared.term()
-    }
 }
 
 impl<N: Nic> Task for Worker<N> {
@@ -607,6 +613,7 @@ impl<N: Nic> Task for Worker<N> {
         if self.shared.stopped() {
             return Step::Done;
         }
+        self.sync_config();
         let mut did = !self.acceptor.accept_pending(&mut self.ep).is_empty();
         let mut events = std::mem::take(&mut self.events);
         let mut data = std::mem::take(&mut self.data);

@@ -13,6 +13,9 @@
 //! Raw frames travel on a client's endpoint (`send_bytes`) to the worker the client
 //! is connected to; the answer is read by polling that endpoint.
 
+mod common;
+use common::recover_power_failure_image;
+
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -21,9 +24,7 @@ use std::time::{Duration, Instant};
 
 use rowankv_client::{Client, ClientConfig, ClientError, Completed, Op, Output};
 use rowankv_engine::entry::{self, Kind};
-use rowankv_engine::Engine;
 use rowankv_fabric::{FaultInjector, LoopbackNic};
-use rowankv_pmem::{Medium, Pool, PoolOptions, PowerFailure};
 use rowankv_server::{Cluster, ClusterConfig, ServerSettings, ServerShared, ServerStats, Strategy};
 use rowankv_types::{NodeId, ShardId, Term, Version};
 use rowankv_wire::config::{Config, ConfigError, ConfigSource};
@@ -1180,21 +1181,6 @@ fn a_segment_grant_that_seals_what_was_never_granted_is_malformed() {
         "nothing queued as sealed"
     );
     p.finish();
-}
-
-/// The image a power failure of `server` would leave now, recovered.
-fn recover_power_failure_image(server: &ServerShared<LoopbackNic>) -> Engine {
-    let image = server
-        .engine
-        .pool()
-        .crash()
-        .expect("the cluster runs with the crash simulator")
-        .image(PowerFailure::DropAll);
-    let pool = Pool::from_image(&image, PoolOptions::new(Medium::Emulated, image.len()))
-        .expect("a pool from the image");
-    Engine::open(pool, server.engine.config().clone())
-        .expect("recovering the image")
-        .0
 }
 
 /// Submit a PUT, then (if `forged` is given) send those bytes to the primary right

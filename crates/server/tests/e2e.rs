@@ -16,6 +16,9 @@
 //! Each random choice comes from a seed, printed by every failure message. Thread
 //! interleavings are not replayed by it; the per-key models do not depend on them.
 
+mod common;
+use common::recover_power_failure_image;
+
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -25,10 +28,8 @@ use std::time::{Duration, Instant};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use rowankv_client::{Client, ClientConfig, ClientError, Completed, Op, OpId, Output};
-use rowankv_engine::Engine;
 use rowankv_fabric::LoopbackNic;
-use rowankv_pmem::{Medium, Pool, PoolOptions, PowerFailure};
-use rowankv_server::{Cluster, ClusterConfig, ServerSettings, ServerShared, Strategy};
+use rowankv_server::{Cluster, ClusterConfig, ServerSettings, Strategy};
 use rowankv_types::{ShardId, Version};
 use rowankv_wire::config::Config;
 use rowankv_wire::directory::Directory;
@@ -439,22 +440,6 @@ fn clients_and_a_pipelined_client_agree_with_a_model(strategy: Strategy, seed: u
     model.extend(pipelined);
     check_replicas_agree(&cluster, &model, &format!("{strategy} (seed {seed:#x})"));
     cluster.shutdown();
-}
-
-/// The image a power failure of `server` would leave now, recovered by a fresh
-/// engine with the server's own engine configuration.
-fn recover_power_failure_image(server: &ServerShared<LoopbackNic>) -> Engine {
-    let image = server
-        .engine
-        .pool()
-        .crash()
-        .expect("the cluster runs with the crash simulator")
-        .image(PowerFailure::DropAll);
-    let pool = Pool::from_image(&image, PoolOptions::new(Medium::Emulated, image.len()))
-        .expect("a pool from the image");
-    let (engine, _report) = Engine::open(pool, server.engine.config().clone())
-        .unwrap_or_else(|e| panic!("recovering {}'s image: {e}", server.node));
-    engine
 }
 
 /// Keys spread over every shard: about `count / shards` per shard.

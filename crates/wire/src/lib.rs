@@ -1,5 +1,6 @@
 //! What RowanKV nodes say to each other: RPC frames (`frame`), the configuration
-//! the CM publishes (`config`), and the RPC endpoint over the fabric (`endpoint`).
+//! the CM publishes (`config`), the RPC endpoint over the fabric (`endpoint`), and
+//! in-process connection set-up between endpoints (`directory`).
 //!
 //! Servers and clients depend on this crate, never on each other or on the CM's
 //! implementation. Every decoder takes bytes from the network: it never panics and

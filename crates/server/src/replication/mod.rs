@@ -16,6 +16,7 @@
 mod rowan;
 mod rpc;
 mod rwrite;
+mod segments;
 mod share;
 
 use std::fmt;

@@ -3,11 +3,8 @@
 //! RWrite-KV and Batch-KV of seed 000 §6.1).
 //!
 //! A remote log is a chain of segments the backup grants on request
-//! (`GrantSegment`). The sender holds the segment it fills and one standby; when an
-//! entry does not fit in what is left, it seals the segment (the request for the
-//! next standby names it) and moves to the standby. Entries never straddle
-//! segments; the tail left is zeros, which ends the segment's log for digest. The
-//! backup digests a sealed segment after a grace period for WRITEs still in flight.
+//! ([`super::segments`]); the backup digests a sealed segment after a grace period
+//! for WRITEs still in flight.
 //!
 //! `batch` adds sender-side batching per backup: entries wait until 256 B are
 //! pending or 5 µs have passed since the first, then go in one WRITE.
@@ -16,9 +13,10 @@ use std::collections::{HashMap, VecDeque};
 
 use rowankv_fabric::{Completion, Nic, Op, QueuePair, RemoteRegion, WcStatus, WorkRequest};
 use rowankv_types::NodeId;
-use rowankv_wire::endpoint::{wr_id, PeerId, SendError, WR_TAG_SHIFT};
-use rowankv_wire::frame::{Body, Envelope, Response};
+use rowankv_wire::endpoint::{wr_id, PeerId, WR_TAG_SHIFT};
+use rowankv_wire::frame::Response;
 
+use super::segments::{grant_for, Reserve, SegmentChain};
 use super::{Outcomes, ReplCtx, Replicator, WR_TAG_REPL};
 
 /// Sender-side batching (`batch`).
@@ -38,15 +36,6 @@ impl Default for BatchConfig {
     }
 }
 
-/// A granted segment as the sender sees it.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Granted {
-    pub segment: u32,
-    /// Offset of the segment in the backup's registered data area.
-    pub offset: u64,
-    pub len_bytes: u64,
-}
-
 /// How to reach a backup: a queue pair for WRITEs (on the worker's completion
 /// queue), the backup's registered data area, and an RPC peer for grants.
 pub(crate) struct RemoteLogTarget<Q> {
@@ -55,17 +44,26 @@ pub(crate) struct RemoteLogTarget<Q> {
     pub peer: PeerId,
 }
 
+/// The tokens one WRITE acknowledges: one entry, or a batch.
+enum Tokens {
+    One(u64),
+    Many(Vec<u64>),
+}
+
+impl Tokens {
+    fn for_each(self, mut f: impl FnMut(u64)) {
+        match self {
+            Tokens::One(t) => f(t),
+            Tokens::Many(ts) => ts.into_iter().for_each(f),
+        }
+    }
+}
+
 struct RemoteLog<Q> {
     target: RemoteLogTarget<Q>,
-    current: Option<Granted>,
-    cursor: u64,
-    standby: Option<Granted>,
-    /// Grant requests sent and not answered.
-    requested: usize,
-    /// A seal to send with the next grant request (when the first try was busy).
-    seal_pending: Option<u32>,
-    /// Entries waiting for a segment: (bytes, tokens).
-    waiting: VecDeque<(Vec<u8>, Vec<u64>)>,
+    chain: SegmentChain,
+    /// Entries waiting for a segment, in order.
+    waiting: VecDeque<(Vec<u8>, Tokens)>,
     /// `batch`: bytes and tokens not yet written, and when the first arrived.
     batch: Vec<u8>,
     batch_tokens: Vec<u64>,
@@ -75,11 +73,12 @@ struct RemoteLog<Q> {
 pub(crate) struct RwriteReplicator<N: Nic> {
     /// This worker's log id at every backup.
     log_id: u32,
+    backups: Vec<NodeId>,
     logs: HashMap<NodeId, RemoteLog<N::Qp>>,
     batch: Option<BatchConfig>,
     next_wr: u64,
-    /// WRITE sequence → (backup, tokens).
-    inflight: HashMap<u64, Vec<u64>>,
+    /// WRITE sequence → the tokens it acknowledges.
+    inflight: HashMap<u64, Tokens>,
     next_request: u64,
     /// Grant request id → backup.
     grant_requests: HashMap<u64, NodeId>,
@@ -92,26 +91,23 @@ impl<N: Nic> RwriteReplicator<N> {
         targets: HashMap<NodeId, RemoteLogTarget<N::Qp>>,
         batch: Option<BatchConfig>,
     ) -> Self {
+        let mut backups: Vec<NodeId> = targets.keys().copied().collect();
+        backups.sort_unstable();
         RwriteReplicator {
             log_id,
+            backups,
             logs: targets
                 .into_iter()
                 .map(|(node, target)| {
-                    (
-                        node,
-                        RemoteLog {
-                            target,
-                            current: None,
-                            cursor: 0,
-                            standby: None,
-                            requested: 0,
-                            seal_pending: None,
-                            waiting: VecDeque::new(),
-                            batch: Vec::new(),
-                            batch_tokens: Vec::new(),
-                            batch_since_ns: 0,
-                        },
-                    )
+                    let log = RemoteLog {
+                        target,
+                        chain: SegmentChain::default(),
+                        waiting: VecDeque::new(),
+                        batch: Vec::new(),
+                        batch_tokens: Vec::new(),
+                        batch_since_ns: 0,
+                    };
+                    (node, log)
                 })
                 .collect(),
             batch,
@@ -123,127 +119,78 @@ impl<N: Nic> RwriteReplicator<N> {
         }
     }
 
-    /// Ask `backup` for segments until it has (or will have) a current one and a
-    /// standby; a pending seal rides on the first request.
     fn request_grants(&mut self, cx: &mut ReplCtx<'_, N>, backup: NodeId) {
-        let log_id = self.log_id;
-        let Some(log) = self.logs.get_mut(&backup) else {
-            return;
-        };
-        let have = log.current.is_some() as usize + log.standby.is_some() as usize;
-        let mut want = 2usize.saturating_sub(have + log.requested);
-        if log.seal_pending.is_some() && want == 0 && log.requested == 0 {
-            want = 1;
-        }
-        for _ in 0..want {
-            let request_id = self.next_request;
-            let env = Envelope {
-                request_id,
-                ..cx.env
-            };
-            let body = Body::GrantSegment {
-                log: log_id,
-                sealed: log.seal_pending,
-            };
-            match cx.ep.request(log.target.peer, &env, &body) {
-                Ok(()) => {
-                    self.next_request += 1;
-                    log.requested += 1;
-                    log.seal_pending = None;
-                    self.grant_requests.insert(request_id, backup);
-                }
-                Err(SendError::Busy(..)) => break,
-                Err(e) => {
-                    tracing::warn!(%backup, error = %e, "segment request failed");
-                    break;
-                }
-            }
+        if let Some(log) = self.logs.get_mut(&backup) {
+            let peer = log.target.peer;
+            log.chain.request_grants(
+                cx,
+                peer,
+                self.log_id,
+                backup,
+                &mut self.next_request,
+                &mut self.grant_requests,
+            );
         }
     }
 
     /// Write `bytes` (whole entries) for `tokens`, or queue them until a segment
-    /// is there. Returns whether it was written.
+    /// is there.
     fn write_or_wait(
         &mut self,
         cx: &mut ReplCtx<'_, N>,
         backup: NodeId,
-        bytes: Vec<u8>,
-        tokens: Vec<u64>,
+        bytes: &[u8],
+        tokens: Tokens,
     ) {
         let Some(log) = self.logs.get_mut(&backup) else {
-            for t in tokens {
-                self.failed.push((t, format!("no remote log at {backup}")));
-            }
+            tokens.for_each(|t| self.failed.push((t, format!("no remote log at {backup}"))));
             return;
         };
         if !log.waiting.is_empty() {
-            log.waiting.push_back((bytes, tokens));
+            log.waiting.push_back((bytes.to_vec(), tokens));
             return;
         }
-        match Self::try_write(log, &mut self.next_wr, &mut self.inflight, &bytes, &tokens) {
-            Ok(true) => {}
-            Ok(false) => {
-                log.waiting.push_back((bytes, tokens));
+        match Self::try_write(log, &mut self.next_wr, &mut self.inflight, bytes, tokens) {
+            Ok(None) => {}
+            Ok(Some(tokens)) => {
+                log.waiting.push_back((bytes.to_vec(), tokens));
                 self.request_grants(cx, backup);
             }
-            Err(why) => {
-                for t in tokens {
-                    self.failed.push((t, why.clone()));
-                }
-            }
+            Err((why, tokens)) => tokens.for_each(|t| self.failed.push((t, why.clone()))),
         }
     }
 
-    /// Post one WRITE if the current segment (or the standby, after sealing the
-    /// current one) has room. `Ok(false)`: no segment yet.
+    /// Post one WRITE if the chain has room. `Ok(Some(tokens))`: no segment yet,
+    /// the tokens handed back.
+    #[allow(clippy::type_complexity)]
     fn try_write(
         log: &mut RemoteLog<N::Qp>,
         next_wr: &mut u64,
-        inflight: &mut HashMap<u64, Vec<u64>>,
+        inflight: &mut HashMap<u64, Tokens>,
         bytes: &[u8],
-        tokens: &[u64],
-    ) -> Result<bool, String> {
-        let len = bytes.len() as u64;
-        loop {
-            let Some(cur) = log.current else {
-                match log.standby.take() {
-                    Some(s) => {
-                        log.current = Some(s);
-                        log.cursor = 0;
-                        continue;
-                    }
-                    None => return Ok(false),
-                }
-            };
-            if len > cur.len_bytes {
-                return Err(format!("{len} B entry larger than a segment"));
-            }
-            if log.cursor + len > cur.len_bytes {
-                // Seal: the next grant request carries it.
-                log.seal_pending = Some(cur.segment);
-                log.current = None;
-                continue;
-            }
-            let seq = *next_wr;
-            *next_wr += 1;
-            let remote = log.target.region.at(cur.offset + log.cursor);
-            let wr = WorkRequest::new(
-                wr_id(WR_TAG_REPL, seq),
-                Op::Write {
-                    data: bytes,
-                    remote,
-                    imm: None,
-                },
-            )
-            .persisted();
-            log.target
-                .qp
-                .post_send(&[wr])
-                .map_err(|e| format!("posting a WRITE: {e}"))?;
-            log.cursor += len;
-            inflight.insert(seq, tokens.to_vec());
-            return Ok(true);
+        tokens: Tokens,
+    ) -> Result<Option<Tokens>, (String, Tokens)> {
+        let at = match log.chain.reserve(bytes.len() as u64) {
+            Ok(Reserve::At(at)) => at,
+            Ok(Reserve::NoSpace) => return Ok(Some(tokens)),
+            Err(why) => return Err((why, tokens)),
+        };
+        let seq = *next_wr;
+        *next_wr += 1;
+        let wr = WorkRequest::new(
+            wr_id(WR_TAG_REPL, seq),
+            Op::Write {
+                data: bytes,
+                remote: log.target.region.at(at),
+                imm: None,
+            },
+        )
+        .persisted();
+        if let Err(e) = log.target.qp.post_send(&[wr]) {
+            return Err((format!("posting a WRITE: {e}"), tokens));
         }
+        inflight.insert(seq, tokens);
+        Ok(None)
     }
 
     fn flush_batch(&mut self, cx: &mut ReplCtx<'_, N>, backup: NodeId) {
@@ -254,15 +201,22 @@ impl<N: Nic> RwriteReplicator<N> {
             return;
         }
         let bytes = std::mem::take(&mut log.batch);
-        let tokens = std::mem::take(&mut log.batch_tokens);
-        self.write_or_wait(cx, backup, bytes, tokens);
+        let tokens = Tokens::Many(std::mem::take(&mut log.batch_tokens));
+        self.write_or_wait(cx, backup, &bytes, tokens);
+        // Keep the buffer's capacity for the next batch.
+        if let Some(log) = self.logs.get_mut(&backup) {
+            if log.batch.is_empty() {
+                log.batch = bytes;
+                log.batch.clear();
+            }
+        }
     }
 }
 
 impl<N: Nic> Replicator<N> for RwriteReplicator<N> {
     fn replicate(&mut self, cx: &mut ReplCtx<'_, N>, backup: NodeId, entry: &[u8], token: u64) {
         match self.batch {
-            None => self.write_or_wait(cx, backup, entry.to_vec(), vec![token]),
+            None => self.write_or_wait(cx, backup, entry, Tokens::One(token)),
             Some(b) => {
                 let Some(log) = self.logs.get_mut(&backup) else {
                     self.failed
@@ -287,12 +241,10 @@ impl<N: Nic> Replicator<N> for RwriteReplicator<N> {
             return;
         };
         if c.status == WcStatus::Success {
-            out.acked.extend(tokens);
+            tokens.for_each(|t| out.acked.push(t));
         } else {
-            for t in tokens {
-                out.failed
-                    .push((t, format!("remote-log WRITE: {:?}", c.status)));
-            }
+            let why = format!("remote-log WRITE: {:?}", c.status);
+            tokens.for_each(|t| out.failed.push((t, why.clone())));
         }
     }
 
@@ -304,60 +256,25 @@ impl<N: Nic> Replicator<N> for RwriteReplicator<N> {
         response: &Response<'_>,
         out: &mut Outcomes,
     ) {
-        // A grant counts only from the connection its request went on.
-        let Some(&backup) = self.grant_requests.get(&request_id) else {
+        let logs = &self.logs;
+        let Some(backup) = grant_for(&mut self.grant_requests, request_id, peer, |b| {
+            logs.get(&b).map(|l| l.target.peer)
+        }) else {
             return;
         };
         let Some(log) = self.logs.get_mut(&backup) else {
             return;
         };
-        if log.target.peer != peer {
-            tracing::warn!(
-                ?peer,
-                request_id,
-                "a grant from another connection, ignored"
-            );
-            return;
-        }
-        self.grant_requests.remove(&request_id);
-        log.requested = log.requested.saturating_sub(1);
-        match *response {
-            Response::Segment {
-                segment,
-                offset,
-                len_bytes,
-            } => {
-                let g = Granted {
-                    segment,
-                    offset,
-                    len_bytes,
-                };
-                if log.current.is_none() {
-                    log.current = Some(g);
-                    log.cursor = 0;
-                } else if log.standby.is_none() {
-                    log.standby = Some(g);
-                } else {
-                    tracing::warn!(%backup, segment, "a segment granted beyond need");
-                }
-            }
-            ref other => {
-                tracing::warn!(%backup, response = ?other, "segment request refused");
-            }
-        }
+        log.chain.on_grant(backup, response);
         // Entries waiting for space go now, in order.
         while let Some((bytes, tokens)) = log.waiting.pop_front() {
-            match Self::try_write(log, &mut self.next_wr, &mut self.inflight, &bytes, &tokens) {
-                Ok(true) => {}
-                Ok(false) => {
+            match Self::try_write(log, &mut self.next_wr, &mut self.inflight, &bytes, tokens) {
+                Ok(None) => {}
+                Ok(Some(tokens)) => {
                     log.waiting.push_front((bytes, tokens));
                     break;
                 }
-                Err(why) => {
-                    for t in tokens {
-                        out.failed.push((t, why.clone()));
-                    }
-                }
+                Err((why, tokens)) => tokens.for_each(|t| out.failed.push((t, why.clone()))),
             }
         }
         self.request_grants(cx, backup);
@@ -366,8 +283,8 @@ impl<N: Nic> Replicator<N> for RwriteReplicator<N> {
     fn tick(&mut self, cx: &mut ReplCtx<'_, N>, out: &mut Outcomes) -> bool {
         let mut did = !self.failed.is_empty();
         out.failed.append(&mut self.failed);
-        let backups: Vec<NodeId> = self.logs.keys().copied().collect();
-        for backup in backups {
+        for i in 0..self.backups.len() {
+            let backup = self.backups[i];
             if let Some(b) = self.batch {
                 let due = self.logs.get(&backup).is_some_and(|l| {
                     !l.batch.is_empty() && cx.now_ns >= l.batch_since_ns + b.timeout_ns
@@ -377,11 +294,11 @@ impl<N: Nic> Replicator<N> for RwriteReplicator<N> {
                     did = true;
                 }
             }
-            let needs = self.logs.get(&backup).is_some_and(|l| {
-                (l.current.is_none() || l.standby.is_none() || l.seal_pending.is_some())
-                    && l.requested == 0
-            });
-            if needs {
+            if self
+                .logs
+                .get(&backup)
+                .is_some_and(|l| l.chain.needs_grant())
+            {
                 self.request_grants(cx, backup);
             }
         }

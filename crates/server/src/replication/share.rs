@@ -11,67 +11,28 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 use rowankv_fabric::{Completion, Nic, Op, QueuePair, WcStatus, WorkRequest};
 use rowankv_types::NodeId;
-use rowankv_wire::endpoint::{wr_id, PeerId, SendError, WR_TAG_SHIFT};
-use rowankv_wire::frame::{Body, Envelope, Response};
+use rowankv_wire::endpoint::{wr_id, PeerId, WR_TAG_SHIFT};
+use rowankv_wire::frame::Response;
 
-use super::rwrite::Granted;
+use super::segments::{grant_for, Reserve, SegmentChain};
 use super::{Outcomes, RemoteLogTarget, ReplCtx, Replicator, SHARED_LOG_ID, WR_TAG_REPL};
+use crate::runtime::Periodic;
 
-#[derive(Default)]
-struct SharedInner {
-    current: Option<Granted>,
-    cursor: u64,
-    standby: Option<Granted>,
-    requested: usize,
-    seal_pending: Option<u32>,
-}
-
-/// The state of one shared remote log (one per backup server), shared by the
-/// sending server's workers.
+/// One shared remote log (one per backup server), shared by the sending
+/// server's workers.
 #[derive(Default)]
 pub(crate) struct SharedLog {
-    inner: Mutex<SharedInner>,
-}
-
-enum Reserve {
-    At(u64),
-    NoSpace,
+    chain: Mutex<SegmentChain>,
 }
 
 impl SharedLog {
     pub fn new() -> Arc<SharedLog> {
         Arc::new(SharedLog::default())
     }
-
-    fn reserve(&self, len: u64) -> Result<Reserve, String> {
-        let mut s = self.inner.lock();
-        loop {
-            let Some(cur) = s.current else {
-                match s.standby.take() {
-                    Some(g) => {
-                        s.current = Some(g);
-                        s.cursor = 0;
-                        continue;
-                    }
-                    None => return Ok(Reserve::NoSpace),
-                }
-            };
-            if len > cur.len_bytes {
-                return Err(format!("{len} B entry larger than a segment"));
-            }
-            if s.cursor + len > cur.len_bytes {
-                s.seal_pending = Some(cur.segment);
-                s.current = None;
-                continue;
-            }
-            let at = cur.offset + s.cursor;
-            s.cursor += len;
-            return Ok(Reserve::At(at));
-        }
-    }
 }
 
 pub(crate) struct ShareReplicator<N: Nic> {
+    backups: Vec<NodeId>,
     logs: HashMap<NodeId, (Arc<SharedLog>, RemoteLogTarget<N::Qp>)>,
     waiting: VecDeque<(NodeId, Vec<u8>, u64)>,
     next_wr: u64,
@@ -79,11 +40,20 @@ pub(crate) struct ShareReplicator<N: Nic> {
     next_request: u64,
     grant_requests: HashMap<u64, NodeId>,
     failed: Vec<(u64, String)>,
+    /// When to look at the shared chains again (they take a lock).
+    check: Periodic,
 }
+
+/// How often a worker checks whether a shared chain needs a grant or a seal sent
+/// (the worker that finds no space asks at once).
+const CHECK_INTERVAL_NS: u64 = 100_000;
 
 impl<N: Nic> ShareReplicator<N> {
     pub fn new(logs: HashMap<NodeId, (Arc<SharedLog>, RemoteLogTarget<N::Qp>)>) -> Self {
+        let mut backups: Vec<NodeId> = logs.keys().copied().collect();
+        backups.sort_unstable();
         ShareReplicator {
+            backups,
             logs,
             waiting: VecDeque::new(),
             next_wr: 1,
@@ -91,42 +61,20 @@ impl<N: Nic> ShareReplicator<N> {
             next_request: 1,
             grant_requests: HashMap::new(),
             failed: Vec::new(),
+            check: Periodic::new(CHECK_INTERVAL_NS),
         }
     }
 
     fn request_grants(&mut self, cx: &mut ReplCtx<'_, N>, backup: NodeId) {
-        let Some((shared, target)) = self.logs.get(&backup) else {
-            return;
-        };
-        let mut s = shared.inner.lock();
-        let have = s.current.is_some() as usize + s.standby.is_some() as usize;
-        let mut want = 2usize.saturating_sub(have + s.requested);
-        if s.seal_pending.is_some() && want == 0 && s.requested == 0 {
-            want = 1;
-        }
-        for _ in 0..want {
-            let request_id = self.next_request;
-            let env = Envelope {
-                request_id,
-                ..cx.env
-            };
-            let body = Body::GrantSegment {
-                log: SHARED_LOG_ID,
-                sealed: s.seal_pending,
-            };
-            match cx.ep.request(target.peer, &env, &body) {
-                Ok(()) => {
-                    self.next_request += 1;
-                    s.requested += 1;
-                    s.seal_pending = None;
-                    self.grant_requests.insert(request_id, backup);
-                }
-                Err(SendError::Busy(..)) => break,
-                Err(e) => {
-                    tracing::warn!(%backup, error = %e, "segment request failed");
-                    break;
-                }
-            }
+        if let Some((shared, target)) = self.logs.get(&backup) {
+            shared.chain.lock().request_grants(
+                cx,
+                target.peer,
+                SHARED_LOG_ID,
+                backup,
+                &mut self.next_request,
+                &mut self.grant_requests,
+            );
         }
     }
 
@@ -137,7 +85,9 @@ impl<N: Nic> ShareReplicator<N> {
                 .push((token, format!("no shared log at {backup}")));
             return true;
         };
-        match shared.reserve(bytes.len() as u64) {
+        // The reservation is the only shared step; the WRITE is posted after.
+        let reserved = shared.chain.lock().reserve(bytes.len() as u64);
+        match reserved {
             Ok(Reserve::At(offset)) => {
                 let seq = self.next_wr;
                 self.next_wr += 1;
@@ -197,46 +147,14 @@ impl<N: Nic> Replicator<N> for ShareReplicator<N> {
         response: &Response<'_>,
         _out: &mut Outcomes,
     ) {
-        // A grant counts only from the connection its request went on.
-        let Some(&backup) = self.grant_requests.get(&request_id) else {
+        let logs = &self.logs;
+        let Some(backup) = grant_for(&mut self.grant_requests, request_id, peer, |b| {
+            logs.get(&b).map(|(_, t)| t.peer)
+        }) else {
             return;
         };
-        if self.logs.get(&backup).is_none_or(|(_, t)| t.peer != peer) {
-            tracing::warn!(
-                ?peer,
-                request_id,
-                "a grant from another connection, ignored"
-            );
-            return;
-        }
-        self.grant_requests.remove(&request_id);
         if let Some((shared, _)) = self.logs.get(&backup) {
-            let mut s = shared.inner.lock();
-            s.requested = s.requested.saturating_sub(1);
-            match *response {
-                Response::Segment {
-                    segment,
-                    offset,
-                    len_bytes,
-                } => {
-                    let g = Granted {
-                        segment,
-                        offset,
-                        len_bytes,
-                    };
-                    if s.current.is_none() {
-                        s.current = Some(g);
-                        s.cursor = 0;
-                    } else if s.standby.is_none() {
-                        s.standby = Some(g);
-                    } else {
-                        tracing::warn!(%backup, segment, "a segment granted beyond need");
-                    }
-                }
-                ref other => {
-                    tracing::warn!(%backup, response = ?other, "segment request refused");
-                }
-            }
+            shared.chain.lock().on_grant(backup, response);
         }
         self.request_grants(cx, backup);
     }
@@ -257,13 +175,16 @@ impl<N: Nic> Replicator<N> for ShareReplicator<N> {
                 break;
             }
         }
-        let backups: Vec<NodeId> = self.logs.keys().copied().collect();
-        for backup in backups {
-            let needs = self.logs.get(&backup).is_some_and(|(shared, _)| {
-                let s = shared.inner.lock();
-                (s.current.is_none() || s.standby.is_none() || s.seal_pending.is_some())
-                    && s.requested == 0
-            });
+        if !self.check.due(cx.now_ns) {
+            out.failed.append(&mut self.failed);
+            return did;
+        }
+        for i in 0..self.backups.len() {
+            let backup = self.backups[i];
+            let needs = self
+                .logs
+                .get(&backup)
+                .is_some_and(|(shared, _)| shared.chain.lock().needs_grant());
             if needs {
                 self.request_grants(cx, backup);
             }

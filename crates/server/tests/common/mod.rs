@@ -1,0 +1,22 @@
+//! Helpers shared by the cluster tests.
+
+use rowankv_engine::Engine;
+use rowankv_fabric::LoopbackNic;
+use rowankv_pmem::{Medium, Pool, PoolOptions, PowerFailure};
+use rowankv_server::ServerShared;
+
+/// The image a power failure of `server` would leave now, recovered by a fresh
+/// engine with the server's own engine configuration.
+pub fn recover_power_failure_image(server: &ServerShared<LoopbackNic>) -> Engine {
+    let image = server
+        .engine
+        .pool()
+        .crash()
+        .expect("the cluster runs with the crash simulator")
+        .image(PowerFailure::DropAll);
+    let pool = Pool::from_image(&image, PoolOptions::new(Medium::Emulated, image.len()))
+        .expect("a pool from the image");
+    let (engine, _report) = Engine::open(pool, server.engine.config().clone())
+        .unwrap_or_else(|e| panic!("recovering {}'s image: {e}", server.node));
+    engine
+}
