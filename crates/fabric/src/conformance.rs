@@ -80,6 +80,7 @@ macro_rules! conformance_suite {
             heal_link_then_reset_recovers,
             delay_holds_request_until_deadline,
             delay_keeps_qp_order,
+            closed_peer_fails_held_writes,
             crash_node_fails_peers_and_self,
             reattached_node_has_fresh_rkeys,
             power_fail_hands_each_memory_once,
@@ -2175,6 +2176,34 @@ pub fn heal_link_then_reset_recovers<B: Backend>(b: &B) {
 }
 
 const DELAY_NS: u64 = 1_000_000;
+
+/// A queue pair destroyed at the target (a server removed from the
+/// configuration) fails the sender's requests, even those a delay held back from
+/// before the close: nothing lands after it.
+pub fn closed_peer_fails_held_writes<B: Backend>(b: &B) {
+    let clock = ManualClock::new();
+    let fabric = b.fabric_with_clock(clock.clone());
+    let p = pair(&fabric, EndpointConfig::single(), 8);
+    let target = region(&p.b.nic, 128, Access::ALL, 68);
+    let before = snapshot(&target);
+    assert_eq!(p.qb.peer(), Some(p.qa.addr()), "connected to the sender");
+    fabric.set_delay_ns(A, B, DELAY_NS);
+    let data = pattern(69, 24);
+    post(&p.qa, &[write(1, target.remote().at(0), &data)]);
+    p.qb.close();
+    assert_eq!(p.qb.state(), QpState::Error, "a closed QP is in the error state");
+    assert_eq!(p.qb.peer(), None, "a closed QP has no peer");
+    clock.advance_ns(DELAY_NS);
+    let c = wait_one(&p.a.send_cq, "the held WRITE");
+    assert_eq!((c.wr_id, c.status), (1, WcStatus::RetryExceeded), "{c:?}");
+    assert_eq!(snapshot(&target), before, "nothing landed after the close");
+    fabric.set_delay_ns(A, B, 0);
+    p.qa.reset().expect("reset the sender");
+    post(&p.qa, &[write(2, target.remote().at(0), &data)]);
+    let c = wait_one(&p.a.send_cq, "a WRITE after the close");
+    assert_eq!((c.wr_id, c.status), (2, WcStatus::RetryExceeded), "{c:?}");
+    assert_eq!(snapshot(&target), before, "nothing lands on a closed QP");
+}
 
 pub fn delay_holds_request_until_deadline<B: Backend>(b: &B) {
     let clock = ManualClock::new();

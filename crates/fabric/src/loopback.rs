@@ -998,6 +998,10 @@ impl QueuePair for LoopbackQp {
         }
     }
 
+    fn peer(&self) -> Option<QpAddr> {
+        *self.inner.peer_addr.read()
+    }
+
     fn connect(&self, remote: QpAddr) -> Result<(), FabricError> {
         let fabric = self
             .inner
@@ -1113,6 +1117,14 @@ impl QueuePair for LoopbackQp {
         q.retired.store(core.posted, Ordering::Release);
         q.state.store(STATE_READY, Ordering::Release);
         Ok(())
+    }
+
+    fn close(&self) {
+        let q = &self.inner;
+        let mut core = q.core.lock();
+        q.enter_error(&mut core);
+        core.peer = None;
+        *q.peer_addr.write() = None;
     }
 
     fn outstanding(&self) -> usize {

@@ -448,6 +448,8 @@ pub trait Nic: Send + Sync + Clone + 'static {
 pub trait QueuePair: Send + Sync + 'static {
     fn addr(&self) -> QpAddr;
     fn state(&self) -> QpState;
+    /// The remote queue pair this one is connected to.
+    fn peer(&self) -> Option<QpAddr>;
     /// Connect to a remote queue pair; both ends must connect to each other.
     fn connect(&self, remote: QpAddr) -> Result<(), FabricError>;
     /// Post work requests in order. Requests of one queue pair are executed in
@@ -455,6 +457,10 @@ pub trait QueuePair: Send + Sync + 'static {
     fn post_send(&self, wrs: &[WorkRequest<'_>]) -> Result<(), FabricError>;
     /// From the error state back to ready with the same peer (RESET→RTS).
     fn reset(&self) -> Result<(), FabricError>;
+    /// Tear the connection down for good (destroying the queue pair): requests
+    /// queued here are flushed, and the peer's requests on this connection fail
+    /// from now on, including those it posted earlier that a delay still holds.
+    fn close(&self);
     /// Work requests posted whose send-queue slots are not yet retired.
     fn outstanding(&self) -> usize;
 }
@@ -492,6 +498,12 @@ impl<Q: QueuePair> QueuePair for Arc<Q> {
     }
     fn reset(&self) -> Result<(), FabricError> {
         (**self).reset()
+    }
+    fn peer(&self) -> Option<QpAddr> {
+        (**self).peer()
+    }
+    fn close(&self) {
+        (**self).close()
     }
     fn outstanding(&self) -> usize {
         (**self).outstanding()

@@ -33,6 +33,8 @@
 
 use std::collections::VecDeque;
 
+use rowankv_types::NodeId;
+
 use rowankv_fabric::{
     CompletionQueue, CqKind, FabricError, MemoryRegion, Nic, Op, QpAddr, QueuePair, RecvBuffer,
     SharedReceiveQueue, SrqConfig, WorkRequest,
@@ -149,6 +151,21 @@ impl<N: Nic> RowanReceiver<N> {
         let addr = qp.addr();
         self.qps.push(qp);
         Ok(addr)
+    }
+
+    /// Destroy the queue pairs of every sender on `node` (a server removed from
+    /// the configuration): from now on its writes fail at its NIC and never land
+    /// here. Returns how many were closed.
+    pub fn disconnect(&mut self, node: NodeId) -> usize {
+        let before = self.qps.len();
+        self.qps.retain(|qp| {
+            let from_node = qp.peer().is_some_and(|p| p.node == node);
+            if from_node {
+                qp.close();
+            }
+            !from_node
+        });
+        before - self.qps.len()
     }
 
     /// Post buffers (offsets of `buffer_bytes` windows of the log region) in one

@@ -215,6 +215,15 @@ impl<N: Nic> Worker<N> {
                 self.handle_grant(peer, h.request_id, h.sender, log, sealed, now_ns)
             }
             Body::Ping => self.respond(peer, h.request_id, Response::Ok { version: 0 }),
+            Body::Lease
+            | Body::Prepare { .. }
+            | Body::Commit { .. }
+            | Body::Gather { .. }
+            | Body::Install { .. }
+            | Body::Ready { .. } => {
+                let detail = format!("{:?} goes to a server's control role", f.body.msg_type());
+                self.reject(peer, h.request_id, ErrorCode::UnknownType, &detail);
+            }
             Body::Response(_) => unreachable!("handled above"),
         }
     }

@@ -31,6 +31,12 @@
 //! | `Replicate`         | 4    | encoded log entries: the whole body, non-empty, a multiple of 64 B    |
 //! | `GrantSegment`      | 5    | `log u32, has_sealed u8 (0 or 1), sealed u32 (0 when has_sealed = 0)` |
 //! | `Ping`              | 6    | empty                                                                 |
+//! | `Lease`             | 7    | empty (a server renews its lease with the configuration manager)     |
+//! | `Prepare`           | 8    | `term u64` (a new configuration is in the coordination store)         |
+//! | `Commit`            | 9    | `term u64` (every server holds it: unblock)                           |
+//! | `Gather`            | 10   | `shard u16, cursor u32` (uncommitted entries of a shard, from cursor) |
+//! | `Install`           | 11   | `shard u16`, then encoded log entries (a non-empty multiple of 64 B)  |
+//! | `Ready`             | 12   | `shard u16, node u32` (`node` holds a full copy of `shard` now)       |
 //! | `Response`          | 0x80 | `status u8`, then per status (below)                                  |
 //!
 //! | status | response   | rest of the body                                                    |
@@ -40,6 +46,7 @@
 //! | 2      | `NotFound` | nothing                                                             |
 //! | 3      | `Segment`  | `segment u32, offset u64, len_bytes u64`                            |
 //! | 4      | `Error`    | `code u8, term u64 (the server's term), detail_len u16, detail (UTF-8)` |
+//! | 5      | `Entries`  | `next u32, more u8 (0 or 1), then encoded log entries (multiple of 64 B)` |
 //!
 //! # Invariants
 //!
@@ -55,11 +62,12 @@
 //!
 //! # Version history
 //!
-//! - 1: the first version.
+//! - 1: the first version (the failover messages, types 7–12 and `Entries`, came
+//!   before any deployment and did not change the version).
 
 use std::fmt;
 
-use rowankv_types::{NodeId, Term};
+use rowankv_types::{NodeId, ShardId, Term};
 
 /// The first two bytes of every frame.
 pub const MAGIC: [u8; 2] = *b"RK";
@@ -97,6 +105,11 @@ const STATUS_VALUE: u8 = 1;
 const STATUS_NOT_FOUND: u8 = 2;
 const STATUS_SEGMENT: u8 = 3;
 const STATUS_ERROR: u8 = 4;
+const STATUS_ENTRIES: u8 = 5;
+/// `shard u16, cursor u32`.
+const GATHER_BYTES: usize = 2 + 4;
+/// `shard u16, node u32`.
+const READY_BYTES: usize = 2 + 4;
 
 // key_len travels as a u16.
 const _: () = assert!(KEY_BYTES_MAX <= u16::MAX as usize);
@@ -143,6 +156,12 @@ pub enum MsgType {
     Replicate = 4,
     GrantSegment = 5,
     Ping = 6,
+    Lease = 7,
+    Prepare = 8,
+    Commit = 9,
+    Gather = 10,
+    Install = 11,
+    Ready = 12,
     Response = 0x80,
 }
 
@@ -155,6 +174,12 @@ impl MsgType {
             4 => MsgType::Replicate,
             5 => MsgType::GrantSegment,
             6 => MsgType::Ping,
+            7 => MsgType::Lease,
+            8 => MsgType::Prepare,
+            9 => MsgType::Commit,
+            10 => MsgType::Gather,
+            11 => MsgType::Install,
+            12 => MsgType::Ready,
             0x80 => MsgType::Response,
             _ => return None,
         })
@@ -185,6 +210,35 @@ pub enum Body<'a> {
         sealed: Option<u32>,
     },
     Ping,
+    /// A server renews its lease with the configuration manager (CM).
+    Lease,
+    /// The CM committed the configuration of `term` to the coordination store:
+    /// adopt it, block requests, drop connections to removed servers, answer.
+    Prepare {
+        term: Term,
+    },
+    /// Every server answered `Prepare` for `term` and the failed servers' leases
+    /// expired: unblock.
+    Commit {
+        term: Term,
+    },
+    /// The entries of `shard` that may not be on every replica, from `cursor`
+    /// (answered with `Response::Entries`).
+    Gather {
+        shard: ShardId,
+        cursor: u32,
+    },
+    /// Encoded log entries of `shard` to install (promotion's scatter,
+    /// re-replication, cold start): non-empty, a multiple of 64 B.
+    Install {
+        shard: ShardId,
+        entries: &'a [u8],
+    },
+    /// Re-replication of `shard` to `node` is complete.
+    Ready {
+        shard: ShardId,
+        node: NodeId,
+    },
     Response(Response<'a>),
 }
 
@@ -198,6 +252,12 @@ impl Body<'_> {
             Body::Replicate { .. } => MsgType::Replicate,
             Body::GrantSegment { .. } => MsgType::GrantSegment,
             Body::Ping => MsgType::Ping,
+            Body::Lease => MsgType::Lease,
+            Body::Prepare { .. } => MsgType::Prepare,
+            Body::Commit { .. } => MsgType::Commit,
+            Body::Gather { .. } => MsgType::Gather,
+            Body::Install { .. } => MsgType::Install,
+            Body::Ready { .. } => MsgType::Ready,
             Body::Response(_) => MsgType::Response,
         }
     }
@@ -221,18 +281,22 @@ impl Body<'_> {
                 // Saturating: an absurd value length must end in TooLarge, not overflow.
                 (PUT_FIXED_BYTES + key.len()).saturating_add(value.len())
             }
-            Body::Replicate { entries } => {
-                if entries.is_empty() || !entries.len().is_multiple_of(ENTRY_ALIGN_BYTES) {
+            Body::Replicate { entries } => check_entries(entries, "replicate")?,
+            Body::GrantSegment { .. } => GRANT_SEGMENT_BYTES,
+            Body::Ping | Body::Lease => 0,
+            Body::Prepare { .. } | Body::Commit { .. } => 8,
+            Body::Gather { .. } => GATHER_BYTES,
+            Body::Install { entries, .. } => 2 + check_entries(entries, "install")?,
+            Body::Ready { .. } => READY_BYTES,
+            Body::Response(Response::Entries { entries, .. }) => {
+                if !entries.len().is_multiple_of(ENTRY_ALIGN_BYTES) {
                     return Err(FrameError::FieldLength(format!(
-                        "replicate entries must be a non-empty multiple of \
-                         {ENTRY_ALIGN_BYTES} bytes, got {} bytes",
+                        "entries must be a multiple of {ENTRY_ALIGN_BYTES} bytes, got {} bytes",
                         entries.len()
                     )));
                 }
-                entries.len()
+                1 + 4 + 1 + entries.len()
             }
-            Body::GrantSegment { .. } => GRANT_SEGMENT_BYTES,
-            Body::Ping => 0,
             Body::Response(Response::Ok { .. }) => 1 + 8,
             Body::Response(Response::Value { value, .. }) => {
                 VALUE_RESPONSE_FIXED_BYTES.saturating_add(value.len())
@@ -251,6 +315,18 @@ impl Body<'_> {
             }
         })
     }
+}
+
+/// The length of a non-empty, 64 B-aligned run of entries, or why it is not one.
+fn check_entries(entries: &[u8], what: &str) -> Result<usize, FrameError> {
+    if entries.is_empty() || !entries.len().is_multiple_of(ENTRY_ALIGN_BYTES) {
+        return Err(FrameError::FieldLength(format!(
+            "{what}: entries must be a non-empty multiple of {ENTRY_ALIGN_BYTES} bytes, \
+             got {} bytes",
+            entries.len()
+        )));
+    }
+    Ok(entries.len())
 }
 
 /// The answer to any request, matched to it by `request_id`.
@@ -274,6 +350,12 @@ pub enum Response<'a> {
         code: ErrorCode,
         term: Term,
         detail: &'a str,
+    },
+    /// A page of a `Gather`: encoded entries; `more`: ask again from `next`.
+    Entries {
+        next: u32,
+        more: bool,
+        entries: &'a [u8],
     },
 }
 
@@ -301,6 +383,9 @@ pub enum ErrorCode {
     WrongCluster = 9,
     /// A fault inside the server.
     Internal = 10,
+    /// The sender is not a member of the configuration (a server removed by
+    /// failover), or the receiver is not the active configuration manager.
+    NotMember = 11,
 }
 
 impl ErrorCode {
@@ -316,6 +401,7 @@ impl ErrorCode {
             8 => ErrorCode::OutOfSpace,
             9 => ErrorCode::WrongCluster,
             10 => ErrorCode::Internal,
+            11 => ErrorCode::NotMember,
             _ => return None,
         })
     }
@@ -334,6 +420,7 @@ impl fmt::Display for ErrorCode {
             ErrorCode::OutOfSpace => "out of space",
             ErrorCode::WrongCluster => "wrong cluster",
             ErrorCode::Internal => "internal error",
+            ErrorCode::NotMember => "not a member",
         })
     }
 }
@@ -440,7 +527,22 @@ pub fn encode(
             out.push(u8::from(sealed.is_some()));
             out.extend_from_slice(&sealed.unwrap_or(0).to_le_bytes());
         }
-        Body::Ping => {}
+        Body::Ping | Body::Lease => {}
+        Body::Prepare { term } | Body::Commit { term } => {
+            out.extend_from_slice(&term.0.to_le_bytes())
+        }
+        Body::Gather { shard, cursor } => {
+            out.extend_from_slice(&shard.0.to_le_bytes());
+            out.extend_from_slice(&cursor.to_le_bytes());
+        }
+        Body::Install { shard, entries } => {
+            out.extend_from_slice(&shard.0.to_le_bytes());
+            out.extend_from_slice(entries);
+        }
+        Body::Ready { shard, node } => {
+            out.extend_from_slice(&shard.0.to_le_bytes());
+            out.extend_from_slice(&node.0.to_le_bytes());
+        }
         Body::Response(response) => match response {
             Response::Ok { version } => {
                 out.push(STATUS_OK);
@@ -469,6 +571,16 @@ pub fn encode(
                 out.extend_from_slice(&term.0.to_le_bytes());
                 put_u16(out, detail.len());
                 out.extend_from_slice(detail.as_bytes());
+            }
+            Response::Entries {
+                next,
+                more,
+                entries,
+            } => {
+                out.push(STATUS_ENTRIES);
+                out.extend_from_slice(&next.to_le_bytes());
+                out.push(u8::from(*more));
+                out.extend_from_slice(entries);
             }
         },
     }
@@ -565,14 +677,43 @@ fn decode_body(msg_type: MsgType, bytes: &[u8]) -> Result<Body<'_>, FrameError> 
             Body::Put { key, value }
         }
         MsgType::Replicate => {
-            if bytes.is_empty() || !bytes.len().is_multiple_of(ENTRY_ALIGN_BYTES) {
-                return Err(FrameError::FieldLength(format!(
-                    "replicate: entries must be a non-empty multiple of \
-                     {ENTRY_ALIGN_BYTES} bytes, got {} bytes",
-                    bytes.len()
-                )));
-            }
+            check_entries(bytes, "replicate")?;
             Body::Replicate { entries: bytes }
+        }
+        MsgType::Lease => {
+            Reader::new(bytes, "lease").finish()?;
+            Body::Lease
+        }
+        MsgType::Prepare | MsgType::Commit => {
+            let mut r = Reader::new(bytes, "prepare/commit");
+            let term = Term(r.u64("term")?);
+            r.finish()?;
+            if msg_type == MsgType::Prepare {
+                Body::Prepare { term }
+            } else {
+                Body::Commit { term }
+            }
+        }
+        MsgType::Gather => {
+            let mut r = Reader::new(bytes, "gather");
+            let shard = ShardId(r.u16("shard")?);
+            let cursor = r.u32("cursor")?;
+            r.finish()?;
+            Body::Gather { shard, cursor }
+        }
+        MsgType::Install => {
+            let mut r = Reader::new(bytes, "install");
+            let shard = ShardId(r.u16("shard")?);
+            let entries = r.take(r.bytes.len(), "entries")?;
+            check_entries(entries, "install")?;
+            Body::Install { shard, entries }
+        }
+        MsgType::Ready => {
+            let mut r = Reader::new(bytes, "ready");
+            let shard = ShardId(r.u16("shard")?);
+            let node = NodeId(r.u32("node")?);
+            r.finish()?;
+            Body::Ready { shard, node }
         }
         MsgType::GrantSegment => {
             let mut r = Reader::new(bytes, "grant_segment");
@@ -631,6 +772,30 @@ fn decode_response(bytes: &[u8]) -> Result<Response<'_>, FrameError> {
             let detail = r.take(detail_len, "detail")?;
             let detail = std::str::from_utf8(detail).map_err(|_| FrameError::BadUtf8)?;
             Response::Error { code, term, detail }
+        }
+        STATUS_ENTRIES => {
+            let next = r.u32("next")?;
+            let more = match r.u8("more")? {
+                0 => false,
+                1 => true,
+                other => {
+                    return Err(FrameError::FieldLength(format!(
+                        "entries: more must be 0 or 1, got {other}"
+                    )))
+                }
+            };
+            let entries = r.take(r.bytes.len(), "entries")?;
+            if !entries.len().is_multiple_of(ENTRY_ALIGN_BYTES) {
+                return Err(FrameError::FieldLength(format!(
+                    "entries: must be a multiple of {ENTRY_ALIGN_BYTES} bytes, got {} bytes",
+                    entries.len()
+                )));
+            }
+            Response::Entries {
+                next,
+                more,
+                entries,
+            }
         }
         status => return Err(FrameError::BadStatus(status)),
     };

@@ -2,7 +2,7 @@
 //! decoder with arbitrary, truncated and mutated input.
 
 use proptest::prelude::*;
-use rowankv_types::{NodeId, Term};
+use rowankv_types::{NodeId, ShardId, Term};
 use rowankv_wire::frame::{
     decode, decode_header, encode, put_value_bytes_max, value_response_bytes_max, Body, Envelope,
     ErrorCode, FrameError, MsgType, Response, FRAME_BYTES_MAX_DEFAULT, HEADER_BYTES, KEY_BYTES_MAX,
@@ -83,6 +83,31 @@ fn samples(entries: &[u8]) -> Vec<Body<'_>> {
             sealed: Some(0),
         },
         Body::Ping,
+        Body::Lease,
+        Body::Prepare { term: Term(9) },
+        Body::Commit { term: Term(u64::MAX) },
+        Body::Gather {
+            shard: ShardId(7),
+            cursor: 1234,
+        },
+        Body::Install {
+            shard: ShardId(u16::MAX),
+            entries,
+        },
+        Body::Ready {
+            shard: ShardId(3),
+            node: NodeId(2),
+        },
+        Body::Response(Response::Entries {
+            next: 17,
+            more: true,
+            entries,
+        }),
+        Body::Response(Response::Entries {
+            next: 0,
+            more: false,
+            entries: &[],
+        }),
         Body::Response(Response::Ok { version: 1 << 40 }),
         Body::Response(Response::Value {
             version: 12,
@@ -131,8 +156,8 @@ fn every_body_and_response_round_trips() {
 
 #[test]
 fn every_error_code_round_trips() {
-    for b in 1..=10 {
-        let code = ErrorCode::from_u8(b).expect("codes 1..=10 exist");
+    for b in 1..=11 {
+        let code = ErrorCode::from_u8(b).expect("codes 1..=11 exist");
         let body = Body::Response(Response::Error {
             code,
             term: Term(3),
@@ -142,7 +167,7 @@ fn every_error_code_round_trips() {
         assert!(!code.to_string().is_empty());
     }
     assert_eq!(ErrorCode::from_u8(0), None);
-    assert_eq!(ErrorCode::from_u8(11), None);
+    assert_eq!(ErrorCode::from_u8(12), None);
 }
 
 #[test]
@@ -154,6 +179,12 @@ fn msg_types_map_to_their_bytes() {
         (MsgType::Replicate, 4),
         (MsgType::GrantSegment, 5),
         (MsgType::Ping, 6),
+        (MsgType::Lease, 7),
+        (MsgType::Prepare, 8),
+        (MsgType::Commit, 9),
+        (MsgType::Gather, 10),
+        (MsgType::Install, 11),
+        (MsgType::Ready, 12),
         (MsgType::Response, 0x80),
     ];
     for (t, b) in all {
@@ -161,7 +192,7 @@ fn msg_types_map_to_their_bytes() {
         assert_eq!(MsgType::from_u8(b), Some(t));
     }
     assert_eq!(MsgType::from_u8(0), None);
-    assert_eq!(MsgType::from_u8(7), None);
+    assert_eq!(MsgType::from_u8(13), None);
     assert_eq!(MsgType::from_u8(0x81), None);
 }
 
@@ -436,7 +467,7 @@ fn bad_utf8_in_detail_is_rejected() {
 
 #[test]
 fn unknown_status_is_rejected() {
-    for status in [5u8, 0x7F, 0xFF] {
+    for status in [6u8, 0x7F, 0xFF] {
         assert_eq!(
             decode(&raw_frame(0x80, &[status])),
             Err(FrameError::BadStatus(status))
@@ -446,7 +477,7 @@ fn unknown_status_is_rejected() {
 
 #[test]
 fn unknown_error_code_is_rejected() {
-    for code in [0u8, 11, 0xFF] {
+    for code in [0u8, 12, 0xFF] {
         assert_eq!(
             decode(&raw_frame(0x80, &error_body(code, b""))),
             Err(FrameError::BadErrorCode(code))
@@ -768,6 +799,13 @@ proptest! {
             Body::Replicate { entries: &entries },
             Body::GrantSegment { log, sealed },
             Body::Ping,
+            Body::Lease,
+            Body::Prepare { term: Term(log as u64) },
+            Body::Commit { term: Term(log as u64 + 1) },
+            Body::Gather { shard: ShardId(blocks as u16), cursor: log },
+            Body::Install { shard: ShardId(log as u16), entries: &entries },
+            Body::Ready { shard: ShardId(blocks as u16), node: NodeId(log) },
+            Body::Response(Response::Entries { next: log, more: sealed.is_some(), entries: &entries }),
         ] {
             encode(&mut out, &env, &body, MAX).unwrap();
             prop_assert_eq!(decode(&out).unwrap().body, body);
@@ -785,7 +823,7 @@ proptest! {
     /// A valid header over an arbitrary body exercises every body parser.
     #[test]
     fn decode_never_panics_on_arbitrary_bodies(
-        msg_type in prop_oneof![1u8..=6, Just(0x80u8), any::<u8>()],
+        msg_type in prop_oneof![1u8..=12, Just(0x80u8), any::<u8>()],
         body in proptest::collection::vec(any::<u8>(), 0..300),
     ) {
         if let Ok(frame) = decode(&raw_frame(msg_type, &body)) {
@@ -821,4 +859,24 @@ proptest! {
         }
         let _ = decode(&out);
     }
+}
+
+#[test]
+fn failover_bodies_refuse_bad_lengths_and_flags() {
+    // Install without entries, or with a ragged run of them.
+    assert!(decode(&raw_frame(11, &[1, 0])).is_err(), "empty install");
+    let mut ragged = vec![1, 0];
+    ragged.extend_from_slice(&[0u8; 65]);
+    assert!(decode(&raw_frame(11, &ragged)).is_err(), "ragged install");
+    // Prepare with a short term; Gather and Ready with trailing bytes.
+    assert!(decode(&raw_frame(8, &[0; 7])).is_err(), "short prepare");
+    assert!(decode(&raw_frame(10, &[0; 7])).is_err(), "long gather");
+    assert!(decode(&raw_frame(12, &[0; 5])).is_err(), "short ready");
+    // Entries whose `more` flag is neither 0 nor 1.
+    let mut body = vec![5u8];
+    body.extend_from_slice(&3u32.to_le_bytes());
+    body.push(2);
+    assert!(decode(&raw_frame(0x80, &body)).is_err(), "more = 2");
+    // NotMember is a known error code.
+    assert_eq!(ErrorCode::from_u8(11), Some(ErrorCode::NotMember));
 }
