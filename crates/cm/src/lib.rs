@@ -29,7 +29,9 @@
 #![forbid(unsafe_code)]
 
 pub mod manager;
+pub mod plan;
 pub mod store;
 
-pub use manager::{ActiveLease, CmError, ConfigManager, CM_LEASE_KEY, CONFIG_KEY};
+pub use manager::{ActiveLease, CmError, ConfigManager, StoreSource, CM_LEASE_KEY, CONFIG_KEY};
+pub use plan::{plan_failover, plan_ready};
 pub use store::{CoordStore, EmbeddedStore, Guard, LeaseId, Revision, StoreError};

@@ -310,6 +310,28 @@ impl ConfigSource for ConfigManager {
     }
 }
 
+/// The configuration as the coordination store holds it, read afresh on every
+/// fetch: what servers and clients consult, whichever CM is active.
+pub struct StoreSource {
+    store: Arc<dyn CoordStore>,
+}
+
+impl StoreSource {
+    pub fn new(store: Arc<dyn CoordStore>) -> StoreSource {
+        StoreSource { store }
+    }
+}
+
+impl ConfigSource for StoreSource {
+    fn fetch(&self) -> Result<Arc<Config>, ConfigError> {
+        match self.store.get(CONFIG_KEY) {
+            Ok(Some((bytes, _))) => Config::from_json(&bytes).map(Arc::new),
+            Ok(None) => Err(ConfigError::Decode(format!("no configuration under {CONFIG_KEY}"))),
+            Err(e) => Err(ConfigError::Decode(format!("reading {CONFIG_KEY}: {e}"))),
+        }
+    }
+}
+
 /// The active-CM lease: while it is alive, [`CM_LEASE_KEY`] names this holder.
 /// The holder must `renew` well within `ttl_ns` and stop acting as the CM as soon as
 /// a renewal fails.

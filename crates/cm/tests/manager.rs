@@ -87,7 +87,7 @@ fn bootstrap_of_another_cluster_fails() {
 fn bootstrap_refuses_an_invalid_initial_configuration() {
     let store = memory_store(ManualClock::new());
     let mut bad = initial(CLUSTER_ID);
-    bad.shards[0].backups.clear();
+    bad.shards[0].backups[0] = bad.shards[0].primary;
     assert!(matches!(
         ConfigManager::bootstrap(store.clone(), bad),
         Err(CmError::Invalid(_))

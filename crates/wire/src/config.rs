@@ -11,12 +11,19 @@
 //! # Invariants of a valid configuration ([`Config::validate`])
 //!
 //! - at least one member, no node listed twice;
-//! - `1 <= replication_factor <= members`;
+//! - `1 <= replication_factor` (at most the members initially; failures may leave
+//!   fewer members than it);
 //! - shards non-empty, at most `u16::MAX` of them, with ids exactly `0..n` in order;
 //! - `start_hash` strictly increasing, the first 0, so the ranges cover the whole hash
 //!   space without overlap;
-//! - every primary and backup a member, the primary not among its backups, the
-//!   backups distinct and exactly `replication_factor - 1` of them.
+//! - every primary, backup and joining backup a member, the primary not among
+//!   them, all distinct, and at most `replication_factor - 1` backups and joining
+//!   backups together (fewer while failures left too few servers: the shard runs
+//!   degraded).
+//!
+//! A *joining* backup receives every new write of its shard and a copy of the rest
+//! (re-replication, seed 000 §4.5 phase 3); it becomes a backup, eligible for
+//! promotion, only once the copy is complete.
 //!
 //! Lookups ([`Config::shard_for_hash`] and friends) assume a valid configuration;
 //! [`Config::from_json`] and [`Config::initial`] only return valid ones.
@@ -59,12 +66,26 @@ pub struct ShardAssignment {
     pub start_hash: u64,
     pub primary: NodeId,
     pub backups: Vec<NodeId>,
+    /// Backups being filled by re-replication: they take every write but are not
+    /// promoted.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub joining: Vec<NodeId>,
 }
 
 impl ShardAssignment {
     /// Whether `node` is the primary or a backup of this shard.
     pub fn is_replica(&self, node: NodeId) -> bool {
-        self.primary == node || self.backups.contains(&node)
+        self.primary == node || self.backups.contains(&node) || self.joining.contains(&node)
+    }
+
+    /// Where the primary replicates each write: the backups, then the joining ones.
+    pub fn write_targets(&self) -> impl Iterator<Item = NodeId> + '_ {
+        self.backups.iter().chain(&self.joining).copied()
+    }
+
+    /// How many replicas take each write (backups and joining backups).
+    pub fn write_target_count(&self) -> usize {
+        self.backups.len() + self.joining.len()
     }
 }
 
@@ -133,6 +154,7 @@ impl Config {
                     .expect("every shard's start lies below 2^64"),
                 primary: nodes[i % node_count].node,
                 backups: (1..rf).map(|k| nodes[(i + k) % node_count].node).collect(),
+                joining: Vec::new(),
             })
             .collect();
         let config = Config {
@@ -157,12 +179,10 @@ impl Config {
                 return Err(invalid(format!("member {} is listed twice", member.node)));
             }
         }
+        // More replicas than members is a cluster that failures left degraded.
         let rf = self.replication_factor as usize;
-        if rf == 0 || rf > self.members.len() {
-            return Err(invalid(format!(
-                "replication factor {rf} must be between 1 and the {} members",
-                self.members.len()
-            )));
+        if rf == 0 {
+            return Err(invalid("replication factor 0".into()));
         }
         if self.shards.is_empty() {
             return Err(invalid("no shards".into()));
@@ -205,15 +225,16 @@ impl Config {
                     s.shard, s.primary
                 )));
             }
-            if s.backups.len() != rf - 1 {
+            if s.write_target_count() > rf - 1 {
                 return Err(invalid(format!(
-                    "{} has {} backups; replication factor {rf} needs {}",
+                    "{} has {} backups; replication factor {rf} allows {}",
                     s.shard,
-                    s.backups.len(),
+                    s.write_target_count(),
                     rf - 1
                 )));
             }
-            for (k, backup) in s.backups.iter().enumerate() {
+            let targets: Vec<NodeId> = s.write_targets().collect();
+            for (k, backup) in targets.iter().enumerate() {
                 if !nodes.contains(backup) {
                     return Err(invalid(format!(
                         "{}'s backup {backup} is not a member",
@@ -226,7 +247,7 @@ impl Config {
                         s.shard
                     )));
                 }
-                if s.backups[..k].contains(backup) {
+                if targets[..k].contains(backup) {
                     return Err(invalid(format!("{} lists backup {backup} twice", s.shard)));
                 }
             }
@@ -268,11 +289,11 @@ impl Config {
         self.shards.iter().filter(move |s| s.primary == node)
     }
 
-    /// Shards of which `node` is a backup.
+    /// Shards of which `node` is a backup (joining or not).
     pub fn backup_shards(&self, node: NodeId) -> impl Iterator<Item = &ShardAssignment> {
         self.shards
             .iter()
-            .filter(move |s| s.backups.contains(&node))
+            .filter(move |s| s.write_targets().any(|b| b == node))
     }
 
     /// The configuration as JSON, the form the CM stores and publishes.

@@ -184,9 +184,6 @@ fn validate_rejects_each_broken_invariant() {
         c.members.push(first);
     });
     rejects("rf 0", "replication factor", |c| c.replication_factor = 0);
-    rejects("rf over members", "replication factor", |c| {
-        c.replication_factor = 4
-    });
     rejects("no shards", "no shards", |c| c.shards.clear());
     rejects("ids out of order", "ids must be", |c| c.shards.swap(3, 4));
     rejects("id gap", "ids must be", |c| {
@@ -215,8 +212,17 @@ fn validate_rejects_each_broken_invariant() {
         let b = c.shards[2].backups[0];
         c.shards[2].backups[1] = b;
     });
-    rejects("too few backups", "backups", |c| {
+    rejects("a joining backup that is also a backup", "twice", |c| {
         c.shards[2].backups.pop();
+        let b = c.shards[2].backups[0];
+        c.shards[2].joining.push(b);
+    });
+    rejects("too many with the joining ones", "backups", |c| {
+        c.members.push(Member {
+            node: NodeId(4),
+            workers: 1,
+        });
+        c.shards[2].joining.push(NodeId(4));
     });
     rejects("too many backups", "backups", |c| {
         c.members.push(Member {
@@ -241,6 +247,7 @@ fn validate_rejects_more_shards_than_a_shard_id_can_name() {
                 start_hash: (i as u64) << 47,
                 primary: NodeId(1),
                 backups: Vec::new(),
+                joining: Vec::new(),
             })
             .collect(),
     };
@@ -314,4 +321,22 @@ fn a_config_source_is_object_safe() {
     }
     let source: Box<dyn ConfigSource> = Box::new(Fixed(Arc::new(standard())));
     assert_eq!(source.fetch().unwrap().term, Term(1));
+}
+
+#[test]
+fn a_degraded_shard_and_a_joining_backup_are_valid() {
+    let mut c = Config::initial(7, &members(3), 2, 3).unwrap();
+    // A failure left one backup; a new one joins.
+    let gone = c.shards[1].backups.pop().unwrap();
+    c.validate().expect("a degraded shard is valid");
+    let mut fewer = c.clone();
+    fewer.replication_factor = 4;
+    fewer.validate().expect("fewer members than the replication factor: degraded");
+    c.shards[1].joining.push(gone);
+    c.validate().expect("a joining backup is valid");
+    assert!(c.shards[1].is_replica(gone));
+    assert_eq!(c.shards[1].write_target_count(), 2);
+    assert!(c.backup_shards(gone).any(|s| s.shard == c.shards[1].shard));
+    let back = Config::from_json(&c.to_json()).unwrap();
+    assert_eq!(back, c, "joining backups survive JSON");
 }
