@@ -35,7 +35,7 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 use rowankv_fabric::{Access, MemoryRegion, Nic, QpAddr, RegionMemory};
 use rowankv_rowan::{ReceiverConfig, RowanReceiver};
-use rowankv_types::{SegmentId, ShardId};
+use rowankv_types::{NodeId, SegmentId, ShardId};
 
 use crate::engine::Ingested;
 use crate::entry::Assembler;
@@ -206,6 +206,15 @@ impl<N: Nic> BackupLog<N> {
             .lock()
             .accept(sender)
             .map_err(|e| EngineError::Config(format!("accepting a sender: {e}")))
+    }
+
+    /// Destroy the receiver's queue pairs from `node` (removed from the
+    /// configuration): its replication writes fail from now on and never land.
+    /// Returns how many were closed (0 for a passive backup log).
+    pub fn disconnect(&self, node: NodeId) -> usize {
+        self.receiver
+            .as_ref()
+            .map_or(0, |r| r.lock().disconnect(node))
     }
 
     fn replenish(&self) -> Result<usize, EngineError> {

@@ -25,10 +25,26 @@
 //! verify (a torn write, corruption) is reported and skipped, the walk resyncing at
 //! the next 64 B stride; every valid entry is offered to its shard's index
 //! and the newest version wins; shard version counters restart above the highest
-//! version seen. A corrupt meta word or superblock is reported, never trusted.
+//! version seen. A corrupt meta word or superblock is reported, never trusted. A
+//! worker's, cleaner's or per-thread b-log's segment that was being filled is then
+//! closed (committed) and listed in `RecoveryReport::closed_segments`.
+//!
+//! Failover support (promotion, re-replication, cold start): `uncommitted_entries`
+//! gathers, read-only, the entries of one shard that may not be on every replica —
+//! those in b-log segments (Rowan-filled or per-thread) still *using* or *used*, plus
+//! segments the caller names (the closed segments of a cold start) — parsed as
+//! robustly as recovery (resyncing past torn blocks and zeroed holes, assembling
+//! blocks that landed apart) and returned re-encoded, one contiguous entry each,
+//! sorted by version. `install_entries` installs such entries (all validated before
+//! anything changes): those newer than their key's indexed version are appended to a
+//! per-thread b-log and indexed; the shard's versions restart above every one seen.
+//! `for_each_indexed_entry` passes every indexed entry of a shard (tombstones
+//! included) to copy it to a new backup; `highest_version` is the largest version
+//! seen for a shard.
 
+use std::borrow::Cow;
 use std::cell::{Cell, RefCell};
-use std::collections::VecDeque;
+use std::collections::{btree_map, BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -128,6 +144,25 @@ pub struct RecoveryReport {
     pub foreign_entries: u64,
     /// Multi-block entries some of whose blocks never landed (never acknowledged).
     pub incomplete_entries: usize,
+    /// Segments that were being filled (*using*, owner not control) and that `open`
+    /// closed (moved to *committed*), sorted. Their entries may not be on every
+    /// replica: a cold start re-sends them (`Engine::uncommitted_entries`).
+    pub closed_segments: Vec<SegmentId>,
+}
+
+/// What [`Engine::install_entries`] did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct InstallReport {
+    /// Put and Del entries in the buffer (Commit records are not counted).
+    pub entries: usize,
+    /// Entries appended and now the latest of their key.
+    pub installed: usize,
+    /// Entries skipped (or appended but superseded in a race) because their key
+    /// already had an indexed version at least theirs.
+    pub already: usize,
+    /// Per-thread b-log segments the appends filled and left (now *used*): hand
+    /// them to the backup log's digest (`BackupLog::enqueue_used`).
+    pub sealed: Vec<SegmentId>,
 }
 
 /// What ingesting one log entry or record did.
@@ -141,6 +176,26 @@ pub(crate) enum Ingested {
     Commit {
         shard: ShardId,
         version: Version,
+    },
+}
+
+/// What a segment walk found at one place.
+enum Found<'a> {
+    Commit {
+        shard: ShardId,
+        version: Version,
+    },
+    /// A whole entry whose blocks lie contiguously at pool offset `addr`.
+    Entry {
+        addr: u64,
+        entry: entry::Entry<'a>,
+        /// Its encoded bytes.
+        bytes: &'a [u8],
+    },
+    /// One block of an entry whose blocks are not contiguous here.
+    Block {
+        header: entry::BlockHeader,
+        payload: &'a [u8],
     },
 }
 
@@ -298,8 +353,10 @@ impl Engine {
         for &(seg, meta) in &in_use {
             if meta.state == SegmentState::Using && meta.owner != Owner::Control {
                 engine.segments.transition(seg, SegmentState::Committed);
+                report.closed_segments.push(seg);
             }
         }
+        report.closed_segments.sort_unstable();
         Ok((engine, report))
     }
 
@@ -348,6 +405,67 @@ impl Engine {
         assembler: &mut Assembler,
         sink: &mut dyn FnMut(Ingested),
     ) -> Result<Vec<(usize, String)>, EngineError> {
+        let mut visit = |found: Found<'_>| -> Result<(), EngineError> {
+            match found {
+                Found::Commit { shard, version } => sink(Ingested::Commit { shard, version }),
+                Found::Entry { addr, entry: e, .. } => {
+                    let applied = self.shards.get(e.shard.0 as usize).map(|s| {
+                        let r = self.install(s, e.key, addr, e.version);
+                        self.note_install(addr, e.encoded_len as u64, r);
+                        r
+                    });
+                    sink(Ingested::Entry {
+                        shard: e.shard,
+                        version: e.version,
+                        applied,
+                    });
+                }
+                Found::Block { header, payload } => {
+                    if let Some(e) = assembler.add(header, payload)? {
+                        let applied = match self.shards.get(e.shard.0 as usize) {
+                            Some(s) => {
+                                let addr = self
+                                    .append_copy(0, e.kind, e.shard, e.version, &e.key, &e.value)?;
+                                let r = self.install(s, &e.key, addr, e.version);
+                                let len = entry::encoded_len(
+                                    e.key.len(),
+                                    e.value.len(),
+                                    self.config.mtu_bytes,
+                                );
+                                self.note_install(addr, len as u64, r);
+                                Some(r)
+                            }
+                            None => None,
+                        };
+                        sink(Ingested::Entry {
+                            shard: e.shard,
+                            version: e.version,
+                            applied,
+                        });
+                    }
+                }
+            }
+            Ok(())
+        };
+        self.walk_segment(seg, owns, false, &mut visit)
+    }
+
+    /// Walk the blocks of `seg` from its start, passing `visit` every Commit record,
+    /// every entry whose blocks lie contiguously, and every other block (of an entry
+    /// whose blocks landed apart), of the shards `owns` accepts, in log order. A
+    /// block that does not verify is skipped, the walk resyncing at the next 64 B
+    /// stride. A zero header ends the log, unless `past_zeros`: then a zero stride
+    /// is skipped like a block that does not verify (a remotely filled segment may
+    /// hold a hole that a WRITE still in flight at a crash never filled), and the
+    /// walk goes on to the segment's end. Returns the skipped places (first of each
+    /// run of blocks that did not verify; zero runs are not reported).
+    fn walk_segment(
+        &self,
+        seg: SegmentId,
+        owns: &dyn Fn(ShardId) -> bool,
+        past_zeros: bool,
+        visit: &mut dyn FnMut(Found<'_>) -> Result<(), EngineError>,
+    ) -> Result<Vec<(usize, String)>, EngineError> {
         let base = self.segments.layout().segment_offset(seg);
         let size = self.config.segment_size_bytes;
         let mut bytes = vec![0u8; size];
@@ -358,7 +476,12 @@ impl Engine {
         while at < size {
             let (header, payload) = match entry::parse_block(&bytes[at..]) {
                 Ok(b) => b,
-                Err(EntryError::End) => break,
+                Err(EntryError::End) if !past_zeros => break,
+                Err(EntryError::End) => {
+                    in_bad_run = false;
+                    at += entry::STRIDE_BYTES;
+                    continue;
+                }
                 Err(err) => {
                     if !in_bad_run {
                         skipped.push((at, err.to_string()));
@@ -374,53 +497,306 @@ impl Engine {
                 continue;
             }
             if header.kind == Kind::Commit {
-                sink(Ingested::Commit {
+                visit(Found::Commit {
                     shard: header.shard,
                     version: header.version,
-                });
+                })?;
                 at += header.padded_len();
                 continue;
             }
             if header.seq == 0 {
                 if let Ok(e) = entry::parse_entry(&bytes[at..]) {
-                    let addr = (base + at) as u64;
-                    let applied = self.shards.get(e.shard.0 as usize).map(|s| {
-                        let r = self.install(s, e.key, addr, e.version);
-                        self.note_install(addr, e.encoded_len as u64, r);
-                        r
-                    });
-                    sink(Ingested::Entry {
-                        shard: e.shard,
-                        version: e.version,
-                        applied,
-                    });
-                    at += e.encoded_len;
+                    let len = e.encoded_len;
+                    visit(Found::Entry {
+                        addr: (base + at) as u64,
+                        bytes: &bytes[at..at + len],
+                        entry: e,
+                    })?;
+                    at += len;
                     continue;
                 }
             }
             // A block of an entry whose blocks are not contiguous here.
-            if let Some(e) = assembler.add(header, payload)? {
-                let applied = match self.shards.get(e.shard.0 as usize) {
-                    Some(s) => {
-                        let addr =
-                            self.append_copy(0, e.kind, e.shard, e.version, &e.key, &e.value)?;
-                        let r = self.install(s, &e.key, addr, e.version);
-                        let len =
-                            entry::encoded_len(e.key.len(), e.value.len(), self.config.mtu_bytes);
-                        self.note_install(addr, len as u64, r);
-                        Some(r)
-                    }
-                    None => None,
-                };
-                sink(Ingested::Entry {
-                    shard: e.shard,
-                    version: e.version,
-                    applied,
-                });
-            }
+            visit(Found::Block { header, payload })?;
             at += header.padded_len();
         }
         Ok(skipped)
+    }
+
+    /// `entry::encode` of an entry at this engine's MTU, into a fresh vector.
+    fn encode_owned(
+        &self,
+        kind: Kind,
+        shard: ShardId,
+        version: Version,
+        key: &[u8],
+        value: &[u8],
+    ) -> Result<Vec<u8>, EngineError> {
+        let mut out = Vec::new();
+        entry::encode(
+            &mut out,
+            kind,
+            shard,
+            version,
+            key,
+            value,
+            self.config.mtu_bytes,
+        )?;
+        Ok(out)
+    }
+
+    /// Encoded entries of `shard` that may not be on every replica: those in
+    /// backup-log segments (owner Control or Backup) in state Using or Used, plus
+    /// those in the segments listed in `extra` (whatever their state/owner; e.g.
+    /// [`RecoveryReport::closed_segments`] at a cold start). Segments are walked in
+    /// allocation order with one assembler, as recovery does, so a multi-block
+    /// entry whose blocks landed apart or straddle segments is assembled;
+    /// incomplete entries, blocks that do not verify, zeroed holes and Commit
+    /// records are skipped. Reads only: nothing is indexed or written.
+    ///
+    /// Each returned vector is one complete entry exactly as [`entry::encode`]
+    /// produces it at this engine's MTU (re-encoded from the parsed entry), so it
+    /// can be appended and parsed again. Sorted by version; an entry appearing twice
+    /// (same version and key) is returned once. A segment may have been reused, so
+    /// older entries from its previous use may appear too: installing them is
+    /// harmless, as versions decide.
+    pub fn uncommitted_entries(
+        &self,
+        shard: ShardId,
+        extra: &[SegmentId],
+    ) -> Result<Vec<Vec<u8>>, EngineError> {
+        self.shard(shard)?;
+        let count = self.segments.layout().segment_count;
+        // Segment → allocation sequence number (order of allocation).
+        let mut chosen: BTreeMap<SegmentId, u64> = BTreeMap::new();
+        for seg in (0..count as u32).map(SegmentId) {
+            if let Ok(m) = self.segments.meta(seg) {
+                if matches!(m.owner, Owner::Control | Owner::Backup)
+                    && matches!(m.state, SegmentState::Using | SegmentState::Used)
+                {
+                    chosen.insert(seg, m.seq);
+                }
+            }
+        }
+        for &seg in extra {
+            if seg.0 as usize >= count {
+                return Err(EngineError::Config(format!(
+                    "{seg:?} out of range: the pool has {count} segments"
+                )));
+            }
+            // A corrupt meta word says nothing of the order: walked last.
+            let seq = self.segments.meta(seg).map_or(u64::MAX, |m| m.seq);
+            chosen.insert(seg, seq);
+        }
+        let mut ordered: Vec<(u64, SegmentId)> = chosen.into_iter().map(|(s, q)| (q, s)).collect();
+        ordered.sort_unstable();
+
+        let mut found: BTreeMap<(Version, Vec<u8>), Vec<u8>> = BTreeMap::new();
+        let mut assembler = Assembler::new();
+        let owns = |s: ShardId| s == shard;
+        for (_, seg) in ordered {
+            let mut visit =
+                |f: Found<'_>| -> Result<(), EngineError> {
+                    match f {
+                        Found::Commit { .. } => {}
+                        Found::Entry {
+                            entry: e, bytes, ..
+                        } => {
+                            if let btree_map::Entry::Vacant(v) =
+                                found.entry((e.version, e.key.to_vec()))
+                            {
+                                // Written at another MTU than ours: keep the bytes as sent.
+                                let encoded = self
+                                    .encode_owned(e.kind, e.shard, e.version, e.key, &e.value)
+                                    .unwrap_or_else(|_| bytes.to_vec());
+                                v.insert(encoded);
+                            }
+                        }
+                        Found::Block { header, payload } => {
+                            // A duplicate or disagreeing block is dropped, like one that
+                            // does not verify.
+                            if let Ok(Some(e)) = assembler.add(header, payload) {
+                                if let btree_map::Entry::Vacant(v) =
+                                    found.entry((e.version, e.key.clone()))
+                                {
+                                    v.insert(self.encode_owned(
+                                        e.kind, e.shard, e.version, &e.key, &e.value,
+                                    )?);
+                                }
+                            }
+                        }
+                    }
+                    Ok(())
+                };
+            self.walk_segment(seg, &owns, true, &mut visit)?;
+        }
+        Ok(found.into_values().collect())
+    }
+
+    /// Install encoded entries (concatenated [`entry::encode`] outputs, each
+    /// multi-block entry's blocks contiguous) for recovery: what a promoted primary
+    /// gathered with [`Engine::uncommitted_entries`], or a shard copied with
+    /// [`Engine::for_each_indexed_entry`]. Every entry must parse and verify and
+    /// name a shard of this engine, else an error and nothing is changed (all are
+    /// validated first). Entries whose key already has an indexed version ≥ the
+    /// entry's are skipped (`already`); the rest are appended durably to
+    /// per-thread b-log `worker` (as [`Engine::append_backup`] does) and indexed
+    /// version-conditionally (as [`Engine::publish`] does, live bytes included).
+    /// The shard's next version is raised past every entry's version. Commit records
+    /// are ignored. An entry written at another MTU is re-encoded at this engine's.
+    ///
+    /// A per-thread b-log segment the appends filled and left is *used* and listed
+    /// in [`InstallReport::sealed`] for the caller's digest. Running out of space
+    /// part way is an error that leaves the entries installed so far installed
+    /// (each durable before it is indexed) and any segment sealed so far *used*
+    /// (recovery and `uncommitted_entries` still read it).
+    pub fn install_entries(
+        &self,
+        worker: usize,
+        encoded: &[u8],
+    ) -> Result<InstallReport, EngineError> {
+        let log = self
+            .blogs
+            .get(worker)
+            .ok_or(EngineError::Config(format!("no worker {worker}")))?;
+        let mtu = self.config.mtu_bytes;
+        let mut valid = Vec::new();
+        let mut at = 0;
+        while at < encoded.len() {
+            let e = entry::parse_entry(&encoded[at..])?;
+            let bytes = &encoded[at..at + e.encoded_len];
+            at += e.encoded_len;
+            if e.kind == Kind::Commit {
+                continue;
+            }
+            self.shard(e.shard)?;
+            let stored: Cow<'_, [u8]> =
+                if e.encoded_len == entry::encoded_len(e.key.len(), e.value.len(), mtu) {
+                    Cow::Borrowed(bytes)
+                } else {
+                    Cow::Owned(self.encode_owned(e.kind, e.shard, e.version, e.key, &e.value)?)
+                };
+            if stored.len() > self.config.segment_size_bytes {
+                return Err(EngineError::Config(format!(
+                    "an entry of {} B does not fit a {} B segment",
+                    stored.len(),
+                    self.config.segment_size_bytes
+                )));
+            }
+            valid.push((e, stored));
+        }
+
+        let mut report = InstallReport {
+            entries: valid.len(),
+            ..InstallReport::default()
+        };
+        for (e, stored) in valid {
+            let shard = self.shard(e.shard)?;
+            shard
+                .next_version
+                .fetch_max(e.version.0 + 1, Ordering::Relaxed);
+            let current = shard.index.get(hash_key(e.key), |a| self.key_at(a, e.key));
+            if current.is_some_and(|a| self.version_at(a) >= e.version.0) {
+                report.already += 1;
+                continue;
+            }
+            let (addr, sealed) = {
+                let mut log = log.lock();
+                log.scratch.clear();
+                log.scratch.extend_from_slice(&stored);
+                self.append_sealing(&mut log, stored.len())?
+            };
+            report.sealed.extend(sealed);
+            let upsert = self.install(shard, e.key, addr, e.version);
+            self.note_install(addr, stored.len() as u64, upsert);
+            match upsert {
+                Upsert::Stale { .. } => report.already += 1,
+                _ => report.installed += 1,
+            }
+        }
+        Ok(report)
+    }
+
+    /// Every entry of `shard` the index points to (tombstones included), as its
+    /// encoded bytes (contiguous: an entry assembled from blocks that landed apart
+    /// is indexed at its contiguous copy), in index order, passed to `f`; returns
+    /// how many. Used to copy a shard to a new backup (re-replication), whose
+    /// [`Engine::install_entries`] takes them. Weakly consistent under concurrent
+    /// writes, like a scan: each key is passed once, with its entry at the moment
+    /// its index item was read (cleaning that moves an entry meanwhile is followed).
+    /// An entry that no longer verifies is an error.
+    pub fn for_each_indexed_entry(
+        &self,
+        shard_id: ShardId,
+        mut f: impl FnMut(&[u8]),
+    ) -> Result<usize, EngineError> {
+        let shard = self.shard(shard_id)?;
+        let mut buf = Vec::with_capacity(FIRST_READ_BYTES);
+        let mut count = 0;
+        let mut failed = None;
+        shard.index.for_each(|addr| {
+            if failed.is_some() {
+                return;
+            }
+            match self.read_indexed(shard_id, shard, addr, &mut buf) {
+                Ok(true) => {
+                    f(&buf);
+                    count += 1;
+                }
+                Ok(false) => {}
+                Err(e) => failed = Some(e),
+            }
+        });
+        match failed {
+            Some(e) => Err(e),
+            None => Ok(count),
+        }
+    }
+
+    /// Read into `buf` the whole, verified entry of `shard` at `addr`, an index
+    /// item's address; if the entry's key is now indexed elsewhere (cleaning moved
+    /// it, a newer write won), read that instead. False: the key is no longer
+    /// indexed.
+    fn read_indexed(
+        &self,
+        shard_id: ShardId,
+        shard: &Shard,
+        mut addr: u64,
+        buf: &mut Vec<u8>,
+    ) -> Result<bool, EngineError> {
+        for _ in 0..READ_RETRIES_MAX {
+            if self.read_entry(addr, buf).is_err() {
+                break;
+            }
+            let (len, now) = match entry::parse_entry(buf) {
+                Ok(e) if e.shard == shard_id => (
+                    e.encoded_len,
+                    shard.index.get(hash_key(e.key), |a| self.key_at(a, e.key)),
+                ),
+                _ => break,
+            };
+            match now {
+                Some(a) if a == addr => {
+                    buf.truncate(len);
+                    return Ok(true);
+                }
+                Some(a) => addr = a,
+                None => return Ok(false),
+            }
+        }
+        Err(EngineError::Corrupt(format!(
+            "indexed entry of {shard_id:?} at {addr} did not verify"
+        )))
+    }
+
+    /// The largest version this engine has seen for `shard` (written, published,
+    /// installed or recovered), 0 if none: its next version minus one.
+    pub fn highest_version(&self, shard: ShardId) -> Result<u64, EngineError> {
+        Ok(self
+            .shard(shard)?
+            .next_version
+            .load(Ordering::Relaxed)
+            .saturating_sub(1))
     }
 
     /// Write an entry contiguously to a cleaner's log (durable); its address.

@@ -21,7 +21,9 @@ pub mod index;
 pub mod segment;
 
 pub use blog::{register_data_area, BackupLog, BackupLogConfig, ControlReport};
-pub use engine::{CleanReport, Engine, EngineConfig, RecoveryReport, Written, WORKERS_MAX};
+pub use engine::{
+    CleanReport, Engine, EngineConfig, InstallReport, RecoveryReport, Written, WORKERS_MAX,
+};
 pub use segment::{Owner, SegmentState};
 
 use rowankv_types::ShardId;
