@@ -6,20 +6,25 @@
 //! A client connects to one worker of every server (worker `client_index` modulo
 //! the server's worker count, §5.2), through the cluster's [`Directory`].
 //!
-//! Retries: an operation refused with `StaleTerm`, `NotPrimary`, `Busy` or
-//! `Blocked` changed nothing at the server, so it is sent again (up to
-//! `retries_max`) after refreshing the configuration. An operation that times
-//! out is *not* retried: its outcome is unknown (a write may or may not have been
-//! applied) and it is reported as [`ClientError::Timeout`]. An `Internal` error
-//! on a write is also of unknown outcome.
+//! Retries: an operation refused with `StaleTerm`, `NotPrimary`, `Busy`,
+//! `Blocked` or `NotMember` changed nothing at the server, so it is sent again
+//! after refreshing the configuration: at once for a term or routing refusal (up
+//! to `retries_max` times), after a growing pause for a server that is blocked or
+//! busy (during a failover, until the operation's deadline). An operation that
+//! times out is *not* retried: its outcome is unknown (a write may or may not
+//! have been applied) and it is reported as [`ClientError::Timeout`]. An
+//! `Internal` error on a write, and an operation whose connection failed, are
+//! also of unknown outcome ([`ClientError::is_unknown`]).
+//!
+//! Time is read from the configured [`Clock`], so a simulation drives timeouts.
 #![forbid(unsafe_code)]
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use rowankv_fabric::Nic;
-use rowankv_types::{NodeId, Term};
+use rowankv_types::{Clock, NodeId, SystemClock, Term};
 use rowankv_wire::config::{Config, ConfigSource};
 use rowankv_wire::directory::{ConnectError, Directory};
 use rowankv_wire::endpoint::{Endpoint, EndpointConfig, Event, PeerId, SendError};
@@ -38,6 +43,10 @@ pub struct ClientConfig {
     /// Which worker of each server to connect to (modulo its worker count).
     pub worker_hint: usize,
     pub endpoint: EndpointConfig,
+    /// First pause before resending to a blocked or busy server (doubling, at
+    /// most 32 times this).
+    pub backoff: Duration,
+    pub clock: Arc<dyn Clock>,
 }
 
 impl Default for ClientConfig {
@@ -49,6 +58,8 @@ impl Default for ClientConfig {
             connect_timeout: Duration::from_secs(5),
             worker_hint: 0,
             endpoint: EndpointConfig::default(),
+            backoff: Duration::from_micros(250),
+            clock: SystemClock::new(),
         }
     }
 }
@@ -76,6 +87,23 @@ pub enum ClientError {
     Connect(String),
     #[error("configuration: {0}")]
     Config(String),
+    #[error("the connection to {0} failed with the operation outstanding: the outcome is unknown")]
+    ConnectionLost(NodeId),
+}
+
+impl ClientError {
+    /// Whether a write that ended with this error may still have been applied.
+    pub fn is_unknown(&self) -> bool {
+        matches!(
+            self,
+            ClientError::Timeout(_)
+                | ClientError::ConnectionLost(_)
+                | ClientError::Server {
+                    code: ErrorCode::Internal,
+                    ..
+                }
+        )
+    }
 }
 
 /// An operation.
@@ -114,14 +142,18 @@ pub struct Completed {
     pub result: Result<Output, ClientError>,
     /// From submission to completion.
     pub latency: Duration,
+    /// The term of the configuration the answering server held (0: no answer).
+    pub term: Term,
 }
 
 struct Pending {
     id: OpId,
     op: Op,
-    submitted: Instant,
-    /// Deadline of the current attempt.
-    deadline: Instant,
+    submitted_ns: u64,
+    /// The operation times out here.
+    deadline_ns: u64,
+    /// Not resent before this (backing off from a blocked server).
+    not_before_ns: u64,
     attempts: u32,
     /// Where the current attempt went.
     sent_to: Option<PeerId>,
@@ -184,6 +216,62 @@ impl<N: Nic> Client<N> {
             c.connect_server(m)?;
         }
         Ok(c)
+    }
+
+    /// As [`Client::connect`], for a caller that runs the servers itself (the
+    /// simulator, on one thread): `pump` is called while waiting for each
+    /// server to accept, and must make the servers progress.
+    pub fn connect_pumped(
+        nic: N,
+        directory: Directory,
+        source: Arc<dyn ConfigSource>,
+        config: ClientConfig,
+        pump: &mut dyn FnMut(),
+    ) -> Result<Self, ClientError> {
+        let cluster = source
+            .fetch()
+            .map_err(|e| ClientError::Config(e.to_string()))?;
+        let node = nic.node();
+        let mut ep = Endpoint::new(nic, config.endpoint.clone())
+            .map_err(|e| ClientError::Connect(e.to_string()))?;
+        let mut servers = HashMap::new();
+        for m in &cluster.members {
+            let worker = (config.worker_hint % m.workers.max(1) as usize) as u16;
+            let (peer, reply) = directory
+                .connect_async(&mut ep, m.node, worker)
+                .map_err(|e| ClientError::Connect(e.to_string()))?;
+            let mut rounds = 0u32;
+            let addr = loop {
+                if let Ok(r) = reply.try_recv() {
+                    break r.map_err(ClientError::Connect)?;
+                }
+                rounds += 1;
+                if rounds > 1_000_000 {
+                    return Err(ClientError::Connect(format!("{} never accepted", m.node)));
+                }
+                pump();
+            };
+            ep.connect(peer, addr)
+                .map_err(|e| ClientError::Connect(e.to_string()))?;
+            servers.insert(m.node, peer);
+        }
+        Ok(Client {
+            config,
+            node,
+            source,
+            cluster,
+            directory,
+            ep,
+            servers,
+            next_id: 1,
+            next_request: 1,
+            pending: HashMap::new(),
+            queued: VecDeque::new(),
+            inflight: 0,
+            events: Vec::new(),
+            data: Vec::new(),
+            done: Vec::new(),
+        })
     }
 
     fn connect_server(&mut self, node: NodeId) -> Result<PeerId, ClientError> {
@@ -269,13 +357,14 @@ impl<N: Nic> Client<N> {
         }
         let id = OpId(self.next_id);
         self.next_id += 1;
-        let now = Instant::now();
+        let now = self.config.clock.now_ns();
         self.inflight += 1;
         let p = Pending {
             id,
             op,
-            submitted: now,
-            deadline: now + self.config.timeout,
+            submitted_ns: now,
+            deadline_ns: now + self.config.timeout.as_nanos() as u64,
+            not_before_ns: 0,
             attempts: 0,
             sent_to: None,
         };
@@ -294,7 +383,7 @@ impl<N: Nic> Client<N> {
         let peer = match self.connect_server(primary) {
             Ok(peer) => peer,
             Err(e) => {
-                self.complete(p, Err(e));
+                self.complete(p, Err(e), Term(0));
                 return;
             }
         };
@@ -317,22 +406,26 @@ impl<N: Nic> Client<N> {
                 self.pending.insert(request_id, p);
             }
             Err(SendError::Busy(..)) => self.queued.push_front(p),
-            Err(e) => self.complete(
-                p,
-                Err(ClientError::Server {
-                    code: ErrorCode::Internal,
-                    detail: format!("sending: {e}"),
-                }),
-            ),
+            // Not sent: certainly not applied; try again after a pause (the
+            // connection is being re-established, or the configuration moves).
+            Err(e) => {
+                tracing::debug!(error = %e, "request not sent");
+                let _ = self.refresh();
+                p.attempts += 1;
+                p.not_before_ns = self.config.clock.now_ns() + self.backoff_ns(p.attempts);
+                self.queued.push_back(p);
+            }
         }
     }
 
-    fn complete(&mut self, p: Pending, result: Result<Output, ClientError>) {
+    fn complete(&mut self, p: Pending, result: Result<Output, ClientError>, term: Term) {
         self.inflight -= 1;
+        let now = self.config.clock.now_ns();
         self.done.push(Completed {
             id: p.id,
             result,
-            latency: p.submitted.elapsed(),
+            latency: Duration::from_nanos(now.saturating_sub(p.submitted_ns)),
+            term,
         });
     }
 
@@ -343,19 +436,26 @@ impl<N: Nic> Client<N> {
         let mut data = std::mem::take(&mut self.data);
         let _ = self.ep.poll(&mut events, &mut data);
         for ev in &events {
-            if let Event::Message { start, len, .. } = *ev {
-                self.on_message(&data[start..start + len]);
+            match *ev {
+                Event::Message { start, len, .. } => self.on_message(&data[start..start + len]),
+                Event::SendFailed { peer, .. } => self.connection_failed(peer),
+                Event::Owner(_) => {}
             }
         }
         self.events = events;
         self.data = data;
-        // Queued attempts, as credits allow.
+        let now = self.config.clock.now_ns();
+        // Queued attempts that are due, as credits allow.
         let mut n = self.queued.len();
         while n > 0 {
             n -= 1;
             let Some(p) = self.queued.pop_front() else {
                 break;
             };
+            if p.not_before_ns > now && p.deadline_ns > now {
+                self.queued.push_back(p);
+                continue;
+            }
             let before = self.queued.len();
             self.send(p);
             if self.queued.len() > before {
@@ -363,35 +463,66 @@ impl<N: Nic> Client<N> {
             }
         }
         // Timeouts.
-        let now = Instant::now();
-        if self.pending.values().any(|p| now >= p.deadline)
-            || self.queued.iter().any(|p| now >= p.deadline)
+        if self.pending.values().any(|p| now >= p.deadline_ns)
+            || self.queued.iter().any(|p| now >= p.deadline_ns)
         {
-            let expired: Vec<u64> = self
+            let mut expired: Vec<u64> = self
                 .pending
                 .iter()
-                .filter(|(_, p)| now >= p.deadline)
+                .filter(|(_, p)| now >= p.deadline_ns)
                 .map(|(&r, _)| r)
                 .collect();
+            expired.sort_unstable();
             for r in expired {
                 let p = self.pending.remove(&r).expect("listed");
                 if let Some(peer) = p.sent_to {
                     self.ep.forget(peer);
                 }
                 let t = self.config.timeout;
-                self.complete(p, Err(ClientError::Timeout(t)));
+                self.complete(p, Err(ClientError::Timeout(t)), Term(0));
             }
             let (expired, keep): (Vec<Pending>, Vec<Pending>) =
-                self.queued.drain(..).partition(|p| now >= p.deadline);
+                self.queued.drain(..).partition(|p| now >= p.deadline_ns);
             self.queued = keep.into();
             for p in expired {
+                // Never sent, or refused each time: certainly not applied, unless
+                // an earlier attempt's outcome was unknown (none is resent then).
                 let t = self.config.timeout;
-                self.complete(p, Err(ClientError::Timeout(t)));
+                self.complete(p, Err(ClientError::Timeout(t)), Term(0));
             }
         }
         let n = self.done.len();
         out.append(&mut self.done);
         n
+    }
+
+    fn backoff_ns(&self, attempts: u32) -> u64 {
+        (self.config.backoff.as_nanos() as u64) << attempts.min(5)
+    }
+
+    /// The connection behind `peer` failed: its operations' outcomes are unknown.
+    fn connection_failed(&mut self, peer: PeerId) {
+        let Some(node) = self
+            .servers
+            .iter()
+            .find(|(_, p)| **p == peer)
+            .map(|(n, _)| *n)
+        else {
+            return;
+        };
+        let mut lost: Vec<u64> = self
+            .pending
+            .iter()
+            .filter(|(_, p)| p.sent_to == Some(peer))
+            .map(|(&r, _)| r)
+            .collect();
+        lost.sort_unstable();
+        for r in lost {
+            let p = self.pending.remove(&r).expect("listed");
+            self.ep.forget(peer);
+            self.complete(p, Err(ClientError::ConnectionLost(node)), Term(0));
+        }
+        let _ = self.refresh();
     }
 
     fn on_message(&mut self, bytes: &[u8]) {
@@ -401,6 +532,7 @@ impl<N: Nic> Client<N> {
         let Body::Response(r) = f.body else {
             return;
         };
+        let term = f.header.term;
         let Some(mut p) = self.pending.remove(&f.header.request_id) else {
             return; // late answer to an operation that timed out
         };
@@ -411,25 +543,28 @@ impl<N: Nic> Client<N> {
                 version,
             }),
             Response::NotFound => Err(ClientError::NotFound),
-            Response::Segment { .. } => Err(ClientError::Server {
+            Response::Segment { .. } | Response::Entries { .. } => Err(ClientError::Server {
                 code: ErrorCode::Malformed,
-                detail: "unexpected segment grant".into(),
+                detail: "unexpected answer to a client request".into(),
             }),
             Response::Error { code, term, detail } => {
-                let retry = matches!(
+                let routing = matches!(code, ErrorCode::StaleTerm | ErrorCode::NotPrimary);
+                let waiting = matches!(
                     code,
-                    ErrorCode::StaleTerm
-                        | ErrorCode::NotPrimary
-                        | ErrorCode::Busy
-                        | ErrorCode::Blocked
+                    ErrorCode::Busy | ErrorCode::Blocked | ErrorCode::NotMember
                 );
-                if retry && p.attempts < self.config.retries_max {
+                let now = self.config.clock.now_ns();
+                if (routing && p.attempts < self.config.retries_max)
+                    || (waiting && now < p.deadline_ns)
+                {
                     p.attempts += 1;
-                    if matches!(code, ErrorCode::StaleTerm | ErrorCode::NotPrimary) {
-                        let _ = self.refresh();
-                    }
+                    let _ = self.refresh();
                     p.sent_to = None;
-                    p.deadline = Instant::now() + self.config.timeout;
+                    p.not_before_ns = if waiting {
+                        now + self.backoff_ns(p.attempts)
+                    } else {
+                        0
+                    };
                     self.queued.push_back(p);
                     return;
                 }
@@ -450,7 +585,7 @@ impl<N: Nic> Client<N> {
                 })
             }
         };
-        self.complete(p, result);
+        self.complete(p, result, term);
     }
 
     /// Run one operation to completion.

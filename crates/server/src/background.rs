@@ -1,6 +1,5 @@
-//! The background roles of a server (seed 000 §4.1): the control role of the
-//! Rowan receiver (posting segments, finding used ones, committing digested ones),
-//! digest roles and clean roles.
+//! The background roles of a server (seed 000 §4.1): digest roles and clean
+//! roles (the control role is in [`crate::control`]).
 
 use std::sync::Arc;
 
@@ -8,50 +7,6 @@ use rowankv_fabric::Nic;
 
 use crate::runtime::{Periodic, Step, Task};
 use crate::server::ServerShared;
-
-/// The control role: Rowan's control path (§4.3) and commit of digested
-/// segments (§4.4), every `control_interval_ns`.
-pub struct ControlTask<N: Nic> {
-    name: String,
-    shared: Arc<ServerShared<N>>,
-    period: Periodic,
-}
-
-impl<N: Nic> ControlTask<N> {
-    pub fn new(shared: Arc<ServerShared<N>>) -> Self {
-        ControlTask {
-            name: format!("s{}-control", shared.node.0),
-            period: Periodic::new(shared.settings.control_interval_ns),
-            shared,
-        }
-    }
-}
-
-impl<N: Nic> Task for ControlTask<N> {
-    fn name(&self) -> &str {
-        &self.name
-    }
-
-    fn step(&mut self, now_ns: u64) -> Step {
-        if self.shared.stopped() {
-            return Step::Done;
-        }
-        if !self.period.due(now_ns) {
-            return Step::Idle;
-        }
-        let mut did = false;
-        match self.shared.blog.control_step(now_ns) {
-            Ok(r) => did |= r.segments_used > 0 || r.segments_posted > 0,
-            Err(e) => tracing::error!(role = %self.name, error = %e, "control step"),
-        }
-        did |= self.shared.blog.try_commit() > 0;
-        if did {
-            Step::Worked
-        } else {
-            Step::Idle
-        }
-    }
-}
 
 /// Digest role `d`: installs its shards' entries from used b-log segments.
 pub struct DigestTask<N: Nic> {

@@ -10,13 +10,14 @@
 //! `rpc`: an RPC connection to the backup's worker of the same index modulo its
 //! worker count). Clients connect at run time through the [`Directory`].
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use rowankv_cm::{ConfigManager, CoordStore, EmbeddedStore};
+use rowankv_cm::{ConfigManager, CoordStore, EmbeddedStore, StoreSource};
 use rowankv_engine::{register_data_area, BackupLog, Engine, EngineConfig};
-use rowankv_fabric::{CqKind, Fabric, LoopbackFabric, LoopbackNic, Nic, QueuePair};
+use rowankv_fabric::{CqKind, Fabric, FaultInjector, LoopbackFabric, LoopbackNic, Nic, QueuePair};
 use rowankv_pmem::{MediaModelConfig, MediaStats, Medium, Pool, PoolOptions};
 use rowankv_rowan::RowanSender;
 use rowankv_types::{Clock, NodeId, SegmentId, SystemClock};
@@ -24,7 +25,10 @@ use rowankv_wire::config::{Config, ConfigSource, Member};
 use rowankv_wire::directory::Directory;
 use rowankv_wire::endpoint::{connect_pair, Endpoint, PeerId};
 
-use crate::background::{CleanTask, ControlTask, DigestTask};
+use crate::background::{CleanTask, DigestTask};
+use crate::cm_role::CmTask;
+use crate::control::{ControlTask, CM_PORT, CONTROL_PORT};
+use crate::events::EventLog;
 use crate::replication::{
     RemoteLogTarget, Replicator, RowanReplicator, RpcReplicator, RwriteReplicator, ShareReplicator,
     SharedLog, Strategy,
@@ -55,6 +59,8 @@ pub struct ClusterConfig {
     pub dir: Option<PathBuf>,
     pub placement: Placement,
     pub keys_per_shard_expected: usize,
+    /// Configuration managers: one active, the others standing by.
+    pub cms: usize,
 }
 
 impl Default for ClusterConfig {
@@ -73,6 +79,7 @@ impl Default for ClusterConfig {
             dir: None,
             placement: Placement::Shared { threads: 2 },
             keys_per_shard_expected: 4096,
+            cms: 2,
         }
     }
 }
@@ -86,46 +93,58 @@ fn err<E: std::fmt::Display>(what: &str) -> impl FnOnce(E) -> ClusterError + '_ 
     move |e| ClusterError(format!("{what}: {e}"))
 }
 
-/// A running in-process cluster.
-pub struct Cluster {
-    config: ClusterConfig,
-    fabric: LoopbackFabric,
-    cm: Arc<ConfigManager>,
-    directory: Directory,
-    servers: Vec<Arc<ServerShared<LoopbackNic>>>,
-    executor: Option<Executor>,
-    next_client: u32,
-    nics: Vec<LoopbackNic>,
+/// The CMs' nodes on the fabric: `CM_NODE_BASE + j`.
+pub const CM_NODE_BASE: u32 = 900;
+
+/// Who runs a task: the simulator pauses, crashes and restarts by owner.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Owner {
+    Server(NodeId),
+    Cm(NodeId),
+}
+
+/// A recovered server for a cold start: its engine (from `Engine::open`) and the
+/// segments recovery closed.
+pub struct Recovered {
+    pub node: NodeId,
+    pub engine: Arc<Engine>,
+    pub closed_segments: Vec<SegmentId>,
+}
+
+/// A cluster's parts, wired, before its roles run: what [`Cluster::start`] hands
+/// to an executor and what the simulator steps itself.
+pub struct Parts {
+    pub fabric: LoopbackFabric,
+    pub store: Arc<dyn CoordStore>,
+    pub source: Arc<dyn ConfigSource>,
+    pub directory: Directory,
+    pub servers: Vec<Arc<ServerShared<LoopbackNic>>>,
+    pub nics: Vec<LoopbackNic>,
+    pub tasks: Vec<(Owner, Box<dyn Task>)>,
+    /// Per CM: set to crash it.
+    pub cm_crash: Vec<(NodeId, Arc<AtomicBool>)>,
+    pub events: Arc<EventLog>,
     /// The backups' ends of remote-log connections, and their completion queues.
-    _passive: (
+    pub passive: (
         Vec<<LoopbackNic as Nic>::Qp>,
         Vec<Option<<LoopbackNic as Nic>::Cq>>,
     ),
+}
+
+/// A running in-process cluster.
+pub struct Cluster {
+    config: ClusterConfig,
+    clock: Arc<dyn Clock>,
+    parts: Parts,
+    view: Arc<ConfigManager>,
+    executor: Option<Executor>,
+    next_client: u32,
 }
 
 impl Cluster {
     /// Build and start a cluster.
     pub fn start(config: ClusterConfig) -> Result<Cluster, ClusterError> {
         let clock: Arc<dyn Clock> = SystemClock::new();
-        let fabric = LoopbackFabric::new();
-        let s = &config.settings;
-        let n = config.servers;
-        if n == 0 || s.workers == 0 {
-            return Err(ClusterError("servers and workers must be positive".into()));
-        }
-        let members: Vec<Member> = (0..n)
-            .map(|i| Member {
-                node: NodeId(i as u32),
-                workers: s.workers as u16,
-            })
-            .collect();
-        let initial = Config::initial(
-            config.cluster_id,
-            &members,
-            config.shards_per_server,
-            config.replication_factor,
-        )
-        .map_err(err("configuration"))?;
         let store: Arc<dyn CoordStore> = match &config.dir {
             Some(d) => Arc::new(
                 EmbeddedStore::open(d.join("coordination.json"), clock.clone())
@@ -133,197 +152,41 @@ impl Cluster {
             ),
             None => Arc::new(EmbeddedStore::in_memory(clock.clone())),
         };
-        let cm = Arc::new(ConfigManager::bootstrap(store, initial).map_err(err("CM"))?);
-        let cluster_config = cm.current();
-        let cm_source: Arc<dyn ConfigSource> = cm.clone();
+        let fabric = LoopbackFabric::with_clock(clock.clone());
+        let parts = build(&config, clock.clone(), fabric, store, None, Arc::new(EventLog::new()))?;
+        Self::run(config, clock, parts)
+    }
 
-        let mut nics = Vec::new();
-        let mut servers = Vec::new();
-        let mut regions = Vec::new();
-        let mut passive_cqs = Vec::new();
-        for i in 0..n {
-            let node = NodeId(i as u32);
-            let nic = fabric.attach(node).map_err(err("attaching a server"))?;
-            let mut opts = PoolOptions::new(Medium::Emulated, config.pool_bytes);
-            opts.media_model = config.media_model.clone();
-            opts.crash_sim = config.crash_sim;
-            let pool = match &config.dir {
-                Some(d) => Pool::create(&d.join(format!("server-{i}.pool")), opts),
-                None => Pool::anonymous(config.pool_bytes, opts),
-            }
-            .map_err(err("pool"))?;
-            let engine = Arc::new(
-                Engine::create(
-                    pool,
-                    EngineConfig {
-                        segment_size_bytes: config.segment_bytes,
-                        shard_count: cluster_config.shard_count(),
-                        workers: s.workers,
-                        cleaners: s.cleaners,
-                        keys_per_shard_expected: config.keys_per_shard_expected,
-                        ..EngineConfig::default()
-                    },
-                )
-                .map_err(err("engine"))?,
-            );
-            let blog = Arc::new(
-                if config.strategy == Strategy::Rowan {
-                    BackupLog::start(engine.clone(), nic.clone(), s.blog.clone())
-                } else {
-                    BackupLog::passive(engine.clone(), s.blog.clone())
-                }
-                .map_err(err("backup log"))?,
-            );
-            if config.strategy.uses_remote_logs() {
-                let mr = register_data_area(&engine, &nic).map_err(err("remote logs"))?;
-                regions.push(Some(mr.remote()));
-                passive_cqs.push(Some(
-                    nic.create_cq(CqKind::Ring { capacity: 1024 })
-                        .map_err(err("passive CQ"))?,
-                ));
-            } else {
-                regions.push(None);
-                passive_cqs.push(None);
-            }
-            servers.push(Arc::new(ServerShared::new(
-                node,
-                engine,
-                blog,
-                config.strategy,
-                s.clone(),
-                cluster_config.clone(),
-                cm_source.clone(),
-            )));
-            nics.push(nic);
-        }
+    /// Start a cluster from recovered servers (cold start after a power failure
+    /// of every server, §4.7): the configuration comes from `store`, every
+    /// primary makes its shards' replicas agree before serving them.
+    pub fn recover(
+        config: ClusterConfig,
+        store: Arc<dyn CoordStore>,
+        recovered: Vec<Recovered>,
+    ) -> Result<Cluster, ClusterError> {
+        let clock: Arc<dyn Clock> = SystemClock::new();
+        let fabric = LoopbackFabric::with_clock(clock.clone());
+        let events = Arc::new(EventLog::new());
+        let parts = build(&config, clock.clone(), fabric, store, Some(recovered), events)?;
+        Self::run(config, clock, parts)
+    }
 
-        let directory = Directory::new();
-        let mut eps: Vec<Vec<Option<Endpoint<LoopbackNic>>>> = Vec::new();
-        for nic in &nics {
-            let mut row = Vec::new();
-            for _ in 0..s.workers {
-                row.push(Some(
-                    Endpoint::new(nic.clone(), s.endpoint.clone()).map_err(err("endpoint"))?,
-                ));
-            }
-            eps.push(row);
+    fn run(config: ClusterConfig, clock: Arc<dyn Clock>, mut parts: Parts) -> Result<Cluster, ClusterError> {
+        let view = Arc::new(ConfigManager::open(parts.store.clone()).map_err(err("CM"))?);
+        let now = clock.now_ns();
+        for s in &parts.servers {
+            s.extend_lease(now + s.settings.failover.lease_ns);
         }
-        let shared_logs: Vec<HashMap<NodeId, Arc<SharedLog>>> = (0..n)
-            .map(|a| {
-                (0..n)
-                    .filter(|&b| b != a)
-                    .map(|b| (NodeId(b as u32), SharedLog::new()))
-                    .collect()
-            })
-            .collect();
-        let qp_depth = 4 * s.inflight_max + 64;
-        let mut passive_qps = Vec::new();
-        let mut repls: Vec<Vec<Box<dyn Replicator<LoopbackNic>>>> = Vec::new();
-        for a in 0..n {
-            let mut row: Vec<Box<dyn Replicator<LoopbackNic>>> = Vec::new();
-            for w in 0..s.workers {
-                // RPC peers of this worker at every other server.
-                let mut peers: HashMap<NodeId, PeerId> = HashMap::new();
-                if config.strategy != Strategy::Rowan {
-                    for b in (0..n).filter(|&b| b != a) {
-                        let bw = w % s.workers;
-                        let mut ea = eps[a][w].take().expect("endpoint");
-                        let mut eb = eps[b][bw].take().expect("endpoint");
-                        let (pa, _) =
-                            connect_pair(&mut ea, &mut eb).map_err(err("connecting workers"))?;
-                        eps[a][w] = Some(ea);
-                        eps[b][bw] = Some(eb);
-                        peers.insert(NodeId(b as u32), pa);
-                    }
-                }
-                let ep = eps[a][w].as_ref().expect("endpoint");
-                let repl: Box<dyn Replicator<LoopbackNic>> = match config.strategy {
-                    Strategy::Rowan => {
-                        let mut senders = HashMap::new();
-                        for b in (0..n).filter(|&b| b != a) {
-                            let qp = nics[a]
-                                .create_qp(ep.cq(), ep.cq(), None, qp_depth)
-                                .map_err(err("Rowan QP"))?;
-                            let remote = servers[b]
-                                .blog
-                                .accept(qp.addr())
-                                .map_err(err("Rowan accept"))?;
-                            qp.connect(remote).map_err(err("Rowan connect"))?;
-                            let mtu = servers[a].engine.config().mtu_bytes;
-                            senders.insert(NodeId(b as u32), RowanSender::new(qp, mtu));
-                        }
-                        let mtu = servers[a].engine.config().mtu_bytes;
-                        Box::new(RowanReplicator::new(senders, mtu))
-                    }
-                    Strategy::Rpc => Box::new(RpcReplicator::new(peers)),
-                    Strategy::Rwrite | Strategy::Batch | Strategy::Share => {
-                        let mut targets = HashMap::new();
-                        for b in (0..n).filter(|&b| b != a) {
-                            let qp = nics[a]
-                                .create_qp(ep.cq(), ep.cq(), None, qp_depth)
-                                .map_err(err("WRITE QP"))?;
-                            let cq = passive_cqs[b].as_ref().expect("passive CQ");
-                            let target = nics[b]
-                                .create_qp(cq, cq, None, 16)
-                                .map_err(err("passive QP"))?;
-                            qp.connect(target.addr()).map_err(err("connect"))?;
-                            target.connect(qp.addr()).map_err(err("connect"))?;
-                            // The backup's end lives as long as the cluster.
-                            passive_qps.push(target);
-                            let node = NodeId(b as u32);
-                            targets.insert(
-                                node,
-                                RemoteLogTarget {
-                                    qp,
-                                    region: regions[b].expect("registered"),
-                                    peer: peers[&node],
-                                },
-                            );
-                        }
-                        match config.strategy {
-                            Strategy::Share => {
-                                let logs = targets
-                                    .into_iter()
-                                    .map(|(node, t)| (node, (shared_logs[a][&node].clone(), t)))
-                                    .collect();
-                                Box::new(ShareReplicator::new(logs))
-                            }
-                            Strategy::Batch => {
-                                Box::new(RwriteReplicator::new(w as u32, targets, Some(s.batch)))
-                            }
-                            _ => Box::new(RwriteReplicator::new(w as u32, targets, None)),
-                        }
-                    }
-                };
-                row.push(repl);
-            }
-            repls.push(row);
-        }
-
         let mut executor = Executor::new(config.placement, clock.clone());
-        for (a, row) in repls.into_iter().enumerate() {
-            for (w, repl) in row.into_iter().enumerate() {
-                let ep = eps[a][w].take().expect("endpoint");
-                let acceptor = directory.register(NodeId(a as u32), w as u16);
-                let worker = Worker::new(servers[a].clone(), w, ep, acceptor, repl);
-                executor.spawn(Box::new(worker));
-            }
-            executor.spawn(Box::new(ControlTask::new(servers[a].clone())));
-            for d in 0..s.blog.digest_count {
-                executor.spawn(Box::new(DigestTask::new(servers[a].clone(), d)));
-            }
-            for c in 0..s.cleaners {
-                executor.spawn(Box::new(CleanTask::new(servers[a].clone(), c)));
-            }
+        for (_, t) in parts.tasks.drain(..) {
+            executor.spawn(t);
         }
         Ok(Cluster {
-            nics,
-            _passive: (passive_qps, passive_cqs),
             config,
-            fabric,
-            cm,
-            directory,
-            servers,
+            clock,
+            parts,
+            view,
             executor: Some(executor),
             next_client: 0,
         })
@@ -333,37 +196,58 @@ impl Cluster {
         &self.config
     }
 
+    pub fn clock(&self) -> &Arc<dyn Clock> {
+        &self.clock
+    }
+
     pub fn fabric(&self) -> &LoopbackFabric {
-        &self.fabric
+        &self.parts.fabric
     }
 
     pub fn directory(&self) -> &Directory {
-        &self.directory
+        &self.parts.directory
     }
 
+    /// A configuration manager on the cluster's coordination store, reloaded:
+    /// the configuration it holds is the latest stored one.
     pub fn cm(&self) -> &Arc<ConfigManager> {
-        &self.cm
+        let _ = self.view.reload();
+        &self.view
     }
 
+    /// The coordination store.
+    pub fn store(&self) -> &Arc<dyn CoordStore> {
+        &self.parts.store
+    }
+
+    /// What clients consult: the configuration as the store holds it.
     pub fn config_source(&self) -> Arc<dyn ConfigSource> {
-        self.cm.clone()
+        self.parts.source.clone()
     }
 
     pub fn servers(&self) -> &[Arc<ServerShared<LoopbackNic>>] {
-        &self.servers
+        &self.parts.servers
+    }
+
+    /// The failover timeline.
+    pub fn events(&self) -> &Arc<EventLog> {
+        &self.parts.events
     }
 
     /// A NIC for a new client node.
     pub fn attach_client(&mut self) -> Result<LoopbackNic, ClusterError> {
         let id = NodeId(CLIENT_NODE_BASE + self.next_client);
         self.next_client += 1;
-        self.fabric.attach(id).map_err(err("attaching a client"))
+        self.parts
+            .fabric
+            .attach(id)
+            .map_err(err("attaching a client"))
     }
 
     /// Server `i`'s NIC: another process on that server's machine (tests use it to
     /// talk to peers over a connection that really comes from that server).
     pub fn server_nic(&self, i: usize) -> LoopbackNic {
-        self.nics[i].clone()
+        self.parts.nics[i].clone()
     }
 
     /// Run another task (a load generator) on the cluster's executor.
@@ -373,9 +257,28 @@ impl Cluster {
         }
     }
 
+    /// Kill server `i` as a machine dies: its NIC leaves the fabric (peers'
+    /// operations on it fail), nobody can connect to it, its roles stop.
+    pub fn kill_server(&self, i: usize) {
+        let s = &self.parts.servers[i];
+        self.parts.fabric.crash_node(s.node);
+        self.parts.directory.unregister_node(s.node);
+        s.stop();
+    }
+
+    /// Crash CM `j` (its lease in the store runs out; a standby takes over).
+    pub fn kill_cm(&self, j: usize) {
+        if let Some((node, crashed)) = self.parts.cm_crash.get(j) {
+            crashed.store(true, Ordering::Release);
+            self.parts.fabric.crash_node(*node);
+            self.parts.directory.unregister_node(*node);
+        }
+    }
+
     /// Media counters of every server's pool (`None` without a media model).
     pub fn media_stats(&self) -> Vec<Option<MediaStats>> {
-        self.servers
+        self.parts
+            .servers
             .iter()
             .map(|s| s.engine.pool().media().map(|m| m.stats()))
             .collect()
@@ -383,7 +286,7 @@ impl Cluster {
 
     /// Write back every write-combining buffer (end of a measurement).
     pub fn flush_media(&self) {
-        for s in &self.servers {
+        for s in &self.parts.servers {
             if let Some(m) = s.engine.pool().media() {
                 m.flush_buffers();
             }
@@ -395,7 +298,10 @@ impl Cluster {
     /// everything replicated to them. Call with no writes in flight.
     pub fn digest_everything(&self) -> Result<usize, ClusterError> {
         let mut segments = 0;
-        for s in &self.servers {
+        for s in &self.parts.servers {
+            if s.stopped() {
+                continue;
+            }
             for d in 0..s.settings.blog.digest_count {
                 while s.blog.digest_step(d).map_err(err("digest"))? > 0 {}
             }
@@ -414,8 +320,15 @@ impl Cluster {
 
     /// Stop every role and wait for the executor's threads.
     pub fn shutdown(mut self) {
-        for s in &self.servers {
+        self.stop_all();
+    }
+
+    fn stop_all(&mut self) {
+        for s in &self.parts.servers {
             s.stop();
+        }
+        for (_, c) in &self.parts.cm_crash {
+            c.store(true, Ordering::Release);
         }
         if let Some(ex) = self.executor.take() {
             ex.stop();
@@ -425,11 +338,297 @@ impl Cluster {
 
 impl Drop for Cluster {
     fn drop(&mut self) {
-        for s in &self.servers {
-            s.stop();
+        self.stop_all();
+    }
+}
+
+/// Build a cluster's parts on `fabric` and `store`: pools and engines (or the
+/// `recovered` ones), the configuration (bootstrapped, or the stored one for a
+/// cold start), the wiring between servers, and every role as a task.
+pub fn build(
+    config: &ClusterConfig,
+    clock: Arc<dyn Clock>,
+    fabric: LoopbackFabric,
+    store: Arc<dyn CoordStore>,
+    recovered: Option<Vec<Recovered>>,
+    events: Arc<EventLog>,
+) -> Result<Parts, ClusterError> {
+    let s = &config.settings;
+    if config.servers == 0 || s.workers == 0 {
+        return Err(ClusterError("servers and workers must be positive".into()));
+    }
+    let cluster_config = match &recovered {
+        None => {
+            let members: Vec<Member> = (0..config.servers)
+                .map(|i| Member {
+                    node: NodeId(i as u32),
+                    workers: s.workers as u16,
+                })
+                .collect();
+            let initial = Config::initial(
+                config.cluster_id,
+                &members,
+                config.shards_per_server,
+                config.replication_factor,
+            )
+            .map_err(err("configuration"))?;
+            ConfigManager::bootstrap(store.clone(), initial)
+                .map_err(err("CM"))?
+                .current()
         }
-        if let Some(ex) = self.executor.take() {
-            ex.stop();
+        Some(_) => ConfigManager::open(store.clone())
+            .map_err(err("reading the stored configuration"))?
+            .current(),
+    };
+    let source: Arc<dyn ConfigSource> = Arc::new(StoreSource::new(store.clone()));
+    let nodes: Vec<NodeId> = cluster_config.members.iter().map(|m| m.node).collect();
+    let n = nodes.len();
+    let mut recovered: Option<BTreeMap<NodeId, Recovered>> =
+        recovered.map(|v| v.into_iter().map(|r| (r.node, r)).collect());
+
+    let mut nics = Vec::new();
+    let mut servers = Vec::new();
+    let mut regions = Vec::new();
+    let mut passive_cqs = Vec::new();
+    for &node in &nodes {
+        let nic = fabric.attach(node).map_err(err("attaching a server"))?;
+        let (engine, open) = match &mut recovered {
+            Some(r) => {
+                let r = r.remove(&node).ok_or_else(|| {
+                    ClusterError(format!("no recovered pool for member {node}"))
+                })?;
+                (r.engine, Some(r.closed_segments))
+            }
+            None => {
+                let mut opts = PoolOptions::new(Medium::Emulated, config.pool_bytes);
+                opts.media_model = config.media_model.clone();
+                opts.crash_sim = config.crash_sim;
+                let pool = match &config.dir {
+                    Some(d) => Pool::create(&d.join(format!("server-{}.pool", node.0)), opts),
+                    None => Pool::anonymous(config.pool_bytes, opts),
+                }
+                .map_err(err("pool"))?;
+                let engine = Engine::create(
+                    pool,
+                    EngineConfig {
+                        segment_size_bytes: config.segment_bytes,
+                        shard_count: cluster_config.shard_count(),
+                        workers: s.workers,
+                        cleaners: s.cleaners,
+                        keys_per_shard_expected: config.keys_per_shard_expected,
+                        ..EngineConfig::default()
+                    },
+                )
+                .map_err(err("engine"))?;
+                (Arc::new(engine), None)
+            }
+        };
+        let blog = Arc::new(
+            if config.strategy == Strategy::Rowan {
+                BackupLog::start(engine.clone(), nic.clone(), s.blog.clone())
+            } else {
+                BackupLog::passive(engine.clone(), s.blog.clone())
+            }
+            .map_err(err("backup log"))?,
+        );
+        if config.strategy.uses_remote_logs() {
+            let mr = register_data_area(&engine, &nic).map_err(err("remote logs"))?;
+            regions.push(Some(mr.remote()));
+            passive_cqs.push(Some(
+                nic.create_cq(CqKind::Ring { capacity: 1024 })
+                    .map_err(err("passive CQ"))?,
+            ));
+        } else {
+            regions.push(None);
+            passive_cqs.push(None);
+        }
+        servers.push(Arc::new(ServerShared::new(
+            node,
+            engine,
+            blog,
+            config.strategy,
+            s.clone(),
+            cluster_config.clone(),
+            source.clone(),
+            open,
+            events.clone(),
+        )));
+        nics.push(nic);
+    }
+
+    let directory = Directory::new();
+    let mut eps: Vec<Vec<Option<Endpoint<LoopbackNic>>>> = Vec::new();
+    for nic in &nics {
+        let mut row = Vec::new();
+        for _ in 0..s.workers {
+            row.push(Some(
+                Endpoint::new(nic.clone(), s.endpoint.clone()).map_err(err("endpoint"))?,
+            ));
+        }
+        eps.push(row);
+    }
+    let shared_logs: Vec<HashMap<NodeId, Arc<SharedLog>>> = (0..n)
+        .map(|a| {
+            (0..n)
+                .filter(|&b| b != a)
+                .map(|b| (nodes[b], SharedLog::new()))
+                .collect()
+        })
+        .collect();
+    let qp_depth = 4 * s.inflight_max + 64;
+    let mut passive_qps = Vec::new();
+    let mut repls: Vec<Vec<Box<dyn Replicator<LoopbackNic>>>> = Vec::new();
+    for a in 0..n {
+        let mut row: Vec<Box<dyn Replicator<LoopbackNic>>> = Vec::new();
+        for w in 0..s.workers {
+            // RPC peers of this worker at every other server.
+            let mut peers: HashMap<NodeId, PeerId> = HashMap::new();
+            if config.strategy != Strategy::Rowan {
+                for b in (0..n).filter(|&b| b != a) {
+                    let bw = w % s.workers;
+                    let mut ea = eps[a][w].take().expect("endpoint");
+                    let mut eb = eps[b][bw].take().expect("endpoint");
+                    let (pa, _) =
+                        connect_pair(&mut ea, &mut eb).map_err(err("connecting workers"))?;
+                    eps[a][w] = Some(ea);
+                    eps[b][bw] = Some(eb);
+                    peers.insert(nodes[b], pa);
+                }
+            }
+            let ep = eps[a][w].as_ref().expect("endpoint");
+            let repl: Box<dyn Replicator<LoopbackNic>> = match config.strategy {
+                Strategy::Rowan => {
+                    let mut senders = HashMap::new();
+                    for b in (0..n).filter(|&b| b != a) {
+                        let qp = nics[a]
+                            .create_qp(ep.cq(), ep.cq(), None, qp_depth)
+                            .map_err(err("Rowan QP"))?;
+                        let remote = servers[b]
+                            .blog
+                            .accept(qp.addr())
+                            .map_err(err("Rowan accept"))?;
+                        qp.connect(remote).map_err(err("Rowan connect"))?;
+                        let mtu = servers[a].engine.config().mtu_bytes;
+                        senders.insert(nodes[b], RowanSender::new(qp, mtu));
+                    }
+                    let mtu = servers[a].engine.config().mtu_bytes;
+                    Box::new(RowanReplicator::new(senders, mtu))
+                }
+                Strategy::Rpc => Box::new(RpcReplicator::new(peers)),
+                Strategy::Rwrite | Strategy::Batch | Strategy::Share => {
+                    let mut targets = HashMap::new();
+                    for b in (0..n).filter(|&b| b != a) {
+                        let qp = nics[a]
+                            .create_qp(ep.cq(), ep.cq(), None, qp_depth)
+                            .map_err(err("WRITE QP"))?;
+                        let cq = passive_cqs[b].as_ref().expect("passive CQ");
+                        let target = nics[b]
+                            .create_qp(cq, cq, None, 16)
+                            .map_err(err("passive QP"))?;
+                        qp.connect(target.addr()).map_err(err("connect"))?;
+                        target.connect(qp.addr()).map_err(err("connect"))?;
+                        // The backup's end lives as long as the cluster.
+                        passive_qps.push(target);
+                        let node = nodes[b];
+                        targets.insert(
+                            node,
+                            RemoteLogTarget {
+                                qp,
+                                region: regions[b].expect("registered"),
+                                peer: peers[&node],
+                            },
+                        );
+                    }
+                    match config.strategy {
+                        Strategy::Share => {
+                            let logs = targets
+                                .into_iter()
+                                .map(|(node, t)| (node, (shared_logs[a][&node].clone(), t)))
+                                .collect();
+                            Box::new(ShareReplicator::new(logs))
+                        }
+                        Strategy::Batch => {
+                            Box::new(RwriteReplicator::new(w as u32, targets, Some(s.batch)))
+                        }
+                        _ => Box::new(RwriteReplicator::new(w as u32, targets, None)),
+                    }
+                }
+            };
+            row.push(repl);
+        }
+        repls.push(row);
+    }
+
+    let cm_nodes: Vec<NodeId> = (0..config.cms.max(1))
+        .map(|j| NodeId(CM_NODE_BASE + j as u32))
+        .collect();
+    let mut tasks: Vec<(Owner, Box<dyn Task>)> = Vec::new();
+    for (a, row) in repls.into_iter().enumerate() {
+        let node = nodes[a];
+        for (w, repl) in row.into_iter().enumerate() {
+            let ep = eps[a][w].take().expect("endpoint");
+            let acceptor = directory.register(node, w as u16);
+            let worker = Worker::new(servers[a].clone(), w, ep, acceptor, repl);
+            tasks.push((Owner::Server(node), Box::new(worker)));
+        }
+        let ep = Endpoint::new(nics[a].clone(), s.endpoint.clone()).map_err(err("endpoint"))?;
+        let acceptor = directory.register(node, CONTROL_PORT);
+        tasks.push((
+            Owner::Server(node),
+            Box::new(ControlTask::new(
+                servers[a].clone(),
+                ep,
+                acceptor,
+                directory.clone(),
+                cm_nodes.clone(),
+            )),
+        ));
+        for d in 0..s.blog.digest_count {
+            tasks.push((
+                Owner::Server(node),
+                Box::new(DigestTask::new(servers[a].clone(), d)),
+            ));
+        }
+        for c in 0..s.cleaners {
+            tasks.push((
+                Owner::Server(node),
+                Box::new(CleanTask::new(servers[a].clone(), c)),
+            ));
         }
     }
+    let mut cm_crash = Vec::new();
+    for &cm in &cm_nodes {
+        let nic = fabric.attach(cm).map_err(err("attaching a CM"))?;
+        let ep = Endpoint::new(nic, s.endpoint.clone()).map_err(err("endpoint"))?;
+        let acceptor = directory.register(cm, CM_PORT);
+        let manager = Arc::new(ConfigManager::open(store.clone()).map_err(err("CM"))?);
+        let crashed = Arc::new(AtomicBool::new(false));
+        cm_crash.push((cm, crashed.clone()));
+        tasks.push((
+            Owner::Cm(cm),
+            Box::new(CmTask::new(
+                cm,
+                manager,
+                s.failover.clone(),
+                ep,
+                acceptor,
+                directory.clone(),
+                events.clone(),
+                crashed,
+            )),
+        ));
+    }
+    let _ = clock;
+    Ok(Parts {
+        fabric,
+        store,
+        source,
+        directory,
+        servers,
+        nics,
+        tasks,
+        cm_crash,
+        events,
+        passive: (passive_qps, passive_cqs),
+    })
 }

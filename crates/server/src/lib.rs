@@ -19,13 +19,20 @@
 
 pub mod background;
 pub mod cluster;
+pub mod cm_role;
+pub mod control;
+pub mod events;
 pub mod replication;
 pub mod runtime;
 pub mod server;
 pub mod version;
 pub mod worker;
 
-pub use cluster::{Cluster, ClusterConfig, ClusterError, CLIENT_NODE_BASE};
+pub use cluster::{
+    build, Cluster, ClusterConfig, ClusterError, Owner, Parts, Recovered, CLIENT_NODE_BASE,
+    CM_NODE_BASE,
+};
+pub use events::{Event, EventKind, EventLog};
 pub use replication::{BatchConfig, Strategy};
 pub use runtime::{Executor, Periodic, Placement, Step, Task};
-pub use server::{ServerSettings, ServerShared, ServerStats, KV_BYTES_MAX};
+pub use server::{FailoverSettings, ServerSettings, ServerShared, ServerStats, KV_BYTES_MAX};

@@ -42,6 +42,8 @@ struct PendingWrite {
     addr: u64,
     version: Version,
     len: usize,
+    /// The term the write started under (its replicas are that term's).
+    term: u64,
     acks_left: usize,
     failure: Option<String>,
 }
@@ -139,6 +141,7 @@ impl<N: Nic> Worker<N> {
             ErrorCode::NotPrimary => &stats.rejected_not_primary,
             ErrorCode::Malformed | ErrorCode::UnknownType => &stats.rejected_malformed,
             ErrorCode::TooLarge => &stats.rejected_too_large,
+            ErrorCode::Blocked | ErrorCode::NotMember => &stats.rejected_blocked,
             _ => &stats.rejected_other,
         };
         counter.fetch_add(1, Ordering::Relaxed);
@@ -202,6 +205,12 @@ impl<N: Nic> Worker<N> {
             self.reject(peer, h.request_id, ErrorCode::StaleTerm, &detail);
             return;
         }
+        if matches!(f.body, Body::Get { .. } | Body::Put { .. } | Body::Del { .. }) {
+            if let Some((code, why)) = self.shared.admit(now_ns, self.config.term) {
+                self.reject(peer, h.request_id, code, why);
+                return;
+            }
+        }
         match f.body {
             Body::Get { key } => self.handle_get(peer, h.request_id, key),
             Body::Put { key, value } => {
@@ -237,6 +246,11 @@ impl<N: Nic> Worker<N> {
                 s.primary, s.shard, self.config.term
             );
             self.reject(peer, request_id, ErrorCode::NotPrimary, &detail);
+            return None;
+        }
+        if !self.shared.shard_ready(s.shard) {
+            let detail = format!("{} is being recovered here", s.shard);
+            self.reject(peer, request_id, ErrorCode::Blocked, &detail);
             return None;
         }
         Some(s.shard)
@@ -288,10 +302,7 @@ impl<N: Nic> Worker<N> {
         };
         // A cheap handle on this step's configuration: the backups are read from it.
         let config = Arc::clone(&self.config);
-        let backups = &config
-            .shard(shard)
-            .expect("a validated configuration")
-            .backups;
+        let assignment = config.shard(shard).expect("a validated configuration");
         if key.is_empty() {
             self.reject(peer, request_id, ErrorCode::Malformed, "empty key");
             return;
@@ -368,11 +379,12 @@ impl<N: Nic> Worker<N> {
             addr,
             version,
             len: self.entry_buf.len(),
-            acks_left: backups.len(),
+            term: config.term.0,
+            acks_left: assignment.write_target_count(),
             failure: None,
         });
         self.inflight += 1;
-        if backups.is_empty() {
+        if assignment.write_target_count() == 0 {
             self.finish(slot);
             return;
         }
@@ -381,7 +393,7 @@ impl<N: Nic> Worker<N> {
             ep: &mut self.ep,
             now_ns,
         };
-        for &b in backups {
+        for b in assignment.write_targets() {
             self.repl.replicate(&mut cx, b, &self.entry_buf, token);
         }
     }
@@ -603,7 +615,7 @@ impl<N: Nic> Worker<N> {
                 ep: &mut self.ep,
                 now_ns,
             };
-            for &b in &s.backups {
+            for b in s.write_targets() {
                 self.repl
                     .replicate(&mut cx, b, &self.entry_buf, COMMIT_TOKEN);
             }
@@ -671,6 +683,13 @@ impl<N: Nic> Task for Worker<N> {
         let mut acked = acked;
         acked.clear();
         self.outcomes.acked = acked;
+        let oldest = self
+            .slots
+            .iter()
+            .filter_map(|s| s.write.as_ref().map(|w| w.term))
+            .min()
+            .unwrap_or(u64::MAX);
+        self.shared.set_worker_oldest_term(self.index, oldest);
         if did {
             Step::Worked
         } else {

@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 
-use rowankv_fabric::{Completion, Nic, WcStatus};
+use rowankv_fabric::{Completion, Nic, QpState, QueuePair, WcStatus};
 use rowankv_rowan::RowanSender;
 use rowankv_types::NodeId;
 use rowankv_wire::endpoint::{wr_id, PeerId, WR_TAG_SHIFT};
@@ -36,6 +36,15 @@ impl<N: Nic> Replicator<N> for RowanReplicator<N> {
                 .push((token, format!("no Rowan connection to {backup}")));
             return;
         };
+        // A connection that failed (a cut link, a backup that was down) is reset
+        // and tried again: if the fault is gone the write goes through, if not it
+        // fails again and the write is reported failed.
+        if sender.qp().state() == QpState::Error {
+            if let Err(e) = sender.qp().reset() {
+                self.failed_posts.push((token, format!("resetting the connection to {backup}: {e}")));
+                return;
+            }
+        }
         let id = wr_id(WR_TAG_REPL, token);
         // An entry larger than the MTU is sent block by block (each block at most
         // one MTU, whole blocks only); the blocks may land apart (§4.2.2).

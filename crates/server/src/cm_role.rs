@@ -1,0 +1,475 @@
+//! The configuration manager's role (seed 000 §4.5): leases, failure detection
+//! and the commit of new configurations, as a task on its own node of the fabric.
+//!
+//! Several CMs run; one is *active*: it holds the CM lease in the coordination
+//! store ([`ConfigManager::acquire_active`]), renews it every quarter of its TTL,
+//! and steps down the moment a renewal fails. The others are standbys that try
+//! to take the lease over; the one that gets it reloads the configuration and
+//! re-runs the prepare/commit round of its term, so that a round the old CM left
+//! half done completes (CM failover, as FaRM does it).
+//!
+//! The active CM:
+//! - grants leases: a server's `Lease` request is answered with the highest
+//!   committed term; the CM notes the time it *received* it, and grants only
+//!   while its own lease outlives the server's, so that no server lease it
+//!   granted survives it;
+//! - declares a member failed when `lease_ns` passed since its last grant, plans
+//!   the next configuration ([`plan_failover`]) and stores it with `commit_as`
+//!   (phase 1), sends `Prepare` to every member left until each has answered,
+//!   waits until the failed servers' leases have expired, then sends `Commit`;
+//! - on `Ready` from a primary, makes the joining backup a full one
+//!   ([`plan_ready`]) through the same round (nothing to wait for).
+//!
+//! A CM that starts as standby gives every member a full lease period from the
+//! moment it becomes active before it declares anyone failed: the old CM's
+//! grants have expired by then, and live servers have had time to renew.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use rowankv_cm::{plan_failover, plan_ready, ActiveLease, ConfigManager};
+use rowankv_fabric::Nic;
+use rowankv_types::{NodeId, ShardId, Term};
+use rowankv_wire::directory::{Acceptor, Directory};
+use rowankv_wire::endpoint::{Endpoint, Event, PeerId};
+use rowankv_wire::frame::{self, Body, Envelope, ErrorCode, Response};
+
+use crate::control::{Links, CONTROL_PORT};
+use crate::events::{EventKind, EventLog};
+use crate::runtime::{Periodic, Step, Task};
+use crate::server::FailoverSettings;
+
+/// A prepare/commit round of one configuration term.
+#[derive(Debug)]
+struct Round {
+    term: Term,
+    /// Members that have not answered `Prepare`.
+    waiting: BTreeSet<NodeId>,
+    /// When `Prepare` last went to each waiting member.
+    sent_ns: BTreeMap<NodeId, u64>,
+    /// Commit not before this: the failed servers' leases have expired.
+    not_before_ns: u64,
+}
+
+/// One configuration manager.
+pub struct CmTask<N: Nic> {
+    name: String,
+    node: NodeId,
+    manager: Arc<ConfigManager>,
+    settings: FailoverSettings,
+    ep: Endpoint<N>,
+    acceptor: Acceptor,
+    directory: Directory,
+    links: Links,
+    events: Arc<EventLog>,
+    crashed: Arc<AtomicBool>,
+    active: Option<ActiveLease>,
+    /// Our CM lease is valid until here (from the last successful renewal).
+    active_until_ns: u64,
+    renew_cm: Periodic,
+    /// Members' last lease grants (ns).
+    granted: BTreeMap<NodeId, u64>,
+    /// Members declared failed and removed (never granted again).
+    failed: BTreeSet<NodeId>,
+    round: Option<Round>,
+    /// The highest term whose commit was sent.
+    committed: Term,
+    ready: BTreeSet<(ShardId, NodeId)>,
+    next_request: u64,
+    /// Outstanding `Prepare`s: id → (peer, node, term).
+    pending: BTreeMap<u64, (PeerId, NodeId, Term)>,
+    evs: Vec<Event>,
+    data: Vec<u8>,
+}
+
+impl<N: Nic> CmTask<N> {
+    /// A CM on `ep` (its NIC is the CM's node), registered in the directory as
+    /// `acceptor`. `crashed`: set it to crash this CM (it stops at its next step
+    /// and never renews its lease again).
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        node: NodeId,
+        manager: Arc<ConfigManager>,
+        settings: FailoverSettings,
+        ep: Endpoint<N>,
+        acceptor: Acceptor,
+        directory: Directory,
+        events: Arc<EventLog>,
+        crashed: Arc<AtomicBool>,
+    ) -> Self {
+        let committed = manager.current().term;
+        CmTask {
+            name: format!("cm{}", node.0),
+            node,
+            renew_cm: Periodic::new(settings.cm_lease_ns / 4),
+            manager,
+            settings,
+            ep,
+            acceptor,
+            directory,
+            links: Links::new(CONTROL_PORT),
+            events,
+            crashed,
+            active: None,
+            active_until_ns: 0,
+            granted: BTreeMap::new(),
+            failed: BTreeSet::new(),
+            round: None,
+            committed,
+            ready: BTreeSet::new(),
+            next_request: 1,
+            pending: BTreeMap::new(),
+            evs: Vec::new(),
+            data: Vec::new(),
+        }
+    }
+
+    fn envelope(&self, request_id: u64) -> Envelope {
+        let c = self.manager.current();
+        Envelope {
+            cluster_id: c.cluster_id,
+            term: c.term,
+            request_id,
+            sender: self.node,
+        }
+    }
+
+    fn respond(&mut self, peer: PeerId, request_id: u64, r: Response<'_>) {
+        let env = self.envelope(request_id);
+        let _ = self.ep.respond(peer, &env, &Body::Response(r));
+    }
+
+    /// Hold, renew or try to take the CM lease.
+    fn lead(&mut self, now_ns: u64) -> bool {
+        if !self.renew_cm.due(now_ns) {
+            return false;
+        }
+        if let Some(lease) = &self.active {
+            match lease.renew() {
+                Ok(()) => {
+                    self.active_until_ns = now_ns + self.settings.cm_lease_ns;
+                    // A configuration an operator stored is prepared and committed
+                    // like one of ours.
+                    if self.round.is_none() {
+                        if let Ok(c) = self.manager.reload() {
+                            if c.term > self.committed {
+                                self.start_round(c.term, now_ns, now_ns);
+                            }
+                        }
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(cm = %self.name, error = %e, "lost the CM lease: standing by");
+                    self.active = None;
+                    self.round = None;
+                    self.pending.clear();
+                }
+            }
+            return false;
+        }
+        let Ok(lease) = self
+            .manager
+            .acquire_active(&self.name, self.settings.cm_lease_ns)
+        else {
+            return false;
+        };
+        let Ok(config) = self.manager.reload() else {
+            let _ = lease.release();
+            return false;
+        };
+        self.active = Some(lease);
+        self.active_until_ns = now_ns + self.settings.cm_lease_ns;
+        self.granted = config.members.iter().map(|m| (m.node, now_ns)).collect();
+        self.failed.clear();
+        self.events.record(
+            now_ns,
+            EventKind::CmActive {
+                cm: self.node,
+                term: config.term,
+            },
+        );
+        // Finish whatever round the previous CM left: prepare and commit again.
+        self.start_round(config.term, now_ns, now_ns);
+        true
+    }
+
+    fn start_round(&mut self, term: Term, not_before_ns: u64, _now_ns: u64) {
+        let config = self.manager.current();
+        self.round = Some(Round {
+            term,
+            waiting: config.members.iter().map(|m| m.node).collect(),
+            sent_ns: BTreeMap::new(),
+            not_before_ns,
+        });
+    }
+
+    /// Declare members whose lease expired failed and store the next
+    /// configuration.
+    fn detect(&mut self, now_ns: u64) -> bool {
+        let Some(active) = &self.active else {
+            return false;
+        };
+        let config = self.manager.current();
+        let lease = self.settings.lease_ns;
+        let dead: Vec<NodeId> = config
+            .members
+            .iter()
+            .map(|m| m.node)
+            .filter(|n| {
+                self.granted
+                    .get(n)
+                    .is_none_or(|&t| now_ns > t + lease)
+            })
+            .collect();
+        if dead.is_empty() {
+            return false;
+        }
+        // Leave at least one server: with every server gone there is nothing
+        // to fail over to (a cold start is the way back).
+        if dead.len() == config.members.len() {
+            return false;
+        }
+        let next = match plan_failover(&config, &dead) {
+            Ok(n) => n,
+            Err(e) => {
+                tracing::error!(cm = %self.name, error = %e, "no failover possible");
+                return false;
+            }
+        };
+        for &d in &dead {
+            self.events
+                .record(now_ns, EventKind::ServerFailed { node: d });
+            self.failed.insert(d);
+        }
+        let not_before = dead
+            .iter()
+            .map(|d| self.granted.get(d).copied().unwrap_or(0) + lease)
+            .max()
+            .unwrap_or(now_ns)
+            .max(self.round.as_ref().map_or(0, |r| r.not_before_ns));
+        match self.manager.commit_as(active, next) {
+            Ok(c) => {
+                self.events
+                    .record(now_ns, EventKind::ConfigStored { term: c.term });
+                self.start_round(c.term, not_before, now_ns);
+                true
+            }
+            Err(e) => {
+                tracing::warn!(cm = %self.name, error = %e, "storing the next configuration");
+                false
+            }
+        }
+    }
+
+    /// Turn one joining backup that finished copying into a backup.
+    fn promote_ready(&mut self, now_ns: u64) -> bool {
+        if self.round.is_some() {
+            return false;
+        }
+        let Some(active) = &self.active else {
+            return false;
+        };
+        while let Some((shard, node)) = self.ready.pop_first() {
+            let config = self.manager.current();
+            let Some(next) = plan_ready(&config, shard, node) else {
+                continue;
+            };
+            match self.manager.commit_as(active, next) {
+                Ok(c) => {
+                    self.events
+                        .record(now_ns, EventKind::ConfigStored { term: c.term });
+                    self.start_round(c.term, now_ns, now_ns);
+                    return true;
+                }
+                Err(e) => {
+                    tracing::warn!(cm = %self.name, error = %e, "storing a ready backup");
+                    return false;
+                }
+            }
+        }
+        false
+    }
+
+    /// Send `Prepare` to members that have not answered; commit once all have.
+    fn drive_round(&mut self, now_ns: u64) -> bool {
+        let retry = self.settings.retry_ns;
+        let Some(round) = &self.round else {
+            return false;
+        };
+        let term = round.term;
+        let due: Vec<NodeId> = round
+            .waiting
+            .iter()
+            .copied()
+            .filter(|n| round.sent_ns.get(n).is_none_or(|&t| now_ns >= t + retry))
+            .collect();
+        let mut did = false;
+        for node in due {
+            let Some(peer) = self
+                .links
+                .peer(&mut self.ep, &self.directory, node, now_ns, retry)
+            else {
+                continue;
+            };
+            let id = self.next_request;
+            let env = self.envelope(id);
+            if self.ep.request(peer, &env, &Body::Prepare { term }).is_ok() {
+                self.next_request += 1;
+                self.pending.insert(id, (peer, node, term));
+                if let Some(r) = &mut self.round {
+                    r.sent_ns.insert(node, now_ns);
+                }
+                did = true;
+            }
+        }
+        let round = self.round.as_ref().expect("checked");
+        if round.waiting.is_empty() && now_ns >= round.not_before_ns {
+            let config = self.manager.current();
+            for m in &config.members {
+                if let Some(peer) =
+                    self.links
+                        .peer(&mut self.ep, &self.directory, m.node, now_ns, retry)
+                {
+                    let env = self.envelope(0);
+                    // Fire and forget: a server that misses it learns the committed
+                    // term from its next lease renewal.
+                    let _ = self.ep.respond(peer, &env, &Body::Commit { term });
+                }
+            }
+            self.committed = self.committed.max(term);
+            self.events
+                .record(now_ns, EventKind::ConfigCommitted { term });
+            self.round = None;
+            did = true;
+        }
+        did
+    }
+
+    fn handle(&mut self, peer: PeerId, bytes: &[u8], now_ns: u64) {
+        let Ok(f) = frame::decode(bytes) else {
+            return;
+        };
+        let h = f.header;
+        if self.ep.remote(peer).map(|a| a.node) != Some(h.sender) {
+            return;
+        }
+        match f.body {
+            Body::Lease => {
+                let config = self.manager.current();
+                let Some(_) = &self.active else {
+                    let term = config.term;
+                    self.respond(
+                        peer,
+                        h.request_id,
+                        Response::Error {
+                            code: ErrorCode::Blocked,
+                            term,
+                            detail: "a standby CM",
+                        },
+                    );
+                    return;
+                };
+                if config.member(h.sender).is_none() || self.failed.contains(&h.sender) {
+                    let term = config.term;
+                    self.respond(
+                        peer,
+                        h.request_id,
+                        Response::Error {
+                            code: ErrorCode::NotMember,
+                            term,
+                            detail: "removed from the configuration",
+                        },
+                    );
+                    return;
+                }
+                // Grant only a lease that ends before ours does.
+                if now_ns + self.settings.lease_ns > self.active_until_ns {
+                    return;
+                }
+                self.granted.insert(h.sender, now_ns);
+                let committed = self.committed.0;
+                self.respond(peer, h.request_id, Response::Ok { version: committed });
+            }
+            Body::Ready { shard, node } => {
+                self.ready.insert((shard, node));
+                self.respond(peer, h.request_id, Response::Ok { version: 0 });
+            }
+            Body::Response(r) => {
+                if let Some((_, node, term)) = self.pending.remove(&h.request_id) {
+                    if let (Response::Ok { version }, Some(round)) = (r, &mut self.round) {
+                        if round.term == term && version >= term.0 {
+                            round.waiting.remove(&node);
+                        }
+                    }
+                }
+            }
+            _ => {
+                let term = self.manager.current().term;
+                self.respond(
+                    peer,
+                    h.request_id,
+                    Response::Error {
+                        code: ErrorCode::UnknownType,
+                        term,
+                        detail: "not a CM request",
+                    },
+                );
+            }
+        }
+    }
+}
+
+impl<N: Nic> Task for CmTask<N> {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn step(&mut self, now_ns: u64) -> Step {
+        if self.crashed.load(Ordering::Acquire) {
+            return Step::Done;
+        }
+        let mut did = !self.acceptor.accept_pending(&mut self.ep).is_empty();
+        self.links
+            .progress(&mut self.ep, now_ns, 4 * self.settings.retry_ns);
+        let mut evs = std::mem::take(&mut self.evs);
+        let mut data = std::mem::take(&mut self.data);
+        if let Ok(n) = self.ep.poll(&mut evs, &mut data) {
+            did |= n > 0;
+        }
+        for ev in &evs {
+            match *ev {
+                Event::Message { peer, start, len } => {
+                    self.handle(peer, &data[start..start + len], now_ns)
+                }
+                Event::SendFailed { peer, .. } => {
+                    self.links.drop_peer(peer);
+                    let lost: Vec<u64> = self
+                        .pending
+                        .iter()
+                        .filter(|(_, (p, _, _))| *p == peer)
+                        .map(|(id, _)| *id)
+                        .collect();
+                    for id in lost {
+                        self.pending.remove(&id);
+                        self.ep.forget(peer);
+                    }
+                }
+                Event::Owner(_) => {}
+            }
+        }
+        self.evs = evs;
+        self.data = data;
+        did |= self.lead(now_ns);
+        if self.active.is_some() {
+            did |= self.detect(now_ns);
+            did |= self.drive_round(now_ns);
+            did |= self.promote_ready(now_ns);
+        }
+        if did {
+            Step::Worked
+        } else {
+            Step::Idle
+        }
+    }
+}

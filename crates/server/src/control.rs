@@ -1,0 +1,946 @@
+//! The control role of a server (seed 000 §4.1, §4.5, §4.7).
+//!
+//! Besides the Rowan receiver's control path (posting segments, finding used
+//! ones, committing digested ones every `control_interval_ns`), this role is the
+//! server's side of the failover protocol, on its own RPC endpoint
+//! ([`CONTROL_PORT`] in the directory):
+//! - **Lease**: every `renew_ns` it asks each CM for a lease. The active CM's
+//!   answer carries the highest committed term; the lease runs `lease_ns` from
+//!   the moment the request was *sent*, so it ends no later than the CM thinks.
+//!   A CM that removed this server answers `NotMember`: the server stops.
+//! - **Prepare / Commit** (phase 1): on `Prepare` it adopts the configuration the
+//!   coordination store holds — destroying the connections of removed servers,
+//!   blocking — and answers; on `Commit` (or a lease answer with that term) it
+//!   unblocks.
+//! - **Promotion** (phase 2) of each shard it is newly primary of, and **cold
+//!   start** of each shard it is primary of after its pool was recovered: it
+//!   gathers from every replica (itself included) the shard's entries in segments
+//!   that may not be on every replica (`Gather`, paged), installs the union,
+//!   scatters it to every other replica (`Install`) and waits for their answers,
+//!   raises the shard's version past every version seen, and only then serves the
+//!   shard. The union covers every acknowledged write: an acknowledged write is
+//!   durable on every replica of its term, the new primary included.
+//! - **Re-replication** (phase 3): for each joining backup of a shard it serves,
+//!   once every write that started before the backup joined has finished, it
+//!   copies the shard's index entries to it (`Install`) and tells the CM
+//!   (`Ready`), which makes it a full backup.
+//!
+//! Every request it sends is retried every `retry_ns` until answered; `Gather` and
+//! `Install` are idempotent (a cursor; version-conditional installation).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use crossbeam::channel::Receiver;
+use rowankv_engine::entry;
+use rowankv_fabric::{Nic, QpAddr};
+use rowankv_types::{NodeId, ShardId, Term};
+use rowankv_wire::config::Config;
+use rowankv_wire::directory::{Acceptor, Directory};
+use rowankv_wire::endpoint::{Endpoint, Event, PeerId};
+use rowankv_wire::frame::{self, Body, Envelope, ErrorCode, Response, HEADER_BYTES};
+
+use crate::events::EventKind;
+use crate::runtime::{Periodic, Step, Task};
+use crate::server::ServerShared;
+
+/// The directory port of a server's control role (workers use 0..workers).
+pub const CONTROL_PORT: u16 = u16::MAX;
+/// The directory port of a CM.
+pub const CM_PORT: u16 = 0;
+
+/// An outgoing connection of a control endpoint.
+pub(crate) enum Link {
+    Connecting {
+        peer: PeerId,
+        reply: Receiver<Result<QpAddr, String>>,
+        since_ns: u64,
+    },
+    Up(PeerId),
+}
+
+/// Outgoing connections by node, made through the directory and remade after
+/// a failure (not more often than every `retry_ns`).
+pub(crate) struct Links {
+    port: u16,
+    links: BTreeMap<NodeId, Link>,
+    last_attempt: BTreeMap<NodeId, u64>,
+}
+
+impl Links {
+    pub(crate) fn new(port: u16) -> Links {
+        Links {
+            port,
+            links: BTreeMap::new(),
+            last_attempt: BTreeMap::new(),
+        }
+    }
+
+    /// The connected peer for `node`, starting a connection if there is none.
+    pub(crate) fn peer<N: Nic>(
+        &mut self,
+        ep: &mut Endpoint<N>,
+        directory: &Directory,
+        node: NodeId,
+        now_ns: u64,
+        retry_ns: u64,
+    ) -> Option<PeerId> {
+        match self.links.get(&node) {
+            Some(Link::Up(p)) => return Some(*p),
+            Some(Link::Connecting { .. }) => return None,
+            None => {}
+        }
+        if self
+            .last_attempt
+            .get(&node)
+            .is_some_and(|&t| now_ns < t + retry_ns)
+        {
+            return None;
+        }
+        self.last_attempt.insert(node, now_ns);
+        if let Ok((peer, reply)) = directory.connect_async(ep, node, self.port) {
+            self.links.insert(
+                node,
+                Link::Connecting {
+                    peer,
+                    reply,
+                    since_ns: now_ns,
+                },
+            );
+        }
+        None
+    }
+
+    /// Finish connections whose answer arrived; give up on those that took
+    /// longer than `timeout_ns`.
+    pub(crate) fn progress<N: Nic>(&mut self, ep: &mut Endpoint<N>, now_ns: u64, timeout_ns: u64) {
+        let mut done = Vec::new();
+        for (&node, link) in &self.links {
+            if let Link::Connecting {
+                peer,
+                reply,
+                since_ns,
+            } = link
+            {
+                match reply.try_recv() {
+                    Ok(Ok(addr)) => {
+                        let up = ep.connect(*peer, addr).is_ok();
+                        done.push((node, up.then_some(*peer)));
+                    }
+                    Ok(Err(_)) => done.push((node, None)),
+                    Err(_) if now_ns >= since_ns + timeout_ns => done.push((node, None)),
+                    Err(_) => {}
+                }
+            }
+        }
+        for (node, up) in done {
+            match up {
+                Some(p) => self.links.insert(node, Link::Up(p)),
+                None => self.links.remove(&node),
+            };
+        }
+    }
+
+    /// Forget the connection to whoever is behind `peer` (its send failed).
+    pub(crate) fn drop_peer(&mut self, peer: PeerId) {
+        self.links
+            .retain(|_, l| !matches!(l, Link::Up(p) if *p == peer));
+    }
+}
+
+/// Split concatenated encoded entries.
+pub(crate) fn split_entries(mut bytes: &[u8]) -> Result<Vec<&[u8]>, String> {
+    let mut out = Vec::new();
+    while !bytes.is_empty() {
+        let e = entry::parse_entry(bytes).map_err(|e| e.to_string())?;
+        let (one, rest) = bytes.split_at(e.encoded_len);
+        out.push(one);
+        bytes = rest;
+    }
+    Ok(out)
+}
+
+/// Pack entries into pages of at most `max` bytes (every entry fits one page).
+fn pack<'a>(entries: impl Iterator<Item = &'a [u8]>, max: usize) -> Vec<Vec<u8>> {
+    let mut pages: Vec<Vec<u8>> = Vec::new();
+    for e in entries {
+        match pages.last_mut() {
+            Some(p) if p.len() + e.len() <= max => p.extend_from_slice(e),
+            _ => pages.push(e.to_vec()),
+        }
+    }
+    pages
+}
+
+/// What an outstanding request of the control role was for.
+#[derive(Clone, Debug)]
+enum Pending {
+    Lease { sent_ns: u64 },
+    Gather { shard: ShardId, from: NodeId },
+    Install { shard: ShardId, to: NodeId, page: usize },
+    Ready,
+}
+
+/// Gathering from one replica.
+#[derive(Clone, Debug, Default)]
+struct Source {
+    cursor: u32,
+    done: bool,
+    asked_ns: Option<u64>,
+}
+
+/// Sending pages to one replica.
+#[derive(Clone, Debug, Default)]
+struct Target {
+    next_page: usize,
+    asked_ns: Option<u64>,
+}
+
+/// Promotion or cold start of one shard.
+struct Recovery {
+    sources: BTreeMap<NodeId, Source>,
+    /// The union, by version.
+    entries: BTreeMap<u64, Vec<u8>>,
+    /// After gathering: the pages and who still needs them.
+    pages: Vec<Vec<u8>>,
+    targets: BTreeMap<NodeId, Target>,
+    scattering: bool,
+}
+
+/// Re-replication of one shard to one joining backup.
+struct Copy {
+    pages: Option<Vec<Vec<u8>>>,
+    entries: u64,
+    target: Target,
+    ready_sent_ns: Option<u64>,
+}
+
+/// The control role of one server.
+pub struct ControlTask<N: Nic> {
+    name: String,
+    shared: Arc<ServerShared<N>>,
+    rowan: Periodic,
+    ep: Endpoint<N>,
+    acceptor: Acceptor,
+    directory: Directory,
+    cms: Vec<NodeId>,
+    cm_links: Links,
+    peer_links: Links,
+    renew: Periodic,
+    next_request: u64,
+    /// Outstanding requests: id → (peer, sent at, what for).
+    pending: BTreeMap<u64, (PeerId, u64, Pending)>,
+    /// The jobs of this configuration term.
+    jobs_term: Term,
+    jobs_epoch: u64,
+    recoveries: BTreeMap<ShardId, Recovery>,
+    copies: BTreeMap<(ShardId, NodeId), Copy>,
+    /// Gather answers being paged out: (asking node, shard) → entries.
+    gathered: BTreeMap<(NodeId, ShardId), Vec<Vec<u8>>>,
+    events: Vec<Event>,
+    data: Vec<u8>,
+}
+
+impl<N: Nic> ControlTask<N> {
+    pub fn new(
+        shared: Arc<ServerShared<N>>,
+        ep: Endpoint<N>,
+        acceptor: Acceptor,
+        directory: Directory,
+        cms: Vec<NodeId>,
+    ) -> Self {
+        let f = &shared.settings.failover;
+        ControlTask {
+            name: format!("s{}-control", shared.node.0),
+            rowan: Periodic::new(shared.settings.control_interval_ns),
+            renew: Periodic::new(f.renew_ns),
+            ep,
+            acceptor,
+            directory,
+            cms,
+            cm_links: Links::new(CM_PORT),
+            peer_links: Links::new(CONTROL_PORT),
+            next_request: 1,
+            pending: BTreeMap::new(),
+            jobs_term: Term(0),
+            jobs_epoch: u64::MAX,
+            recoveries: BTreeMap::new(),
+            copies: BTreeMap::new(),
+            gathered: BTreeMap::new(),
+            events: Vec::new(),
+            data: Vec::new(),
+            shared,
+        }
+    }
+
+    fn envelope(&self, request_id: u64) -> Envelope {
+        let c = self.shared.config();
+        Envelope {
+            cluster_id: c.cluster_id,
+            term: c.term,
+            request_id,
+            sender: self.shared.node,
+        }
+    }
+
+    fn request(&mut self, peer: PeerId, body: &Body<'_>, what: Pending, now_ns: u64) -> bool {
+        let id = self.next_request;
+        let env = self.envelope(id);
+        match self.ep.request(peer, &env, body) {
+            Ok(()) => {
+                self.next_request += 1;
+                self.pending.insert(id, (peer, now_ns, what));
+                true
+            }
+            Err(e) => {
+                tracing::debug!(role = %self.name, error = %e, "control request not sent");
+                false
+            }
+        }
+    }
+
+    fn respond(&mut self, peer: PeerId, request_id: u64, r: Response<'_>) {
+        let env = self.envelope(request_id);
+        if let Err(e) = self.ep.respond(peer, &env, &Body::Response(r)) {
+            tracing::debug!(role = %self.name, error = %e, "control response not sent");
+        }
+    }
+
+    fn reject(&mut self, peer: PeerId, request_id: u64, code: ErrorCode, detail: &str) {
+        let term = self.shared.term();
+        self.respond(peer, request_id, Response::Error { code, term, detail });
+    }
+
+    fn renew_lease(&mut self, now_ns: u64) {
+        let retry = self.shared.settings.failover.retry_ns;
+        for cm in self.cms.clone() {
+            if let Some(peer) = self
+                .cm_links
+                .peer(&mut self.ep, &self.directory, cm, now_ns, retry)
+            {
+                self.request(
+                    peer,
+                    &Body::Lease,
+                    Pending::Lease { sent_ns: now_ns },
+                    now_ns,
+                );
+            }
+        }
+    }
+
+    /// The CM granted the lease asked for at `sent_ns`; `committed`: its highest
+    /// committed term.
+    fn on_lease(&mut self, sent_ns: u64, committed: Term) {
+        let f = &self.shared.settings.failover;
+        self.shared.extend_lease(sent_ns + f.lease_ns);
+        self.learn_committed(committed);
+    }
+
+    fn learn_committed(&mut self, committed: Term) {
+        if committed > self.shared.term() {
+            self.shared.refresh_config();
+        }
+        // Only a term this server holds can be committed here: one it could not
+        // fetch yet stays blocked.
+        let held = self.shared.term();
+        self.shared.commit_term(committed.min(held));
+    }
+
+    fn handle_request(&mut self, peer: PeerId, bytes: &[u8], now_ns: u64) {
+        let f = match frame::decode(bytes) {
+            Ok(f) => f,
+            Err(e) => {
+                if let Ok(h) = frame::decode_header(bytes) {
+                    if h.msg_type != frame::MsgType::Response as u8 {
+                        self.reject(peer, h.request_id, e.code(), &e.to_string());
+                    }
+                }
+                return;
+            }
+        };
+        let h = f.header;
+        let from = self.ep.remote(peer).map(|a| a.node);
+        if from != Some(h.sender) {
+            if !matches!(f.body, Body::Response(_)) {
+                let detail = format!("header names sender {} on a connection from {from:?}", h.sender);
+                self.reject(peer, h.request_id, ErrorCode::Malformed, &detail);
+            }
+            return;
+        }
+        if let Body::Response(r) = f.body {
+            self.on_response(h.request_id, &r, now_ns);
+            return;
+        }
+        let config = self.shared.config();
+        if h.cluster_id != config.cluster_id {
+            self.reject(peer, h.request_id, ErrorCode::WrongCluster, "another cluster");
+            return;
+        }
+        match f.body {
+            Body::Prepare { term } => {
+                let held = self.shared.refresh_config().term;
+                if held >= term {
+                    self.respond(peer, h.request_id, Response::Ok { version: held.0 });
+                } else {
+                    let detail = format!("the store holds {held:?}, not {term:?}");
+                    self.reject(peer, h.request_id, ErrorCode::StaleTerm, &detail);
+                }
+            }
+            Body::Commit { term } => {
+                self.learn_committed(term);
+                let held = self.shared.term();
+                self.respond(peer, h.request_id, Response::Ok { version: held.0 });
+            }
+            Body::Gather { shard, cursor } => self.handle_gather(peer, &h, shard, cursor),
+            Body::Install { shard, entries } => self.handle_install(peer, &h, shard, entries),
+            _ => {
+                let detail = format!("{:?} is not for a server's control role", f.body.msg_type());
+                self.reject(peer, h.request_id, ErrorCode::UnknownType, &detail);
+            }
+        }
+    }
+
+    /// Terms must match: a newer one is fetched first; an older one is refused.
+    fn same_term(&mut self, peer: PeerId, h: &frame::Header) -> Option<Arc<Config>> {
+        if h.term > self.shared.term() {
+            self.shared.refresh_config();
+        }
+        let config = self.shared.config();
+        if h.term != config.term {
+            let detail = format!("request term {}, server term {}", h.term, config.term);
+            self.reject(peer, h.request_id, ErrorCode::StaleTerm, &detail);
+            return None;
+        }
+        Some(config)
+    }
+
+    fn handle_gather(&mut self, peer: PeerId, h: &frame::Header, shard: ShardId, cursor: u32) {
+        let Some(config) = self.same_term(peer, h) else {
+            return;
+        };
+        if config.shard(shard).is_none_or(|s| s.primary != h.sender) {
+            let detail = format!("{} is not the primary of {shard}", h.sender);
+            self.reject(peer, h.request_id, ErrorCode::NotPrimary, &detail);
+            return;
+        }
+        let key = (h.sender, shard);
+        if cursor == 0 || !self.gathered.contains_key(&key) {
+            match self
+                .shared
+                .engine
+                .uncommitted_entries(shard, &self.shared.recovered_open)
+            {
+                Ok(list) => {
+                    self.gathered.insert(key, list);
+                }
+                Err(e) => {
+                    self.reject(peer, h.request_id, ErrorCode::Internal, &e.to_string());
+                    return;
+                }
+            }
+        }
+        let list = &self.gathered[&key];
+        let max = self.ep.config().frame_bytes_max - HEADER_BYTES - 6;
+        let mut page = Vec::new();
+        let mut next = cursor as usize;
+        while next < list.len() && page.len() + list[next].len() <= max {
+            page.extend_from_slice(&list[next]);
+            next += 1;
+        }
+        let more = next < list.len();
+        if !more {
+            self.gathered.remove(&key);
+        }
+        self.respond(
+            peer,
+            h.request_id,
+            Response::Entries {
+                next: next as u32,
+                more,
+                entries: &page,
+            },
+        );
+    }
+
+    fn handle_install(&mut self, peer: PeerId, h: &frame::Header, shard: ShardId, entries: &[u8]) {
+        let Some(config) = self.same_term(peer, h) else {
+            return;
+        };
+        let ok = config
+            .shard(shard)
+            .is_some_and(|s| s.primary == h.sender && s.write_targets().any(|b| b == self.shared.node));
+        if !ok {
+            let detail = format!("{} may not install {shard} here", h.sender);
+            self.reject(peer, h.request_id, ErrorCode::NotPrimary, &detail);
+            return;
+        }
+        let foreign = split_entries(entries).map(|list| {
+            list.iter()
+                .any(|e| entry::parse_entry(e).is_ok_and(|p| p.shard != shard))
+        });
+        match foreign {
+            Ok(false) => {}
+            Ok(true) => {
+                self.reject(peer, h.request_id, ErrorCode::Malformed, "an entry of another shard");
+                return;
+            }
+            Err(e) => {
+                self.reject(peer, h.request_id, ErrorCode::Malformed, &e);
+                return;
+            }
+        }
+        match self.shared.engine.install_entries(0, entries) {
+            Ok(r) => {
+                for seg in r.sealed {
+                    self.shared.blog.enqueue_used(seg);
+                }
+                self.shared
+                    .stats
+                    .installed
+                    .fetch_add(r.installed as u64, std::sync::atomic::Ordering::Relaxed);
+                self.respond(peer, h.request_id, Response::Ok { version: 0 });
+            }
+            Err(e) => self.reject(peer, h.request_id, ErrorCode::Internal, &e.to_string()),
+        }
+    }
+
+    fn on_response(&mut self, request_id: u64, r: &Response<'_>, now_ns: u64) {
+        let Some((_, _, what)) = self.pending.remove(&request_id) else {
+            return;
+        };
+        match what {
+            Pending::Lease { sent_ns } => match *r {
+                Response::Ok { version } => self.on_lease(sent_ns, Term(version)),
+                Response::Error {
+                    code: ErrorCode::NotMember,
+                    ..
+                } => {
+                    tracing::warn!(server = %self.shared.node, "removed from the cluster by the CM");
+                    self.shared.evict();
+                }
+                _ => {}
+            },
+            Pending::Gather { shard, from } => {
+                let Some(rec) = self.recoveries.get_mut(&shard) else {
+                    return;
+                };
+                let Some(src) = rec.sources.get_mut(&from) else {
+                    return;
+                };
+                src.asked_ns = None;
+                if let Response::Entries {
+                    next,
+                    more,
+                    entries,
+                } = *r
+                {
+                    match split_entries(entries) {
+                        Ok(list) => {
+                            for e in list {
+                                if let Ok(p) = entry::parse_entry(e) {
+                                    if p.shard == shard {
+                                        rec.entries.entry(p.version.0).or_insert_with(|| e.to_vec());
+                                    }
+                                }
+                            }
+                            src.cursor = next;
+                            src.done = !more;
+                        }
+                        Err(e) => {
+                            tracing::warn!(role = %self.name, %from, error = %e, "bad gather page");
+                            src.cursor = 0;
+                        }
+                    }
+                } else {
+                    // Refused (a term not yet adopted there): ask again later.
+                    src.asked_ns = Some(now_ns);
+                }
+            }
+            Pending::Install { shard, to, page } => {
+                let ok = matches!(r, Response::Ok { .. });
+                let target = if let Some(rec) = self.recoveries.get_mut(&shard) {
+                    rec.targets.get_mut(&to)
+                } else if let Some(c) = self.copies.get_mut(&(shard, to)) {
+                    Some(&mut c.target)
+                } else {
+                    None
+                };
+                if let Some(t) = target {
+                    if ok && t.next_page == page {
+                        t.next_page += 1;
+                        t.asked_ns = None;
+                    } else if !ok {
+                        t.asked_ns = Some(now_ns);
+                    }
+                }
+            }
+            Pending::Ready => {}
+        }
+    }
+
+    /// Plan promotions, cold-start recoveries and copies for the configuration
+    /// held, once it is committed.
+    fn plan(&mut self) {
+        let epoch = self.shared.config_epoch();
+        let config = self.shared.config();
+        if self.shared.committed_term() < config.term {
+            return; // blocked: wait for the commit
+        }
+        if epoch == self.jobs_epoch && self.jobs_term == config.term {
+            return;
+        }
+        self.jobs_epoch = epoch;
+        if self.jobs_term != config.term {
+            // Replicas changed: every job starts over against the new replicas.
+            self.recoveries.clear();
+            self.copies.clear();
+            self.jobs_term = config.term;
+        }
+        let me = self.shared.node;
+        for s in config.primary_shards(me) {
+            if !self.shared.shard_ready(s.shard) {
+                self.recoveries.entry(s.shard).or_insert_with(|| Recovery {
+                    sources: s.write_targets().map(|b| (b, Source::default())).collect(),
+                    entries: BTreeMap::new(),
+                    pages: Vec::new(),
+                    targets: BTreeMap::new(),
+                    scattering: false,
+                });
+            } else {
+                for j in &s.joining {
+                    self.copies.entry((s.shard, *j)).or_insert(Copy {
+                        pages: None,
+                        entries: 0,
+                        target: Target::default(),
+                        ready_sent_ns: None,
+                    });
+                }
+            }
+        }
+    }
+
+    fn page_bytes_max(&self) -> usize {
+        self.ep.config().frame_bytes_max - HEADER_BYTES - 2
+    }
+
+    /// Drive promotions and cold-start recoveries.
+    fn run_recoveries(&mut self, now_ns: u64) -> bool {
+        let retry = self.shared.settings.failover.retry_ns;
+        let mut did = false;
+        let shards: Vec<ShardId> = self.recoveries.keys().copied().collect();
+        for shard in shards {
+            // Ask every source that is not done and not waiting.
+            let asks: Vec<(NodeId, u32)> = self.recoveries[&shard]
+                .sources
+                .iter()
+                .filter(|(_, s)| !s.done && s.asked_ns.is_none_or(|t| now_ns >= t + retry))
+                .map(|(n, s)| (*n, s.cursor))
+                .collect();
+            for (node, cursor) in asks {
+                let Some(peer) =
+                    self.peer_links
+                        .peer(&mut self.ep, &self.directory, node, now_ns, retry)
+                else {
+                    continue;
+                };
+                if self.request(
+                    peer,
+                    &Body::Gather { shard, cursor },
+                    Pending::Gather { shard, from: node },
+                    now_ns,
+                ) {
+                    let rec = self.recoveries.get_mut(&shard).expect("listed");
+                    rec.sources.get_mut(&node).expect("listed").asked_ns = Some(now_ns);
+                    did = true;
+                }
+            }
+            let rec = self.recoveries.get_mut(&shard).expect("listed");
+            if !rec.scattering && rec.sources.values().all(|s| s.done) {
+                // Own entries, then install the union here.
+                match self
+                    .shared
+                    .engine
+                    .uncommitted_entries(shard, &self.shared.recovered_open)
+                {
+                    Ok(own) => {
+                        for e in own {
+                            if let Ok(p) = entry::parse_entry(&e) {
+                                let v = p.version.0;
+                                rec.entries.entry(v).or_insert(e);
+                            }
+                        }
+                    }
+                    Err(e) => {
+                        tracing::error!(role = %self.name, %shard, error = %e, "gathering own entries");
+                        continue;
+                    }
+                }
+                let max = self.ep.config().frame_bytes_max - HEADER_BYTES - 2;
+                rec.pages = pack(rec.entries.values().map(|e| e.as_slice()), max);
+                for page in &rec.pages {
+                    match self.shared.engine.install_entries(0, page) {
+                        Ok(r) => {
+                            for seg in r.sealed {
+                                self.shared.blog.enqueue_used(seg);
+                            }
+                        }
+                        Err(e) => {
+                            tracing::error!(role = %self.name, %shard, error = %e, "installing the union");
+                        }
+                    }
+                }
+                rec.targets = rec.sources.keys().map(|n| (*n, Target::default())).collect();
+                rec.scattering = true;
+                did = true;
+            }
+            if rec.scattering {
+                did |= self.scatter(shard, now_ns);
+                let rec = &self.recoveries[&shard];
+                if rec.targets.values().all(|t| t.next_page >= rec.pages.len()) {
+                    let top = self.shared.engine.highest_version(shard).unwrap_or(0);
+                    self.shared.versions.raise(shard, top + 1);
+                    self.shared.set_shard_ready(shard);
+                    self.shared.events.record(
+                        now_ns,
+                        EventKind::ShardServed {
+                            node: self.shared.node,
+                            shard,
+                            term: self.jobs_term,
+                        },
+                    );
+                    self.recoveries.remove(&shard);
+                    // Its joining backups are copied next.
+                    self.jobs_epoch = u64::MAX;
+                    did = true;
+                }
+            }
+        }
+        did
+    }
+
+    /// Send the next page of a recovery's union to every target that needs it.
+    fn scatter(&mut self, shard: ShardId, now_ns: u64) -> bool {
+        let retry = self.shared.settings.failover.retry_ns;
+        let rec = &self.recoveries[&shard];
+        let sends: Vec<(NodeId, usize)> = rec
+            .targets
+            .iter()
+            .filter(|(_, t)| t.next_page < rec.pages.len())
+            .filter(|(_, t)| t.asked_ns.is_none_or(|a| now_ns >= a + retry))
+            .map(|(n, t)| (*n, t.next_page))
+            .collect();
+        let mut did = false;
+        for (node, page) in sends {
+            let Some(peer) = self
+                .peer_links
+                .peer(&mut self.ep, &self.directory, node, now_ns, retry)
+            else {
+                continue;
+            };
+            let bytes = std::mem::take(&mut self.recoveries.get_mut(&shard).expect("listed").pages[page]);
+            let sent = self.request(
+                peer,
+                &Body::Install {
+                    shard,
+                    entries: &bytes,
+                },
+                Pending::Install {
+                    shard,
+                    to: node,
+                    page,
+                },
+                now_ns,
+            );
+            let rec = self.recoveries.get_mut(&shard).expect("listed");
+            rec.pages[page] = bytes;
+            if sent {
+                rec.targets.get_mut(&node).expect("listed").asked_ns = Some(now_ns);
+                did = true;
+            }
+        }
+        did
+    }
+
+    /// Drive re-replication to joining backups.
+    fn run_copies(&mut self, now_ns: u64) -> bool {
+        let retry = self.shared.settings.failover.retry_ns;
+        let mut did = false;
+        let keys: Vec<(ShardId, NodeId)> = self.copies.keys().copied().collect();
+        for (shard, to) in keys {
+            if self.copies[&(shard, to)].pages.is_none() {
+                // Writes that started before `to` joined did not go to it.
+                if !self.shared.writes_since(self.jobs_term) {
+                    continue;
+                }
+                let mut list: Vec<Vec<u8>> = Vec::new();
+                let counted = self
+                    .shared
+                    .engine
+                    .for_each_indexed_entry(shard, |e| list.push(e.to_vec()));
+                if let Err(e) = counted {
+                    tracing::error!(role = %self.name, %shard, error = %e, "reading the shard");
+                    continue;
+                }
+                let max = self.page_bytes_max();
+                let c = self.copies.get_mut(&(shard, to)).expect("listed");
+                c.entries = list.len() as u64;
+                c.pages = Some(pack(list.iter().map(|e| e.as_slice()), max));
+                did = true;
+            }
+            let c = &self.copies[&(shard, to)];
+            let pages = c.pages.as_ref().expect("set above");
+            if c.target.next_page < pages.len() {
+                if c.target.asked_ns.is_some_and(|a| now_ns < a + retry) {
+                    continue;
+                }
+                let Some(peer) =
+                    self.peer_links
+                        .peer(&mut self.ep, &self.directory, to, now_ns, retry)
+                else {
+                    continue;
+                };
+                let page = c.target.next_page;
+                let bytes = std::mem::take(
+                    &mut self.copies.get_mut(&(shard, to)).expect("listed").pages.as_mut().expect("set")[page],
+                );
+                let sent = self.request(
+                    peer,
+                    &Body::Install {
+                        shard,
+                        entries: &bytes,
+                    },
+                    Pending::Install { shard, to, page },
+                    now_ns,
+                );
+                let c = self.copies.get_mut(&(shard, to)).expect("listed");
+                c.pages.as_mut().expect("set")[page] = bytes;
+                if sent {
+                    c.target.asked_ns = Some(now_ns);
+                    did = true;
+                }
+                continue;
+            }
+            // Copied: tell the CMs (again, if no new configuration came).
+            if c.ready_sent_ns.is_some_and(|t| now_ns < t + 10 * retry) {
+                continue;
+            }
+            if c.ready_sent_ns.is_none() {
+                self.shared.events.record(
+                    now_ns,
+                    EventKind::ReplicaCopied {
+                        shard,
+                        to,
+                        entries: c.entries,
+                    },
+                );
+            }
+            self.copies.get_mut(&(shard, to)).expect("listed").ready_sent_ns = Some(now_ns);
+            for cm in self.cms.clone() {
+                if let Some(peer) = self
+                    .cm_links
+                    .peer(&mut self.ep, &self.directory, cm, now_ns, retry)
+                {
+                    self.request(
+                        peer,
+                        &Body::Ready { shard, node: to },
+                        Pending::Ready,
+                        now_ns,
+                    );
+                }
+            }
+            did = true;
+        }
+        did
+    }
+
+    /// Requests unanswered for four retry periods are given up (their credit
+    /// returned), so a peer that died or lost them does not hold credits forever;
+    /// the jobs ask again.
+    fn expire(&mut self, now_ns: u64) {
+        let limit = 4 * self.shared.settings.failover.retry_ns;
+        let lost: Vec<(u64, PeerId)> = self
+            .pending
+            .iter()
+            .filter(|(_, (_, sent, _))| now_ns >= sent + limit)
+            .map(|(id, (p, _, _))| (*id, *p))
+            .collect();
+        for (id, peer) in lost {
+            self.pending.remove(&id);
+            self.ep.forget(peer);
+        }
+    }
+
+    /// Forget everything outstanding on `peer` (its connection failed).
+    fn drop_pending(&mut self, peer: PeerId) {
+        let lost: Vec<u64> = self
+            .pending
+            .iter()
+            .filter(|(_, (p, _, _))| *p == peer)
+            .map(|(id, _)| *id)
+            .collect();
+        for id in lost {
+            self.pending.remove(&id);
+            self.ep.forget(peer);
+        }
+    }
+}
+
+impl<N: Nic> Task for ControlTask<N> {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn step(&mut self, now_ns: u64) -> Step {
+        if self.shared.stopped() {
+            return Step::Done;
+        }
+        let mut did = false;
+        if self.rowan.due(now_ns) {
+            match self.shared.blog.control_step(now_ns) {
+                Ok(r) => did |= r.segments_used > 0 || r.segments_posted > 0,
+                Err(e) => tracing::error!(role = %self.name, error = %e, "control step"),
+            }
+            did |= self.shared.blog.try_commit() > 0;
+        }
+        did |= !self.acceptor.accept_pending(&mut self.ep).is_empty();
+        let timeout = 4 * self.shared.settings.failover.retry_ns;
+        self.cm_links.progress(&mut self.ep, now_ns, timeout);
+        self.peer_links.progress(&mut self.ep, now_ns, timeout);
+        let mut events = std::mem::take(&mut self.events);
+        let mut data = std::mem::take(&mut self.data);
+        if let Ok(n) = self.ep.poll(&mut events, &mut data) {
+            did |= n > 0;
+        }
+        for ev in &events {
+            match *ev {
+                Event::Message { peer, start, len } => {
+                    self.handle_request(peer, &data[start..start + len], now_ns)
+                }
+                Event::SendFailed { peer, .. } => {
+                    self.cm_links.drop_peer(peer);
+                    self.peer_links.drop_peer(peer);
+                    // Its requests will not be answered: give their credits back.
+                    self.drop_pending(peer);
+                }
+                Event::Owner(_) => {}
+            }
+        }
+        self.events = events;
+        self.data = data;
+        if self.renew.due(now_ns) {
+            self.expire(now_ns);
+            self.renew_lease(now_ns);
+        }
+        if self.shared.stopped() {
+            return Step::Done;
+        }
+        self.plan();
+        did |= self.run_recoveries(now_ns);
+        did |= self.run_copies(now_ns);
+        if did {
+            Step::Worked
+        } else {
+            Step::Idle
+        }
+    }
+}
