@@ -599,24 +599,9 @@ pub fn build(
     let mut cm_crash = Vec::new();
     for &cm in &cm_nodes {
         let nic = fabric.attach(cm).map_err(err("attaching a CM"))?;
-        let ep = Endpoint::new(nic, s.endpoint.clone()).map_err(err("endpoint"))?;
-        let acceptor = directory.register(cm, CM_PORT);
-        let manager = Arc::new(ConfigManager::open(store.clone()).map_err(err("CM"))?);
-        let crashed = Arc::new(AtomicBool::new(false));
-        cm_crash.push((cm, crashed.clone()));
-        tasks.push((
-            Owner::Cm(cm),
-            Box::new(CmTask::new(
-                cm,
-                manager,
-                s.failover.clone(),
-                ep,
-                acceptor,
-                directory.clone(),
-                events.clone(),
-                crashed,
-            )),
-        ));
+        let (task, crashed) = new_cm(cm, nic, &directory, &store, &events, s)?;
+        cm_crash.push((cm, crashed));
+        tasks.push((Owner::Cm(cm), task));
     }
     let _ = clock;
     Ok(Parts {
@@ -631,4 +616,40 @@ pub fn build(
         events,
         passive: (passive_qps, passive_cqs),
     })
+}
+
+/// A CM's role on `nic` (a new CM, or one restarting after a crash: it starts
+/// as a standby). Returns the task and the flag that crashes it.
+pub fn cm_task(
+    node: NodeId,
+    nic: LoopbackNic,
+    parts: &Parts,
+    settings: &ServerSettings,
+) -> Result<(Box<dyn Task>, Arc<AtomicBool>), ClusterError> {
+    new_cm(node, nic, &parts.directory, &parts.store, &parts.events, settings)
+}
+
+fn new_cm(
+    node: NodeId,
+    nic: LoopbackNic,
+    directory: &Directory,
+    store: &Arc<dyn CoordStore>,
+    events: &Arc<EventLog>,
+    settings: &ServerSettings,
+) -> Result<(Box<dyn Task>, Arc<AtomicBool>), ClusterError> {
+    let ep = Endpoint::new(nic, settings.endpoint.clone()).map_err(err("endpoint"))?;
+    let acceptor = directory.register(node, CM_PORT);
+    let manager = Arc::new(ConfigManager::open(store.clone()).map_err(err("CM"))?);
+    let crashed = Arc::new(AtomicBool::new(false));
+    let task = CmTask::new(
+        node,
+        manager,
+        settings.failover.clone(),
+        ep,
+        acceptor,
+        directory.clone(),
+        events.clone(),
+        crashed.clone(),
+    );
+    Ok((Box::new(task), crashed))
 }

@@ -61,6 +61,7 @@ fn start(strategy: Strategy, settings: ServerSettings, crash_sim: bool) -> Clust
         keys_per_shard_expected: 1024,
         settings: ServerSettings {
             workers: WORKERS,
+            failover: common::steady_leases(),
             ..settings
         },
         ..ClusterConfig::default()

@@ -86,6 +86,7 @@ fn start(strategy: Strategy, commit_interval_ns: Option<u64>) -> Cluster {
         settings: ServerSettings {
             workers: WORKERS,
             commit_interval_ns: commit_interval_ns.unwrap_or(defaults.commit_interval_ns),
+            failover: common::steady_leases(),
             ..defaults
         },
         ..ClusterConfig::default()

@@ -20,3 +20,16 @@ pub fn recover_power_failure_image(server: &ServerShared<LoopbackNic>) -> Engine
         .unwrap_or_else(|e| panic!("recovering {}'s image: {e}", server.node));
     engine
 }
+
+/// Leases for tests that are not about failover: many test clusters share two
+/// cores with image recoveries, and a role can miss its turn for seconds; a
+/// short lease would evict live servers mid-test. (Failover has its own tests,
+/// in simulated time.)
+pub fn steady_leases() -> rowankv_server::FailoverSettings {
+    rowankv_server::FailoverSettings {
+        lease_ns: 30_000_000_000,
+        renew_ns: 100_000_000,
+        cm_lease_ns: 120_000_000_000,
+        ..rowankv_server::FailoverSettings::default()
+    }
+}

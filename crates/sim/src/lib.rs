@@ -1,0 +1,8 @@
+//! Deterministic whole-cluster simulation of RowanKV and the checks every
+//! simulated history must pass.
+
+pub mod check;
+pub mod history;
+pub mod sim;
+
+pub use sim::{run, FaultCounts, PlantedBug, RunResult, SimConfig};

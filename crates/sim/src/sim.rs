@@ -1,0 +1,796 @@
+//! The deterministic whole-cluster simulation.
+//!
+//! One seed decides everything: the cluster (servers, two CMs, clients) runs on
+//! the loopback fabric and the crash simulator with a manual clock, and one
+//! thread steps every role in an order drawn from the seed, advancing time by
+//! amounts drawn from the seed (a little while anything is busy, more when all
+//! is idle). Faults are drawn from the same generator:
+//!
+//! | fault | what happens |
+//! | --- | --- |
+//! | server crash | its NIC leaves the fabric, its roles stop for good |
+//! | pause | a server's roles are not stepped for a while — longer than its lease, sometimes, so that it resumes believing it is still primary |
+//! | link cut | two nodes (servers, CMs, clients) cannot reach each other until healed |
+//! | delay | one link delays every operation |
+//! | CM crash | the active CM stops; a standby takes over; the crashed one restarts later as a standby |
+//! | power failure | every server loses power: pools keep only what was persisted (the crash simulator drops every unpersisted line), the cluster cold-starts from them |
+//!
+//! Faults that remove a server for good (a crash, a pause or a CM link cut
+//! longer than the lease) are limited so that every shard keeps a full replica.
+//!
+//! Clients run closed loops of puts, gets and deletes over a few keys and record
+//! each operation with its call and return times (simulated), its outcome and the
+//! term of the answering configuration. After the operations, every fault is
+//! healed and every key is read back. The history is checked by [`crate::check`].
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use rand::seq::SliceRandom;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use rowankv_client::{Client, ClientConfig, ClientError, Op, Output};
+use rowankv_cm::{CoordStore, EmbeddedStore};
+use rowankv_engine::Engine;
+use rowankv_fabric::{Fabric, FaultInjector, LoopbackFabric, LoopbackNic};
+use rowankv_pmem::{Medium, Pool, PoolOptions, PowerFailure};
+use rowankv_server::{
+    build, ClusterConfig, EventKind, EventLog, FailoverSettings, Owner, Parts, Placement,
+    Recovered, ServerSettings, Step, Strategy, Task, CLIENT_NODE_BASE,
+};
+use rowankv_types::{Clock, ManualClock, NodeId, Term};
+
+use crate::check::{check, ConfigCommit, Report};
+use crate::history::{History, OpKind, Operation, Status};
+
+/// A deliberately broken build, to show that the checks catch what they claim.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PlantedBug {
+    /// Servers serve without a valid lease (a paused primary answers after the
+    /// CM replaced it).
+    ServeWithoutLease,
+}
+
+/// What one simulated run does.
+#[derive(Clone, Debug)]
+pub struct SimConfig {
+    pub seed: u64,
+    /// Client operations, not counting the final read-back.
+    pub ops: usize,
+    pub clients: usize,
+    pub keys: usize,
+    pub servers: usize,
+    pub faults: bool,
+    pub planted: Option<PlantedBug>,
+}
+
+impl SimConfig {
+    pub fn new(seed: u64, ops: usize) -> SimConfig {
+        SimConfig {
+            seed,
+            ops,
+            clients: 4,
+            keys: 12,
+            servers: 5,
+            faults: true,
+            planted: None,
+        }
+    }
+}
+
+/// Faults injected in one run, by kind.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct FaultCounts {
+    pub crashes: u32,
+    pub pauses: u32,
+    pub long_pauses: u32,
+    pub link_cuts: u32,
+    pub delays: u32,
+    pub cm_crashes: u32,
+    pub power_failures: u32,
+}
+
+impl FaultCounts {
+    pub fn total(&self) -> u32 {
+        self.crashes
+            + self.pauses
+            + self.long_pauses
+            + self.link_cuts
+            + self.delays
+            + self.cm_crashes
+            + self.power_failures
+    }
+}
+
+/// The outcome of one run.
+pub struct RunResult {
+    pub seed: u64,
+    pub history: History,
+    pub report: Report,
+    pub faults: FaultCounts,
+    pub terms: u64,
+    pub sim_ns: u64,
+    /// A one-line description of what was injected, in order.
+    pub fault_log: Vec<String>,
+}
+
+const LEASE_NS: u64 = 20_000_000;
+/// Faults come at about one per this many client operations.
+const OPS_PER_FAULT: f64 = 150.0;
+const CLIENT_TIMEOUT: Duration = Duration::from_millis(120);
+
+fn settings(planted: Option<PlantedBug>) -> ServerSettings {
+    let mut s = ServerSettings {
+        workers: 2,
+        cleaners: 1,
+        inflight_max: 16,
+        commit_interval_ns: 2_000_000,
+        control_interval_ns: 100_000,
+        clean_interval_ns: 5_000_000,
+        failover: FailoverSettings {
+            lease_ns: LEASE_NS,
+            renew_ns: 2_000_000,
+            cm_lease_ns: 4 * LEASE_NS,
+            retry_ns: 1_000_000,
+            unsafe_serve_without_lease: planted == Some(PlantedBug::ServeWithoutLease),
+        },
+        ..ServerSettings::default()
+    };
+    s.blog.posted_segments = 6;
+    s.blog.digest_count = 1;
+    s.blog.grace_ns = 500_000;
+    s
+}
+
+fn cluster_config(sim: &SimConfig) -> ClusterConfig {
+    ClusterConfig {
+        cluster_id: 0x5349_4d00 ^ sim.seed,
+        servers: sim.servers,
+        shards_per_server: 2,
+        replication_factor: 3,
+        strategy: Strategy::Rowan,
+        settings: settings(sim.planted),
+        pool_bytes: 24 << 20,
+        segment_bytes: 256 << 10,
+        media_model: None,
+        crash_sim: true,
+        dir: None,
+        placement: Placement::Shared { threads: 1 },
+        keys_per_shard_expected: 64,
+        cms: 2,
+    }
+}
+
+/// A client's closed loop.
+struct SimClient {
+    id: u32,
+    client: Client<LoopbackNic>,
+    /// The operation in flight: its record so far.
+    current: Option<(rowankv_client::OpId, Operation)>,
+    next_value: u64,
+}
+
+struct Paused {
+    node: NodeId,
+    until_ns: u64,
+}
+
+/// A whole simulated cluster.
+struct World {
+    rng: ChaCha8Rng,
+    clock: Arc<ManualClock>,
+    config: ClusterConfig,
+    store: Arc<dyn CoordStore>,
+    events: Arc<EventLog>,
+    parts: Parts,
+    tasks: Vec<(Owner, Box<dyn Task>)>,
+    clients: Vec<SimClient>,
+    keys: Vec<String>,
+    history: History,
+    paused: Vec<Paused>,
+    /// Links cut or delayed, and when to heal them.
+    links: Vec<(NodeId, NodeId, u64)>,
+    removed: usize,
+    faults: FaultCounts,
+    fault_log: Vec<String>,
+    cm_restart_at: Option<(usize, u64)>,
+    next_client_node: u32,
+}
+
+impl World {
+    fn new(sim: &SimConfig) -> World {
+        let clock = ManualClock::new();
+        clock.advance_ns(1_000_000);
+        let dyn_clock: Arc<dyn Clock> = clock.clone();
+        let config = cluster_config(sim);
+        let store: Arc<dyn CoordStore> = Arc::new(EmbeddedStore::in_memory(dyn_clock.clone()));
+        let events = Arc::new(EventLog::new());
+        let fabric = LoopbackFabric::with_clock(dyn_clock.clone());
+        let mut parts = build(&config, dyn_clock, fabric, store.clone(), None, events.clone())
+            .expect("building the simulated cluster");
+        let tasks = std::mem::take(&mut parts.tasks);
+        let keys = (0..sim.keys).map(|k| format!("k{k}")).collect();
+        let mut w = World {
+            rng: ChaCha8Rng::seed_from_u64(sim.seed),
+            clock,
+            config,
+            store,
+            events,
+            parts,
+            tasks,
+            clients: Vec::new(),
+            keys,
+            history: History { ops: Vec::new() },
+            paused: Vec::new(),
+            links: Vec::new(),
+            removed: 0,
+            faults: FaultCounts::default(),
+            fault_log: Vec::new(),
+            cm_restart_at: None,
+            next_client_node: 0,
+        };
+        let now = w.clock.now_ns();
+        for s in &w.parts.servers {
+            s.extend_lease(now + LEASE_NS);
+        }
+        for id in 0..sim.clients as u32 {
+            let c = w.connect_client(id);
+            w.clients.push(c);
+        }
+        w
+    }
+
+    fn now(&self) -> u64 {
+        self.clock.now_ns()
+    }
+
+    fn connect_client(&mut self, id: u32) -> SimClient {
+        let node = NodeId(CLIENT_NODE_BASE + self.next_client_node);
+        self.next_client_node += 1;
+        let nic = self.parts.fabric.attach(node).expect("attaching a client");
+        let now = self.now();
+        let tasks = &mut self.tasks;
+        let paused: Vec<NodeId> = self.paused.iter().map(|p| p.node).collect();
+        let mut pump = || {
+            for (owner, t) in tasks.iter_mut() {
+                if matches!(owner, Owner::Server(n) if paused.contains(n)) {
+                    continue;
+                }
+                t.step(now);
+            }
+        };
+        let client = Client::connect_pumped(
+            nic,
+            self.parts.directory.clone(),
+            self.parts.source.clone(),
+            ClientConfig {
+                timeout: CLIENT_TIMEOUT,
+                inflight_max: 1,
+                retries_max: 8,
+                worker_hint: id as usize,
+                backoff: Duration::from_micros(200),
+                clock: self.clock.clone(),
+                ..ClientConfig::default()
+            },
+            &mut pump,
+        )
+        .expect("connecting a simulated client");
+        SimClient {
+            id,
+            client,
+            current: None,
+            next_value: 0,
+        }
+    }
+
+    fn is_paused(&self, owner: Owner) -> bool {
+        matches!(owner, Owner::Server(n) if self.paused.iter().any(|p| p.node == n))
+    }
+
+    /// Step every runnable role once, in a random order. Whether any worked.
+    fn step_roles(&mut self) -> bool {
+        let now = self.now();
+        let mut order: Vec<usize> = (0..self.tasks.len()).collect();
+        order.shuffle(&mut self.rng);
+        let mut did = false;
+        let mut done = Vec::new();
+        for i in order {
+            let owner = self.tasks[i].0;
+            if self.is_paused(owner) {
+                continue;
+            }
+            match self.tasks[i].1.step(now) {
+                Step::Worked => did = true,
+                Step::Done => done.push(i),
+                Step::Idle => {}
+            }
+        }
+        done.sort_unstable();
+        for i in done.into_iter().rev() {
+            self.tasks.remove(i);
+        }
+        did
+    }
+
+    /// Clients: collect completions, start new operations while `more`.
+    fn step_clients(&mut self, issued: &mut usize, budget: usize) -> bool {
+        let now = self.now();
+        let mut did = false;
+        let mut out = Vec::new();
+        for ci in 0..self.clients.len() {
+            out.clear();
+            self.clients[ci].client.poll(&mut out);
+            for c in out.drain(..) {
+                did = true;
+                let sc = &mut self.clients[ci];
+                let Some((id, mut op)) = sc.current.take() else {
+                    continue;
+                };
+                debug_assert_eq!(id, c.id);
+                op.ret = now;
+                op.term = c.term.0;
+                match (&c.result, op.op) {
+                    (Ok(Output::Value { value, .. }), OpKind::Get) => {
+                        op.status = Status::Ok;
+                        op.output = Some(String::from_utf8_lossy(value).into_owned());
+                    }
+                    (Err(ClientError::NotFound), OpKind::Get) => {
+                        op.status = Status::Ok;
+                        op.output = None;
+                    }
+                    (Ok(_), _) => op.status = Status::Ok,
+                    (Err(e), _) if e.is_unknown() => op.status = Status::Unknown,
+                    (Err(_), _) => op.status = Status::Fail,
+                }
+                if op.status != Status::Ok {
+                    op.term = 0;
+                }
+                self.history.push(op);
+            }
+            if self.clients[ci].current.is_none() && *issued < budget {
+                let key = self.keys[self.rng.gen_range(0..self.keys.len())].clone();
+                let roll: u32 = self.rng.gen_range(0..100);
+                let sc = &mut self.clients[ci];
+                let (kind, client_op, value) = if roll < 45 {
+                    sc.next_value += 1;
+                    let v = format!("c{}-{}", sc.id, sc.next_value);
+                    (
+                        OpKind::Put,
+                        Op::Put {
+                            key: key.clone().into_bytes(),
+                            value: v.clone().into_bytes(),
+                        },
+                        Some(v),
+                    )
+                } else if roll < 55 {
+                    (
+                        OpKind::Del,
+                        Op::Del {
+                            key: key.clone().into_bytes(),
+                        },
+                        None,
+                    )
+                } else {
+                    (
+                        OpKind::Get,
+                        Op::Get {
+                            key: key.clone().into_bytes(),
+                        },
+                        None,
+                    )
+                };
+                if let Ok(id) = sc.client.submit(client_op) {
+                    *issued += 1;
+                    did = true;
+                    sc.current = Some((
+                        id,
+                        Operation {
+                            client: sc.id,
+                            op: kind,
+                            key,
+                            value,
+                            output: None,
+                            call: now,
+                            ret: now,
+                            status: Status::Unknown,
+                            term: 0,
+                            final_read: false,
+                        },
+                    ));
+                }
+            }
+        }
+        did
+    }
+
+    fn advance(&mut self, busy: bool) {
+        let d = if busy {
+            self.rng.gen_range(1_000..20_000)
+        } else {
+            self.rng.gen_range(50_000..500_000)
+        };
+        self.clock.advance_ns(d);
+    }
+
+    fn members(&self) -> Vec<NodeId> {
+        self.parts
+            .source
+            .fetch()
+            .map(|c| c.members.iter().map(|m| m.node).collect())
+            .unwrap_or_default()
+    }
+
+    fn may_remove(&self) -> bool {
+        // Five servers, RF 3: two removals leave every shard a full replica.
+        self.removed < self.config.servers.saturating_sub(3) && self.members().len() > 3
+    }
+
+    fn log(&mut self, what: String) {
+        let at = self.now();
+        self.fault_log.push(format!("{:.3} ms: {what}", at as f64 / 1e6));
+    }
+
+    fn inject(&mut self) {
+        let now = self.now();
+        let members = self.members();
+        let servers: Vec<NodeId> = members
+            .iter()
+            .copied()
+            .filter(|n| !self.paused.iter().any(|p| p.node == *n))
+            .collect();
+        if servers.is_empty() {
+            return;
+        }
+        let pick = |rng: &mut ChaCha8Rng, v: &[NodeId]| v[rng.gen_range(0..v.len())];
+        match self.rng.gen_range(0..100u32) {
+            0..=14 if self.may_remove() => {
+                let n = pick(&mut self.rng, &servers);
+                self.crash_server(n);
+                self.removed += 1;
+                self.faults.crashes += 1;
+                self.log(format!("crash {n}"));
+            }
+            15..=34 => {
+                let n = pick(&mut self.rng, &servers);
+                let long = self.may_remove() && self.rng.gen_bool(0.5);
+                let d = if long {
+                    self.rng.gen_range(3 * LEASE_NS..6 * LEASE_NS)
+                } else {
+                    self.rng.gen_range(LEASE_NS / 20..LEASE_NS / 3)
+                };
+                if long {
+                    self.removed += 1;
+                    self.faults.long_pauses += 1;
+                } else {
+                    self.faults.pauses += 1;
+                }
+                self.paused.push(Paused {
+                    node: n,
+                    until_ns: now + d,
+                });
+                self.log(format!("pause {n} for {:.1} ms", d as f64 / 1e6));
+            }
+            35..=54 => {
+                let mut nodes: Vec<NodeId> = servers.clone();
+                nodes.extend(self.parts.cm_crash.iter().map(|(n, _)| *n));
+                nodes.extend(self.clients.iter().map(|c| c.client.node()));
+                let a = pick(&mut self.rng, &nodes);
+                let b = pick(&mut self.rng, &nodes);
+                if a == b {
+                    return;
+                }
+                let cm_link = [a, b]
+                    .iter()
+                    .any(|n| self.parts.cm_crash.iter().any(|(c, _)| c == n));
+                // A cut between a server and a CM longer than the lease removes it.
+                let long_ok = !cm_link || self.may_remove();
+                let d = if long_ok && self.rng.gen_bool(0.4) {
+                    if cm_link {
+                        self.removed += 1;
+                    }
+                    self.rng.gen_range(2 * LEASE_NS..4 * LEASE_NS)
+                } else {
+                    self.rng.gen_range(LEASE_NS / 20..LEASE_NS / 3)
+                };
+                self.parts.fabric.cut_link(a, b);
+                self.links.push((a, b, now + d));
+                self.faults.link_cuts += 1;
+                self.log(format!("cut {a}-{b} for {:.1} ms", d as f64 / 1e6));
+            }
+            55..=69 => {
+                let a = pick(&mut self.rng, &servers);
+                let b = if self.rng.gen_bool(0.5) {
+                    pick(&mut self.rng, &servers)
+                } else {
+                    self.clients[self.rng.gen_range(0..self.clients.len())]
+                        .client
+                        .node()
+                };
+                if a == b {
+                    return;
+                }
+                let delay = self.rng.gen_range(20_000..2_000_000);
+                let d = self.rng.gen_range(LEASE_NS / 10..LEASE_NS);
+                self.parts.fabric.set_delay_ns(a, b, delay);
+                self.links.push((a, b, now + d));
+                self.faults.delays += 1;
+                self.log(format!(
+                    "delay {a}-{b} by {:.2} ms for {:.1} ms",
+                    delay as f64 / 1e6,
+                    d as f64 / 1e6
+                ));
+            }
+            70..=84 if self.cm_restart_at.is_none() => {
+                // Crash the active CM (the one holding the lease), restart later.
+                let active = self
+                    .events
+                    .snapshot()
+                    .iter()
+                    .rev()
+                    .find_map(|e| match e.kind {
+                        EventKind::CmActive { cm, .. } => Some(cm),
+                        _ => None,
+                    });
+                let Some(cm) = active else { return };
+                let Some(j) = self.parts.cm_crash.iter().position(|(n, _)| *n == cm) else {
+                    return;
+                };
+                self.parts.cm_crash[j].1.store(true, Ordering::Release);
+                self.parts.fabric.crash_node(cm);
+                self.parts.directory.unregister_node(cm);
+                self.cm_restart_at = Some((j, now + 10 * LEASE_NS));
+                self.faults.cm_crashes += 1;
+                self.log(format!("crash CM {cm}"));
+            }
+            85..=92 => {
+                self.power_failure();
+                self.faults.power_failures += 1;
+                self.log("power failure of every server".into());
+            }
+            _ => {}
+        }
+    }
+
+    fn crash_server(&mut self, n: NodeId) {
+        self.parts.fabric.crash_node(n);
+        self.parts.directory.unregister_node(n);
+        if let Some(s) = self.parts.servers.iter().find(|s| s.node == n) {
+            s.stop();
+        }
+        self.paused.retain(|p| p.node != n);
+    }
+
+    /// Power failure of every server, and cold start (§4.7): the pools keep what
+    /// was persisted; the CMs and clients restart too.
+    fn power_failure(&mut self) {
+        let members = self.members();
+        let mut recovered = Vec::new();
+        for s in &self.parts.servers {
+            if !members.contains(&s.node) {
+                continue;
+            }
+            let image = s
+                .engine
+                .pool()
+                .crash()
+                .expect("simulated pools track persistence")
+                .image(PowerFailure::DropAll);
+            let mut opts = PoolOptions::new(Medium::Emulated, image.len());
+            opts.crash_sim = true;
+            let pool = Pool::from_image(&image, opts).expect("a pool from the image");
+            let (engine, report) =
+                Engine::open(pool, s.engine.config().clone()).expect("recovering a pool");
+            recovered.push(Recovered {
+                node: s.node,
+                engine: Arc::new(engine),
+                closed_segments: report.closed_segments,
+            });
+        }
+        for s in &self.parts.servers {
+            s.stop();
+        }
+        for (_, c) in &self.parts.cm_crash {
+            c.store(true, Ordering::Release);
+        }
+        self.tasks.clear();
+        self.paused.clear();
+        self.links.clear();
+        self.cm_restart_at = None;
+        // Keep the client-side view: every operation in flight is of unknown outcome.
+        let now = self.now();
+        for sc in &mut self.clients {
+            if let Some((_, mut op)) = sc.current.take() {
+                op.ret = now;
+                op.status = Status::Unknown;
+                op.term = 0;
+                self.history.push(op);
+            }
+        }
+        let dyn_clock: Arc<dyn Clock> = self.clock.clone();
+        let fabric = LoopbackFabric::with_clock(dyn_clock.clone());
+        let mut parts = build(
+            &self.config,
+            dyn_clock,
+            fabric,
+            self.store.clone(),
+            Some(recovered),
+            self.events.clone(),
+        )
+        .expect("cold start");
+        self.tasks = std::mem::take(&mut parts.tasks);
+        self.parts = parts;
+        self.next_client_node = 0;
+        let ids: Vec<u32> = self.clients.iter().map(|c| c.id).collect();
+        let mut clients = Vec::new();
+        for id in ids {
+            let mut c = self.connect_client(id);
+            c.next_value = self.clients[id as usize].next_value;
+            clients.push(c);
+        }
+        self.clients = clients;
+    }
+
+    fn heal_due(&mut self, all: bool) {
+        let now = self.now();
+        let (due, keep): (Vec<_>, Vec<_>) = self
+            .links
+            .drain(..)
+            .partition(|&(_, _, until)| all || now >= until);
+        self.links = keep;
+        for (a, b, _) in due {
+            self.parts.fabric.heal_link(a, b);
+            self.parts.fabric.set_delay_ns(a, b, 0);
+        }
+        self.paused.retain(|p| !all && now < p.until_ns);
+        if let Some((j, at)) = self.cm_restart_at {
+            if all || now >= at {
+                self.restart_cm(j);
+                self.cm_restart_at = None;
+            }
+        }
+    }
+
+    fn restart_cm(&mut self, j: usize) {
+        let (node, _) = self.parts.cm_crash[j];
+        let nic = self.parts.fabric.attach(node).expect("re-attaching a CM");
+        let (task, crashed) = rowankv_server::cluster::cm_task(
+            node,
+            nic,
+            &self.parts,
+            &self.config.settings,
+        )
+        .expect("restarting a CM");
+        self.parts.cm_crash[j].1 = crashed;
+        self.tasks.push((Owner::Cm(node), task));
+    }
+
+    fn run_ops(&mut self, budget: usize, faults: bool) {
+        let mut issued = 0;
+        let mut ticks = 0u64;
+        while issued < budget || self.clients.iter().any(|c| c.current.is_some()) {
+            self.heal_due(false);
+            let a = self.step_roles();
+            let before = issued;
+            let b = self.step_clients(&mut issued, budget);
+            // About one fault per `OPS_PER_FAULT` operations, at random moments.
+            for _ in before..issued {
+                if faults && self.rng.gen_bool(1.0 / OPS_PER_FAULT) {
+                    self.inject();
+                }
+            }
+            self.advance(a || b);
+            ticks += 1;
+            assert!(ticks < 50_000_000, "the simulation made no progress");
+        }
+    }
+
+    /// Heal everything, let the cluster settle, read every key back.
+    fn read_back(&mut self) {
+        self.heal_due(true);
+        let settle_until = self.now() + 10 * LEASE_NS;
+        while self.now() < settle_until {
+            let busy = self.step_roles();
+            self.advance(busy);
+        }
+        let keys = self.keys.clone();
+        for key in keys {
+            let mut done = false;
+            for _attempt in 0..20 {
+                let call = self.now();
+                let id = self.clients[0]
+                    .client
+                    .submit(Op::Get {
+                        key: key.clone().into_bytes(),
+                    })
+                    .expect("a final read");
+                let mut out = Vec::new();
+                let c = loop {
+                    self.step_roles();
+                    self.clients[0].client.poll(&mut out);
+                    if let Some(c) = out.pop() {
+                        break c;
+                    }
+                    self.advance(true);
+                };
+                debug_assert_eq!(c.id, id);
+                let (status, output) = match &c.result {
+                    Ok(Output::Value { value, .. }) => {
+                        (Status::Ok, Some(String::from_utf8_lossy(value).into_owned()))
+                    }
+                    Err(ClientError::NotFound) => (Status::Ok, None),
+                    _ => (Status::Fail, None),
+                };
+                self.history.push(Operation {
+                    client: 0,
+                    op: OpKind::Get,
+                    key: key.clone(),
+                    value: None,
+                    output,
+                    call,
+                    ret: self.now(),
+                    status,
+                    term: if status == Status::Ok { c.term.0 } else { 0 },
+                    final_read: true,
+                });
+                if status == Status::Ok {
+                    done = true;
+                    break;
+                }
+                for _ in 0..100 {
+                    let busy = self.step_roles();
+                    self.advance(busy);
+                }
+            }
+            if !done {
+                self.fault_log.push(format!("final read of {key} never succeeded"));
+            }
+        }
+    }
+}
+
+/// Run one seed.
+pub fn run(sim: &SimConfig) -> RunResult {
+    let mut w = World::new(sim);
+    w.run_ops(sim.ops, sim.faults);
+    w.read_back();
+    let commits: Vec<ConfigCommit> = w
+        .events
+        .commits()
+        .into_iter()
+        .map(|(term, at)| ConfigCommit { term: term.0, at })
+        .collect();
+    let mut report = check(&w.history, &commits);
+    let unread = w
+        .fault_log
+        .iter()
+        .filter(|l| l.starts_with("final read"))
+        .cloned()
+        .collect::<Vec<_>>();
+    for u in unread {
+        report.violations.push(crate::check::Violation {
+            kind: crate::check::ViolationKind::LostWrite,
+            key: None,
+            detail: u,
+        });
+    }
+    let terms = w
+        .parts
+        .source
+        .fetch()
+        .map(|c| c.term)
+        .unwrap_or(Term(0))
+        .0;
+    for s in &w.parts.servers {
+        s.stop();
+    }
+    RunResult {
+        seed: sim.seed,
+        history: w.history,
+        report,
+        faults: w.faults,
+        terms,
+        sim_ns: w.clock.now_ns(),
+        fault_log: w.fault_log,
+    }
+}
