@@ -207,8 +207,15 @@ impl World {
         let store: Arc<dyn CoordStore> = Arc::new(EmbeddedStore::in_memory(dyn_clock.clone()));
         let events = Arc::new(EventLog::new());
         let fabric = LoopbackFabric::with_clock(dyn_clock.clone());
-        let mut parts = build(&config, dyn_clock, fabric, store.clone(), None, events.clone())
-            .expect("building the simulated cluster");
+        let mut parts = build(
+            &config,
+            dyn_clock,
+            fabric,
+            store.clone(),
+            None,
+            events.clone(),
+        )
+        .expect("building the simulated cluster");
         let tasks = std::mem::take(&mut parts.tasks);
         let keys = (0..sim.keys).map(|k| format!("k{k}")).collect();
         let mut w = World {
@@ -428,7 +435,8 @@ impl World {
 
     fn log(&mut self, what: String) {
         let at = self.now();
-        self.fault_log.push(format!("{:.3} ms: {what}", at as f64 / 1e6));
+        self.fault_log
+            .push(format!("{:.3} ms: {what}", at as f64 / 1e6));
     }
 
     fn inject(&mut self) {
@@ -654,13 +662,9 @@ impl World {
     fn restart_cm(&mut self, j: usize) {
         let (node, _) = self.parts.cm_crash[j];
         let nic = self.parts.fabric.attach(node).expect("re-attaching a CM");
-        let (task, crashed) = rowankv_server::cluster::cm_task(
-            node,
-            nic,
-            &self.parts,
-            &self.config.settings,
-        )
-        .expect("restarting a CM");
+        let (task, crashed) =
+            rowankv_server::cluster::cm_task(node, nic, &self.parts, &self.config.settings)
+                .expect("restarting a CM");
         self.parts.cm_crash[j].1 = crashed;
         self.tasks.push((Owner::Cm(node), task));
     }
@@ -715,9 +719,10 @@ impl World {
                 };
                 debug_assert_eq!(c.id, id);
                 let (status, output) = match &c.result {
-                    Ok(Output::Value { value, .. }) => {
-                        (Status::Ok, Some(String::from_utf8_lossy(value).into_owned()))
-                    }
+                    Ok(Output::Value { value, .. }) => (
+                        Status::Ok,
+                        Some(String::from_utf8_lossy(value).into_owned()),
+                    ),
                     Err(ClientError::NotFound) => (Status::Ok, None),
                     _ => (Status::Fail, None),
                 };
@@ -743,7 +748,8 @@ impl World {
                 }
             }
             if !done {
-                self.fault_log.push(format!("final read of {key} never succeeded"));
+                self.fault_log
+                    .push(format!("final read of {key} never succeeded"));
             }
         }
     }
@@ -774,13 +780,7 @@ pub fn run(sim: &SimConfig) -> RunResult {
             detail: u,
         });
     }
-    let terms = w
-        .parts
-        .source
-        .fetch()
-        .map(|c| c.term)
-        .unwrap_or(Term(0))
-        .0;
+    let terms = w.parts.source.fetch().map(|c| c.term).unwrap_or(Term(0)).0;
     for s in &w.parts.servers {
         s.stop();
     }
