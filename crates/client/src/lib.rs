@@ -481,6 +481,9 @@ impl<N: Nic> Client<N> {
                 let t = self.config.timeout;
                 self.complete(p, Err(ClientError::Timeout(t)), Term(0));
             }
+            // The server may be gone (removed from the cluster): look again
+            // before routing the next operations.
+            let _ = self.refresh();
             let (expired, keep): (Vec<Pending>, Vec<Pending>) =
                 self.queued.drain(..).partition(|p| now >= p.deadline_ns);
             self.queued = keep.into();

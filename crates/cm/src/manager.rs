@@ -326,7 +326,9 @@ impl ConfigSource for StoreSource {
     fn fetch(&self) -> Result<Arc<Config>, ConfigError> {
         match self.store.get(CONFIG_KEY) {
             Ok(Some((bytes, _))) => Config::from_json(&bytes).map(Arc::new),
-            Ok(None) => Err(ConfigError::Decode(format!("no configuration under {CONFIG_KEY}"))),
+            Ok(None) => Err(ConfigError::Decode(format!(
+                "no configuration under {CONFIG_KEY}"
+            ))),
             Err(e) => Err(ConfigError::Decode(format!("reading {CONFIG_KEY}: {e}"))),
         }
     }

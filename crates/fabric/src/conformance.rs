@@ -2191,7 +2191,11 @@ pub fn closed_peer_fails_held_writes<B: Backend>(b: &B) {
     let data = pattern(69, 24);
     post(&p.qa, &[write(1, target.remote().at(0), &data)]);
     p.qb.close();
-    assert_eq!(p.qb.state(), QpState::Error, "a closed QP is in the error state");
+    assert_eq!(
+        p.qb.state(),
+        QpState::Error,
+        "a closed QP is in the error state"
+    );
     assert_eq!(p.qb.peer(), None, "a closed QP has no peer");
     clock.advance_ns(DELAY_NS);
     let c = wait_one(&p.a.send_cq, "the held WRITE");

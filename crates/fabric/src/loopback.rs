@@ -101,6 +101,22 @@ impl LoopbackFabric {
     }
 }
 
+/// A node's queue pairs point back at their node (`QpInner::node`) and connected
+/// queue pairs at each other, so they keep each other alive: when the fabric
+/// goes, break the cycles, or every registered memory (a whole pool) would
+/// outlive it.
+impl Drop for FabricInner {
+    fn drop(&mut self) {
+        for node in self.nodes.get_mut().values() {
+            for (_, qp) in node.qps.write().drain() {
+                // Connected queue pairs also hold each other.
+                qp.core.lock().peer = None;
+            }
+            node.mrs.write().clear();
+        }
+    }
+}
+
 impl FabricInner {
     fn link(&self, a: NodeId, b: NodeId) -> Link {
         if !self.links_touched.load(Ordering::Acquire) {

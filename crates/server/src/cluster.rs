@@ -153,7 +153,14 @@ impl Cluster {
             None => Arc::new(EmbeddedStore::in_memory(clock.clone())),
         };
         let fabric = LoopbackFabric::with_clock(clock.clone());
-        let parts = build(&config, clock.clone(), fabric, store, None, Arc::new(EventLog::new()))?;
+        let parts = build(
+            &config,
+            clock.clone(),
+            fabric,
+            store,
+            None,
+            Arc::new(EventLog::new()),
+        )?;
         Self::run(config, clock, parts)
     }
 
@@ -168,11 +175,22 @@ impl Cluster {
         let clock: Arc<dyn Clock> = SystemClock::new();
         let fabric = LoopbackFabric::with_clock(clock.clone());
         let events = Arc::new(EventLog::new());
-        let parts = build(&config, clock.clone(), fabric, store, Some(recovered), events)?;
+        let parts = build(
+            &config,
+            clock.clone(),
+            fabric,
+            store,
+            Some(recovered),
+            events,
+        )?;
         Self::run(config, clock, parts)
     }
 
-    fn run(config: ClusterConfig, clock: Arc<dyn Clock>, mut parts: Parts) -> Result<Cluster, ClusterError> {
+    fn run(
+        config: ClusterConfig,
+        clock: Arc<dyn Clock>,
+        mut parts: Parts,
+    ) -> Result<Cluster, ClusterError> {
         let view = Arc::new(ConfigManager::open(parts.store.clone()).map_err(err("CM"))?);
         let now = clock.now_ns();
         for s in &parts.servers {
@@ -394,9 +412,9 @@ pub fn build(
         let nic = fabric.attach(node).map_err(err("attaching a server"))?;
         let (engine, open) = match &mut recovered {
             Some(r) => {
-                let r = r.remove(&node).ok_or_else(|| {
-                    ClusterError(format!("no recovered pool for member {node}"))
-                })?;
+                let r = r
+                    .remove(&node)
+                    .ok_or_else(|| ClusterError(format!("no recovered pool for member {node}")))?;
                 (r.engine, Some(r.closed_segments))
             }
             None => {
@@ -626,7 +644,14 @@ pub fn cm_task(
     parts: &Parts,
     settings: &ServerSettings,
 ) -> Result<(Box<dyn Task>, Arc<AtomicBool>), ClusterError> {
-    new_cm(node, nic, &parts.directory, &parts.store, &parts.events, settings)
+    new_cm(
+        node,
+        nic,
+        &parts.directory,
+        &parts.store,
+        &parts.events,
+        settings,
+    )
 }
 
 fn new_cm(

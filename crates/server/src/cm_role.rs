@@ -216,11 +216,7 @@ impl<N: Nic> CmTask<N> {
             .members
             .iter()
             .map(|m| m.node)
-            .filter(|n| {
-                self.granted
-                    .get(n)
-                    .is_none_or(|&t| now_ns > t + lease)
-            })
+            .filter(|n| self.granted.get(n).is_none_or(|&t| now_ns > t + lease))
             .collect();
         if dead.is_empty() {
             return false;

@@ -175,9 +175,18 @@ fn pack<'a>(entries: impl Iterator<Item = &'a [u8]>, max: usize) -> Vec<Vec<u8>>
 /// What an outstanding request of the control role was for.
 #[derive(Clone, Debug)]
 enum Pending {
-    Lease { sent_ns: u64 },
-    Gather { shard: ShardId, from: NodeId },
-    Install { shard: ShardId, to: NodeId, page: usize },
+    Lease {
+        sent_ns: u64,
+    },
+    Gather {
+        shard: ShardId,
+        from: NodeId,
+    },
+    Install {
+        shard: ShardId,
+        to: NodeId,
+        page: usize,
+    },
     Ready,
 }
 
@@ -362,7 +371,10 @@ impl<N: Nic> ControlTask<N> {
         let from = self.ep.remote(peer).map(|a| a.node);
         if from != Some(h.sender) {
             if !matches!(f.body, Body::Response(_)) {
-                let detail = format!("header names sender {} on a connection from {from:?}", h.sender);
+                let detail = format!(
+                    "header names sender {} on a connection from {from:?}",
+                    h.sender
+                );
                 self.reject(peer, h.request_id, ErrorCode::Malformed, &detail);
             }
             return;
@@ -373,7 +385,12 @@ impl<N: Nic> ControlTask<N> {
         }
         let config = self.shared.config();
         if h.cluster_id != config.cluster_id {
-            self.reject(peer, h.request_id, ErrorCode::WrongCluster, "another cluster");
+            self.reject(
+                peer,
+                h.request_id,
+                ErrorCode::WrongCluster,
+                "another cluster",
+            );
             return;
         }
         match f.body {
@@ -466,9 +483,9 @@ impl<N: Nic> ControlTask<N> {
         let Some(config) = self.same_term(peer, h) else {
             return;
         };
-        let ok = config
-            .shard(shard)
-            .is_some_and(|s| s.primary == h.sender && s.write_targets().any(|b| b == self.shared.node));
+        let ok = config.shard(shard).is_some_and(|s| {
+            s.primary == h.sender && s.write_targets().any(|b| b == self.shared.node)
+        });
         if !ok {
             let detail = format!("{} may not install {shard} here", h.sender);
             self.reject(peer, h.request_id, ErrorCode::NotPrimary, &detail);
@@ -481,7 +498,12 @@ impl<N: Nic> ControlTask<N> {
         match foreign {
             Ok(false) => {}
             Ok(true) => {
-                self.reject(peer, h.request_id, ErrorCode::Malformed, "an entry of another shard");
+                self.reject(
+                    peer,
+                    h.request_id,
+                    ErrorCode::Malformed,
+                    "an entry of another shard",
+                );
                 return;
             }
             Err(e) => {
@@ -539,7 +561,9 @@ impl<N: Nic> ControlTask<N> {
                             for e in list {
                                 if let Ok(p) = entry::parse_entry(e) {
                                     if p.shard == shard {
-                                        rec.entries.entry(p.version.0).or_insert_with(|| e.to_vec());
+                                        rec.entries
+                                            .entry(p.version.0)
+                                            .or_insert_with(|| e.to_vec());
                                     }
                                 }
                             }
@@ -689,7 +713,11 @@ impl<N: Nic> ControlTask<N> {
                         }
                     }
                 }
-                rec.targets = rec.sources.keys().map(|n| (*n, Target::default())).collect();
+                rec.targets = rec
+                    .sources
+                    .keys()
+                    .map(|n| (*n, Target::default()))
+                    .collect();
                 rec.scattering = true;
                 did = true;
             }
@@ -731,13 +759,14 @@ impl<N: Nic> ControlTask<N> {
             .collect();
         let mut did = false;
         for (node, page) in sends {
-            let Some(peer) = self
-                .peer_links
-                .peer(&mut self.ep, &self.directory, node, now_ns, retry)
+            let Some(peer) =
+                self.peer_links
+                    .peer(&mut self.ep, &self.directory, node, now_ns, retry)
             else {
                 continue;
             };
-            let bytes = std::mem::take(&mut self.recoveries.get_mut(&shard).expect("listed").pages[page]);
+            let bytes =
+                std::mem::take(&mut self.recoveries.get_mut(&shard).expect("listed").pages[page]);
             let sent = self.request(
                 peer,
                 &Body::Install {
@@ -801,7 +830,13 @@ impl<N: Nic> ControlTask<N> {
                 };
                 let page = c.target.next_page;
                 let bytes = std::mem::take(
-                    &mut self.copies.get_mut(&(shard, to)).expect("listed").pages.as_mut().expect("set")[page],
+                    &mut self
+                        .copies
+                        .get_mut(&(shard, to))
+                        .expect("listed")
+                        .pages
+                        .as_mut()
+                        .expect("set")[page],
                 );
                 let sent = self.request(
                     peer,
@@ -834,11 +869,14 @@ impl<N: Nic> ControlTask<N> {
                     },
                 );
             }
-            self.copies.get_mut(&(shard, to)).expect("listed").ready_sent_ns = Some(now_ns);
+            self.copies
+                .get_mut(&(shard, to))
+                .expect("listed")
+                .ready_sent_ns = Some(now_ns);
             for cm in self.cms.clone() {
-                if let Some(peer) = self
-                    .cm_links
-                    .peer(&mut self.ep, &self.directory, cm, now_ns, retry)
+                if let Some(peer) =
+                    self.cm_links
+                        .peer(&mut self.ep, &self.directory, cm, now_ns, retry)
                 {
                     self.request(
                         peer,

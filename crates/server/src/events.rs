@@ -20,9 +20,17 @@ pub enum EventKind {
     ConfigCommitted { term: Term },
     /// A primary made `shard`'s replicas agree and serves it (promotion or cold
     /// start).
-    ShardServed { node: NodeId, shard: ShardId, term: Term },
+    ShardServed {
+        node: NodeId,
+        shard: ShardId,
+        term: Term,
+    },
     /// Re-replication of `shard` to `to` completed.
-    ReplicaCopied { shard: ShardId, to: NodeId, entries: u64 },
+    ReplicaCopied {
+        shard: ShardId,
+        to: NodeId,
+        entries: u64,
+    },
 }
 
 /// An event and its time.

@@ -200,9 +200,7 @@ impl<N: Nic> ServerShared<N> {
         );
         let shard_ready = (0..shards)
             .map(|s| {
-                let primary = config
-                    .shard(ShardId(s))
-                    .is_some_and(|a| a.primary == node);
+                let primary = config.shard(ShardId(s)).is_some_and(|a| a.primary == node);
                 AtomicBool::new(!(recovered.is_some() && primary))
             })
             .collect();
@@ -284,7 +282,10 @@ impl<N: Nic> ServerShared<N> {
     /// Why a client request must not be served now, if it must not.
     pub fn admit(&self, now_ns: u64, term: Term) -> Option<(ErrorCode, &'static str)> {
         if self.evicted.load(Ordering::Acquire) {
-            return Some((ErrorCode::NotMember, "this server was removed from the cluster"));
+            return Some((
+                ErrorCode::NotMember,
+                "this server was removed from the cluster",
+            ));
         }
         if now_ns >= self.lease_until_ns.load(Ordering::Acquire)
             && !self.settings.failover.unsafe_serve_without_lease

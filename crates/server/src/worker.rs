@@ -205,7 +205,10 @@ impl<N: Nic> Worker<N> {
             self.reject(peer, h.request_id, ErrorCode::StaleTerm, &detail);
             return;
         }
-        if matches!(f.body, Body::Get { .. } | Body::Put { .. } | Body::Del { .. }) {
+        if matches!(
+            f.body,
+            Body::Get { .. } | Body::Put { .. } | Body::Del { .. }
+        ) {
             if let Some((code, why)) = self.shared.admit(now_ns, self.config.term) {
                 self.reject(peer, h.request_id, code, why);
                 return;

@@ -689,6 +689,30 @@ impl World {
         }
     }
 
+    /// Why `key` cannot be read: its shard and what its primary thinks.
+    fn unavailable(&self, key: &str) -> String {
+        let Ok(config) = self.parts.source.fetch() else {
+            return "no configuration".into();
+        };
+        let s = config.shard_for_key(key.as_bytes());
+        match self.parts.servers.iter().find(|x| x.node == s.primary) {
+            Some(p) => format!(
+                "{} (term {}) primary {} backups {:?} joining {:?}: served {}, server term {}, committed {}, lease {} ns left, stopped {}",
+                s.shard,
+                config.term,
+                s.primary,
+                s.backups,
+                s.joining,
+                p.shard_ready(s.shard),
+                p.term(),
+                p.committed_term(),
+                p.lease_until_ns() as i64 - self.now() as i64,
+                p.stopped()
+            ),
+            None => format!("{} primary {} is not running", s.shard, s.primary),
+        }
+    }
+
     /// Heal everything, let the cluster settle, read every key back.
     fn read_back(&mut self) {
         self.heal_due(true);
@@ -700,6 +724,7 @@ impl World {
         let keys = self.keys.clone();
         for key in keys {
             let mut done = false;
+            let mut last_error = String::new();
             for _attempt in 0..20 {
                 let call = self.now();
                 let id = self.clients[0]
@@ -718,6 +743,7 @@ impl World {
                     self.advance(true);
                 };
                 debug_assert_eq!(c.id, id);
+                last_error = format!("{:?}", c.result);
                 let (status, output) = match &c.result {
                     Ok(Output::Value { value, .. }) => (
                         Status::Ok,
@@ -748,8 +774,10 @@ impl World {
                 }
             }
             if !done {
-                self.fault_log
-                    .push(format!("final read of {key} never succeeded"));
+                let detail = self.unavailable(&key);
+                self.fault_log.push(format!(
+                    "final read of {key} never succeeded: last answer {last_error}; {detail}"
+                ));
             }
         }
     }

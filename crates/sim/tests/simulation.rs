@@ -124,3 +124,19 @@ fn regression_seed_2_paused_primary_resumes_after_its_lease() {
         fixed.report.violations
     );
 }
+
+/// Regression: seed 49 pauses n1 for 75 ms (the CM evicts it) and crashes the
+/// active CM. The evicted server's NIC still accepts messages, so a client whose
+/// configuration still named n1 timed out on every read of k0 and never looked
+/// again: the final read-back failed. Clients now refresh their configuration
+/// after a timeout.
+#[test]
+fn regression_seed_49_client_refreshes_after_timing_out_on_an_evicted_server() {
+    let r = run(&SimConfig::new(49, OPS));
+    assert!(
+        r.report.violations.is_empty(),
+        "{:?}\n{:#?}",
+        r.report.violations,
+        r.fault_log
+    );
+}

@@ -331,7 +331,9 @@ fn a_degraded_shard_and_a_joining_backup_are_valid() {
     c.validate().expect("a degraded shard is valid");
     let mut fewer = c.clone();
     fewer.replication_factor = 4;
-    fewer.validate().expect("fewer members than the replication factor: degraded");
+    fewer
+        .validate()
+        .expect("fewer members than the replication factor: degraded");
     c.shards[1].joining.push(gone);
     c.validate().expect("a joining backup is valid");
     assert!(c.shards[1].is_replica(gone));

@@ -85,7 +85,9 @@ fn samples(entries: &[u8]) -> Vec<Body<'_>> {
         Body::Ping,
         Body::Lease,
         Body::Prepare { term: Term(9) },
-        Body::Commit { term: Term(u64::MAX) },
+        Body::Commit {
+            term: Term(u64::MAX),
+        },
         Body::Gather {
             shard: ShardId(7),
             cursor: 1234,

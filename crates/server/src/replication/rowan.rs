@@ -41,7 +41,8 @@ impl<N: Nic> Replicator<N> for RowanReplicator<N> {
         // fails again and the write is reported failed.
         if sender.qp().state() == QpState::Error {
             if let Err(e) = sender.qp().reset() {
-                self.failed_posts.push((token, format!("resetting the connection to {backup}: {e}")));
+                self.failed_posts
+                    .push((token, format!("resetting the connection to {backup}: {e}")));
                 return;
             }
         }
