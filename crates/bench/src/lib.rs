@@ -16,6 +16,7 @@
 //!   strategies side by side (throughput, latency, DLWA per server, CPU per op).
 #![forbid(unsafe_code)]
 
+pub mod coldstart;
 pub mod dlwa;
 pub mod engine_bench;
 pub mod table;

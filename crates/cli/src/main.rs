@@ -15,6 +15,7 @@ use clap::{Args, Parser, Subcommand};
 use rowankv_bench::dlwa::{self, DlwaOptions, Mode};
 
 mod demo;
+mod recovery_cmd;
 mod sim_cmd;
 
 #[derive(Parser)]
@@ -55,6 +56,13 @@ enum BenchCommand {
     /// YCSB on an in-process cluster, replication strategies side by side (seed 000
     /// §6.3). With no options: the paper's setting scaled to this machine.
     Ycsb(Box<YcsbArgs>),
+    /// Failover timeline: YCSB-A on 3 servers, the last one killed mid-run;
+    /// time to commit the new configuration and to serve every shard again
+    /// (seed 000 §6.5, Figure 14).
+    Failover(recovery_cmd::FailoverArgs),
+    /// Cold start: load, power failure of every server, recovery from what was
+    /// persisted, every acknowledged write checked (seed 000 §4.7, §6.5).
+    Coldstart(recovery_cmd::ColdStartArgs),
 }
 
 #[derive(Args)]
@@ -184,6 +192,12 @@ fn main() -> Result<()> {
         Command::Bench {
             which: BenchCommand::Ycsb(args),
         } => bench_ycsb(*args),
+        Command::Bench {
+            which: BenchCommand::Failover(args),
+        } => recovery_cmd::failover(args),
+        Command::Bench {
+            which: BenchCommand::Coldstart(args),
+        } => recovery_cmd::cold_start(args),
         Command::Demo(args) => demo::run(args),
         Command::Sim(args) => sim_cmd::run_cmd(args),
     }

@@ -4,4 +4,7 @@
 pub mod runner;
 pub mod workload;
 
-pub use runner::{run, table, YcsbOptions, YcsbResult, SCALED_MEDIA_BANDWIDTH};
+pub use runner::{
+    run, table, timeline_report, FailoverTimes, TimedEvent, YcsbOptions, YcsbResult,
+    SCALED_MEDIA_BANDWIDTH,
+};

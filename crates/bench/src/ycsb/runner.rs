@@ -11,6 +11,13 @@
 //! server from the media model over the measured phase, and CPU time per
 //! operation (the process's user + system time over the phase, divided by the
 //! operations completed — servers and clients together).
+//!
+//! With `kill_at`, the last server is killed that far into the measured phase
+//! (seed 000 §6.5): the run then reports a throughput timeline in 100 ms steps,
+//! the failover events (failure detected, configuration stored and committed,
+//! shards served again) and how long each took after the kill. With `verify`,
+//! every acknowledged PUT is read back at the end: the value must be there at
+//! that version or a later one.
 
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
@@ -23,7 +30,10 @@ use rand_chacha::ChaCha8Rng;
 use rowankv_client::{Client, ClientConfig, ClientError, Op as ClientOp, Output};
 use rowankv_fabric::LoopbackNic;
 use rowankv_pmem::{MediaModelConfig, MediaTiming};
-use rowankv_server::{Cluster, ClusterConfig, Placement, ServerSettings, Step, Strategy, Task};
+use rowankv_server::{
+    Cluster, ClusterConfig, EventKind, Placement, ServerSettings, Step, Strategy, Task,
+};
+use rowankv_types::NodeId;
 use rowankv_wire::frame::KV_BYTES_MAX;
 use serde::Serialize;
 
@@ -54,6 +64,12 @@ pub struct YcsbOptions {
     pub segment_bytes: usize,
     pub seed: u64,
     pub progress: bool,
+    /// Kill the last server this many seconds into the measured phase.
+    pub kill_at: Option<f64>,
+    /// Server lease (failure detection); `None`: the server default.
+    pub lease_ns: Option<u64>,
+    /// Read back every acknowledged PUT at the end.
+    pub verify: bool,
 }
 
 /// Media bandwidth per DIMM of the scaled setting (see `docs/results/ycsb.md`):
@@ -84,6 +100,9 @@ impl Default for YcsbOptions {
             segment_bytes: 1 << 20,
             seed: 42,
             progress: true,
+            kill_at: None,
+            lease_ns: None,
+            verify: false,
         }
     }
 }
@@ -117,14 +136,47 @@ pub struct YcsbResult {
     pub timeouts: u64,
     pub load_seconds: f64,
     pub media_timing: bool,
+    /// Operations completed per 100 ms of the measured phase.
+    pub timeline: Vec<u64>,
+    /// Failover events, ms into the measured phase.
+    pub events: Vec<TimedEvent>,
+    pub failover: Option<FailoverTimes>,
+    /// Acknowledged PUTs read back (keys), and those missing or older.
+    pub verified_keys: u64,
+    pub lost_writes: u64,
 }
+
+/// An event of the failover timeline.
+#[derive(Clone, Debug, Serialize)]
+pub struct TimedEvent {
+    pub at_ms: f64,
+    pub what: String,
+}
+
+/// How long failover took after the kill (ms).
+#[derive(Clone, Debug, Serialize)]
+pub struct FailoverTimes {
+    pub killed: u32,
+    pub kill_at_ms: f64,
+    /// Until the CM found the lease expired.
+    pub detected_ms: Option<f64>,
+    /// Until the new configuration was in the coordination store.
+    pub stored_ms: Option<f64>,
+    /// Until every server had it and the failed lease had expired (commit).
+    pub committed_ms: Option<f64>,
+    /// Until every shard the failed server was primary of was served again.
+    pub all_served_ms: Option<f64>,
+    pub shards_promoted: usize,
+}
+
+/// Buckets of the throughput timeline.
+const TIMELINE_STEP_NS: u64 = 100_000_000;
 
 const PHASE_LOAD: u8 = 0;
 const PHASE_WAIT: u8 = 1;
 const PHASE_RUN: u8 = 2;
 const PHASE_STOP: u8 = 3;
 
-#[derive(Default)]
 struct Counters {
     ops: AtomicU64,
     puts: AtomicU64,
@@ -133,6 +185,25 @@ struct Counters {
     timeouts: AtomicU64,
     loaded: AtomicU64,
     load_clients_done: AtomicU64,
+    /// Start of the measured phase on the cluster's clock.
+    run_start_ns: AtomicU64,
+    timeline: Vec<AtomicU64>,
+}
+
+impl Counters {
+    fn new(buckets: usize) -> Counters {
+        Counters {
+            ops: AtomicU64::new(0),
+            puts: AtomicU64::new(0),
+            gets: AtomicU64::new(0),
+            errors: AtomicU64::new(0),
+            timeouts: AtomicU64::new(0),
+            loaded: AtomicU64::new(0),
+            load_clients_done: AtomicU64::new(0),
+            run_start_ns: AtomicU64::new(0),
+            timeline: (0..buckets).map(|_| AtomicU64::new(0)).collect(),
+        }
+    }
 }
 
 struct Histograms {
@@ -148,7 +219,9 @@ fn histogram() -> Histogram<u64> {
 #[derive(Clone, Copy)]
 enum Kind {
     Get,
-    Put,
+    Put {
+        record: u64,
+    },
     /// F: the GET half of a read-modify-write; the PUT follows.
     RmwGet {
         record: u64,
@@ -175,6 +248,9 @@ struct LoadClient {
     rng: ChaCha8Rng,
     loading_done: bool,
     load_reported: bool,
+    /// With `verify`: the highest acknowledged version of each record written.
+    acked: Option<std::collections::HashMap<u64, u64>>,
+    acked_out: Arc<Mutex<std::collections::HashMap<u64, u64>>>,
 }
 
 impl LoadClient {
@@ -198,7 +274,7 @@ impl LoadClient {
                         key: self.key.clone(),
                         value: self.value.clone(),
                     },
-                    Kind::Put,
+                    Kind::Put { record },
                 )
             }
             Op::ReadModifyWrite { record, value_len } => {
@@ -236,12 +312,19 @@ impl Task for LoadClient {
         &self.name
     }
 
-    fn step(&mut self, _now_ns: u64) -> Step {
+    fn step(&mut self, now_ns: u64) -> Step {
         let phase = self.phase.load(Ordering::Acquire);
         if phase == PHASE_STOP {
             let mut h = self.hist.lock();
             let _ = h.put.add(&self.local.put);
             let _ = h.get.add(&self.local.get);
+            if let Some(acked) = self.acked.take() {
+                let mut out = self.acked_out.lock();
+                for (r, v) in acked {
+                    let e = out.entry(r).or_insert(0);
+                    *e = (*e).max(v);
+                }
+            }
             return Step::Done;
         }
         let mut did = false;
@@ -256,20 +339,31 @@ impl Task for LoadClient {
             };
             let us = (c.latency.as_nanos() / 1000).max(1) as u64;
             let measuring = phase == PHASE_RUN;
+            if let (Ok(Output::Written { version }), Kind::Put { record }, Some(acked)) =
+                (&c.result, kind, self.acked.as_mut())
+            {
+                let e = acked.entry(record).or_insert(0);
+                *e = (*e).max(*version);
+            }
             match (&c.result, kind) {
-                (Ok(_), Kind::Put)
+                (Ok(_), Kind::Put { .. })
                 | (Err(ClientError::NotFound), Kind::Get)
                 | (Ok(_), Kind::Get) => {
                     if measuring {
                         self.counters.ops.fetch_add(1, Ordering::Relaxed);
-                        if matches!(kind, Kind::Put) {
+                        let start = self.counters.run_start_ns.load(Ordering::Relaxed);
+                        let b = (now_ns.saturating_sub(start) / TIMELINE_STEP_NS) as usize;
+                        if let Some(slot) = self.counters.timeline.get(b) {
+                            slot.fetch_add(1, Ordering::Relaxed);
+                        }
+                        if matches!(kind, Kind::Put { .. }) {
                             self.counters.puts.fetch_add(1, Ordering::Relaxed);
                             let _ = self.local.put.record(us);
                         } else {
                             self.counters.gets.fetch_add(1, Ordering::Relaxed);
                             let _ = self.local.get.record(us);
                         }
-                    } else if phase == PHASE_LOAD && matches!(kind, Kind::Put) {
+                    } else if phase == PHASE_LOAD && matches!(kind, Kind::Put { .. }) {
                         self.counters.loaded.fetch_add(1, Ordering::Relaxed);
                     }
                 }
@@ -284,7 +378,7 @@ impl Task for LoadClient {
                     }
                     self.submit(Op::Put { record, value_len });
                 }
-                (Err(ClientError::Timeout(_)), _) => {
+                (Err(e), _) if e.is_unknown() => {
                     self.counters.timeouts.fetch_add(1, Ordering::Relaxed);
                 }
                 _ => {
@@ -376,9 +470,17 @@ fn run_one(opts: &YcsbOptions, strategy: Strategy) -> Result<YcsbResult, String>
         shards_per_server: opts.shards_per_server,
         replication_factor: opts.replication_factor,
         strategy,
-        settings: ServerSettings {
-            workers: opts.workers,
-            ..ServerSettings::default()
+        settings: {
+            let mut s = ServerSettings {
+                workers: opts.workers,
+                ..ServerSettings::default()
+            };
+            if let Some(lease) = opts.lease_ns {
+                s.failover.lease_ns = lease;
+                s.failover.renew_ns = (lease / 10).max(1_000_000);
+                s.failover.cm_lease_ns = 4 * lease;
+            }
+            s
         },
         pool_bytes: opts.pool_bytes,
         segment_bytes: opts.segment_bytes,
@@ -391,7 +493,9 @@ fn run_one(opts: &YcsbOptions, strategy: Strategy) -> Result<YcsbResult, String>
     })
     .map_err(|e| e.to_string())?;
     let phase = Arc::new(AtomicU8::new(PHASE_WAIT));
-    let counters = Arc::new(Counters::default());
+    let buckets = (opts.seconds * 1e9 / TIMELINE_STEP_NS as f64).ceil() as usize + 10;
+    let counters = Arc::new(Counters::new(buckets));
+    let acked_out = Arc::new(Mutex::new(std::collections::HashMap::new()));
     let hist = Arc::new(Mutex::new(Histograms {
         put: histogram(),
         get: histogram(),
@@ -441,6 +545,8 @@ fn run_one(opts: &YcsbOptions, strategy: Strategy) -> Result<YcsbResult, String>
             rng: ChaCha8Rng::seed_from_u64(opts.seed ^ (c as u64).wrapping_mul(0x9e37_79b9)),
             loading_done: false,
             load_reported: false,
+            acked: opts.verify.then(std::collections::HashMap::new),
+            acked_out: acked_out.clone(),
         }));
     }
 
@@ -479,8 +585,19 @@ fn run_one(opts: &YcsbOptions, strategy: Strategy) -> Result<YcsbResult, String>
     let errors_before = counters.errors.load(Ordering::Relaxed);
     let cpu_before = cpu_seconds();
     let start = Instant::now();
+    let run_start_ns = cluster.clock().now_ns();
+    counters.run_start_ns.store(run_start_ns, Ordering::Relaxed);
     phase.store(PHASE_RUN, Ordering::Release);
-    std::thread::sleep(Duration::from_secs_f64(opts.seconds));
+    let mut kill = None;
+    if let Some(at) = opts.kill_at.filter(|&a| a < opts.seconds) {
+        std::thread::sleep(Duration::from_secs_f64(at));
+        let victim = opts.servers - 1;
+        kill = Some((victim, cluster.clock().now_ns()));
+        cluster.kill_server(victim);
+        std::thread::sleep(Duration::from_secs_f64(opts.seconds - at));
+    } else {
+        std::thread::sleep(Duration::from_secs_f64(opts.seconds));
+    }
     let ops = counters.ops.load(Ordering::Relaxed);
     let elapsed = start.elapsed().as_secs_f64();
     let cpu = cpu_seconds() - cpu_before;
@@ -489,6 +606,30 @@ fn run_one(opts: &YcsbOptions, strategy: Strategy) -> Result<YcsbResult, String>
     let media_after = cluster.media_stats();
     // Let the clients hand in their histograms.
     std::thread::sleep(Duration::from_millis(100));
+    let (verified_keys, lost_writes) = if opts.verify {
+        let acked = std::mem::take(&mut *acked_out.lock());
+        verify_acked(&mut cluster, opts, &acked)?
+    } else {
+        (0, 0)
+    };
+    let ms = |ns: u64| ns.saturating_sub(run_start_ns) as f64 / 1e6;
+    let events: Vec<TimedEvent> = cluster
+        .events()
+        .snapshot()
+        .into_iter()
+        .filter(|e| e.at_ns >= run_start_ns)
+        .map(|e| TimedEvent {
+            at_ms: ms(e.at_ns),
+            what: describe(&e.kind),
+        })
+        .collect();
+    let failover = kill.map(|(victim, at)| failover_times(&cluster, victim, at, run_start_ns));
+    let timeline: Vec<u64> = counters
+        .timeline
+        .iter()
+        .map(|c| c.load(Ordering::Relaxed))
+        .take((opts.seconds * 1e9 / TIMELINE_STEP_NS as f64).ceil() as usize)
+        .collect();
     cluster.shutdown();
 
     let dlwa_per_server: Vec<f64> = media_after
@@ -535,7 +676,144 @@ fn run_one(opts: &YcsbOptions, strategy: Strategy) -> Result<YcsbResult, String>
         timeouts: counters.timeouts.load(Ordering::Relaxed),
         load_seconds,
         media_timing: opts.media_bandwidth.is_some(),
+        timeline,
+        events,
+        failover,
+        verified_keys,
+        lost_writes,
     })
+}
+
+fn describe(kind: &EventKind) -> String {
+    match kind {
+        EventKind::CmActive { cm, term } => format!("CM {cm} active at {term}"),
+        EventKind::ServerFailed { node } => format!("lease of {node} expired: failed"),
+        EventKind::ConfigStored { term } => format!("configuration {term} stored"),
+        EventKind::ConfigCommitted { term } => format!("configuration {term} committed"),
+        EventKind::ShardServed { node, shard, term } => {
+            format!("{shard} served by {node} at {term}")
+        }
+        EventKind::ReplicaCopied { shard, to, entries } => {
+            format!("{shard} copied to {to} ({entries} entries)")
+        }
+    }
+}
+
+/// When each failover step happened after the kill of server `victim` at `kill_ns`.
+fn failover_times(cluster: &Cluster, victim: usize, kill_ns: u64, run_start_ns: u64) -> FailoverTimes {
+    let node = NodeId(victim as u32);
+    let events = cluster.events().snapshot();
+    let after = |e: &&rowankv_server::Event| e.at_ns >= kill_ns;
+    let since = |ns: u64| (ns - kill_ns) as f64 / 1e6;
+    let detected = events
+        .iter()
+        .filter(after)
+        .find(|e| e.kind == EventKind::ServerFailed { node });
+    let stored = detected.and_then(|d| {
+        events
+            .iter()
+            .find(|e| e.at_ns >= d.at_ns && matches!(e.kind, EventKind::ConfigStored { .. }))
+    });
+    let term = stored.and_then(|e| match e.kind {
+        EventKind::ConfigStored { term } => Some(term),
+        _ => None,
+    });
+    let committed = term.and_then(|t| {
+        events
+            .iter()
+            .find(|e| e.kind == EventKind::ConfigCommitted { term: t })
+    });
+    let served: Vec<&rowankv_server::Event> = term
+        .map(|t| {
+            events
+                .iter()
+                .filter(|e| matches!(e.kind, EventKind::ShardServed { term, .. } if term == t))
+                .collect()
+        })
+        .unwrap_or_default();
+    // Promotions of that term are the victim's shards (it was primary of
+    // `shards_per_server` of them).
+    let mut shards: Vec<_> = served
+        .iter()
+        .filter_map(|e| match e.kind {
+            EventKind::ShardServed { shard, .. } => Some(shard),
+            _ => None,
+        })
+        .collect();
+    shards.sort_unstable();
+    shards.dedup();
+    let promoted = shards.len();
+    let expected = cluster.config().shards_per_server as usize;
+    FailoverTimes {
+        killed: node.0,
+        kill_at_ms: (kill_ns - run_start_ns) as f64 / 1e6,
+        detected_ms: detected.map(|e| since(e.at_ns)),
+        stored_ms: stored.map(|e| since(e.at_ns)),
+        committed_ms: committed.map(|e| since(e.at_ns)),
+        all_served_ms: (promoted >= expected)
+            .then(|| served.iter().map(|e| e.at_ns).max())
+            .flatten()
+            .map(since),
+        shards_promoted: promoted,
+    }
+}
+
+/// Read back every acknowledged PUT: (keys checked, keys missing or older).
+fn verify_acked(
+    cluster: &mut Cluster,
+    opts: &YcsbOptions,
+    acked: &std::collections::HashMap<u64, u64>,
+) -> Result<(u64, u64), String> {
+    let nic = cluster.attach_client().map_err(|e| e.to_string())?;
+    let mut client = Client::connect(
+        nic,
+        cluster.directory().clone(),
+        cluster.config_source(),
+        ClientConfig {
+            inflight_max: 32,
+            timeout: Duration::from_secs(10),
+            ..ClientConfig::default()
+        },
+    )
+    .map_err(|e| e.to_string())?;
+    let key_bytes = opts.sizes.key_bytes();
+    let mut records: Vec<(u64, u64)> = acked.iter().map(|(r, v)| (*r, *v)).collect();
+    records.sort_unstable();
+    let mut pending: std::collections::HashMap<u64, (u64, u64)> = std::collections::HashMap::new();
+    let mut next = 0;
+    let mut lost = 0u64;
+    let mut done = Vec::new();
+    let mut key = Vec::new();
+    while next < records.len() || !pending.is_empty() {
+        while next < records.len() && client.inflight() < 32 {
+            let (record, version) = records[next];
+            record_key(record, key_bytes, &mut key);
+            let id = client
+                .submit(ClientOp::Get { key: key.clone() })
+                .map_err(|e| e.to_string())?;
+            pending.insert(id.0, (record, version));
+            next += 1;
+        }
+        done.clear();
+        if client.poll(&mut done) == 0 {
+            std::thread::yield_now();
+        }
+        for c in &done {
+            let Some((record, version)) = pending.remove(&c.id.0) else {
+                continue;
+            };
+            match &c.result {
+                Ok(Output::Value { version: got, .. }) if *got >= version => {}
+                other => {
+                    if lost < 5 {
+                        tracing::warn!(record, version, ?other, "an acknowledged write is not readable");
+                    }
+                    lost += 1;
+                }
+            }
+        }
+    }
+    Ok((records.len() as u64, lost))
 }
 
 /// The comparison table.
@@ -570,4 +848,60 @@ pub fn table(results: &[YcsbResult]) -> String {
         ],
         &rows,
     )
+}
+
+/// The throughput timeline of a run with a kill: one line per 100 ms, a bar
+/// scaled to the busiest step, and the failover events of that step marked.
+pub fn timeline_report(r: &YcsbResult) -> String {
+    use std::fmt::Write;
+    let mut out = String::new();
+    let peak = r.timeline.iter().copied().max().unwrap_or(0).max(1);
+    let step_ms = TIMELINE_STEP_NS as f64 / 1e6;
+    let kill_ms = r.failover.as_ref().map(|f| f.kill_at_ms);
+    let _ = writeln!(out, "  time (ms)   ops/s    throughput");
+    for (i, &n) in r.timeline.iter().enumerate() {
+        let from = i as f64 * step_ms;
+        let to = from + step_ms;
+        let mut marks: Vec<String> = Vec::new();
+        if kill_ms.is_some_and(|k| k >= from && k < to) {
+            marks.push(format!("KILL s{}", r.failover.as_ref().map_or(0, |f| f.killed)));
+        }
+        let mut promoted = 0;
+        for e in r.events.iter().filter(|e| e.at_ms >= from && e.at_ms < to) {
+            if e.what.contains(" served by ") {
+                promoted += 1;
+            } else {
+                marks.push(e.what.clone());
+            }
+        }
+        if promoted > 0 {
+            marks.push(format!("{promoted} shard(s) promoted"));
+        }
+        let bar = "#".repeat((n * 40 / peak) as usize);
+        let _ = writeln!(
+            out,
+            "  {:>5.0}-{:<5.0} {:>8.0}  {:<40} {}",
+            from,
+            to,
+            n as f64 / (step_ms / 1e3),
+            bar,
+            marks.join("; ")
+        );
+    }
+    if let Some(f) = &r.failover {
+        let t = |v: Option<f64>| v.map_or("—".to_string(), |v| format!("{v:.1} ms"));
+        let _ = writeln!(
+            out,
+            "  failover of s{} (killed at {:.0} ms): detected after {}, configuration stored after {}, \
+             committed after {}, all {} of its shards served again after {}",
+            f.killed,
+            f.kill_at_ms,
+            t(f.detected_ms),
+            t(f.stored_ms),
+            t(f.committed_ms),
+            f.shards_promoted,
+            t(f.all_served_ms)
+        );
+    }
+    out
 }
