@@ -123,78 +123,88 @@ fn load(cluster: &mut Cluster, opts: &ColdStartOptions) -> Result<HashMap<u64, u
         let source = cluster.config_source();
         let (depth, records, seed, clients) = (opts.depth, opts.records, opts.seed, opts.clients);
         let bar = bar.clone();
-        handles.push(std::thread::spawn(move || -> Result<HashMap<u64, u64>, String> {
-            let mut client = Client::connect(
-                nic,
-                directory,
-                source,
-                ClientConfig {
-                    inflight_max: depth,
-                    worker_hint: c,
-                    timeout: Duration::from_secs(30),
-                    ..ClientConfig::default()
-                },
-            )
-            .map_err(|e| e.to_string())?;
-            let mut gen = Generator::new(
-                Workload::Load,
-                KeyDist::Uniform,
-                sizes,
-                records,
-                max_value,
-                seed,
-            )
-            .with_client(c as u64, clients as u64);
-            let mut acked = HashMap::new();
-            let mut inflight: HashMap<u64, u64> = HashMap::new();
-            let mut done = Vec::new();
-            let mut key = Vec::new();
-            let mut exhausted = false;
-            let mut value = Vec::new();
-            while !exhausted || !inflight.is_empty() {
-                while !exhausted && client.inflight() < depth {
-                    match gen.load_op() {
-                        Some(Op::Insert { record, value_len } | Op::Put { record, value_len }) => {
-                            record_key(record, sizes.key_bytes(), &mut key);
-                            value.clear();
-                            value.extend((0..value_len.min(max_value)).map(|i| (record as u8) ^ (i as u8)));
-                            let id = client
-                                .submit(ClientOp::Put {
-                                    key: key.clone(),
-                                    value: value.clone(),
-                                })
-                                .map_err(|e| e.to_string())?;
-                            inflight.insert(id.0, record);
+        handles.push(std::thread::spawn(
+            move || -> Result<HashMap<u64, u64>, String> {
+                let mut client = Client::connect(
+                    nic,
+                    directory,
+                    source,
+                    ClientConfig {
+                        inflight_max: depth,
+                        worker_hint: c,
+                        timeout: Duration::from_secs(30),
+                        ..ClientConfig::default()
+                    },
+                )
+                .map_err(|e| e.to_string())?;
+                let mut gen = Generator::new(
+                    Workload::Load,
+                    KeyDist::Uniform,
+                    sizes,
+                    records,
+                    max_value,
+                    seed,
+                )
+                .with_client(c as u64, clients as u64);
+                let mut acked = HashMap::new();
+                let mut inflight: HashMap<u64, u64> = HashMap::new();
+                let mut done = Vec::new();
+                let mut key = Vec::new();
+                let mut exhausted = false;
+                let mut value = Vec::new();
+                while !exhausted || !inflight.is_empty() {
+                    while !exhausted && client.inflight() < depth {
+                        match gen.load_op() {
+                            Some(
+                                Op::Insert { record, value_len } | Op::Put { record, value_len },
+                            ) => {
+                                record_key(record, sizes.key_bytes(), &mut key);
+                                value.clear();
+                                value.extend(
+                                    (0..value_len.min(max_value))
+                                        .map(|i| (record as u8) ^ (i as u8)),
+                                );
+                                let id = client
+                                    .submit(ClientOp::Put {
+                                        key: key.clone(),
+                                        value: value.clone(),
+                                    })
+                                    .map_err(|e| e.to_string())?;
+                                inflight.insert(id.0, record);
+                            }
+                            Some(_) => {}
+                            None => exhausted = true,
                         }
-                        Some(_) => {}
-                        None => exhausted = true,
+                    }
+                    done.clear();
+                    if client.poll(&mut done) == 0 {
+                        std::thread::yield_now();
+                    }
+                    for d in &done {
+                        let Some(record) = inflight.remove(&d.id.0) else {
+                            continue;
+                        };
+                        match &d.result {
+                            Ok(Output::Written { version }) => {
+                                acked.insert(record, *version);
+                            }
+                            other => return Err(format!("loading record {record}: {other:?}")),
+                        }
+                    }
+                    if let Some(b) = &bar {
+                        b.inc(done.len() as u64);
                     }
                 }
-                done.clear();
-                if client.poll(&mut done) == 0 {
-                    std::thread::yield_now();
-                }
-                for d in &done {
-                    let Some(record) = inflight.remove(&d.id.0) else {
-                        continue;
-                    };
-                    match &d.result {
-                        Ok(Output::Written { version }) => {
-                            acked.insert(record, *version);
-                        }
-                        other => return Err(format!("loading record {record}: {other:?}")),
-                    }
-                }
-                if let Some(b) = &bar {
-                    b.inc(done.len() as u64);
-                }
-            }
-            Ok(acked)
-        }));
+                Ok(acked)
+            },
+        ));
     }
     let mut acked = HashMap::new();
     for h in handles {
-        acked.extend(h.join().map_err(|_| "a loading client panicked".to_string())??);
+        acked.extend(
+            h.join()
+                .map_err(|_| "a loading client panicked".to_string())??,
+        );
     }
     if let Some(b) = bar {
         b.finish_and_clear();
@@ -283,8 +293,8 @@ pub fn run(opts: &ColdStartOptions) -> Result<ColdStartResult, String> {
         popts.crash_sim = true;
         let pool = Pool::from_image(&image, popts).map_err(|e| e.to_string())?;
         drop(image);
-        let (engine, report) = Engine::open(pool, engine_config)
-            .map_err(|e| format!("recovering {node}: {e}"))?;
+        let (engine, report) =
+            Engine::open(pool, engine_config).map_err(|e| format!("recovering {node}: {e}"))?;
         rebuild_ms.push(t.elapsed().as_secs_f64() * 1e3);
         entries_indexed.push(report.entries_indexed);
         recovered.push(Recovered {
@@ -316,7 +326,9 @@ pub fn run(opts: &ColdStartOptions) -> Result<ColdStartResult, String> {
             break;
         }
         if serve_start.elapsed() > Duration::from_secs(300) {
-            return Err(format!("only {served} of {shards} shards served after 300 s"));
+            return Err(format!(
+                "only {served} of {shards} shards served after 300 s"
+            ));
         }
         std::thread::sleep(Duration::from_millis(1));
     }

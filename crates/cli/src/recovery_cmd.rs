@@ -117,7 +117,10 @@ pub fn cold_start(args: ColdStartArgs) -> Result<()> {
         print!("{}", coldstart::report(&r));
     }
     if r.lost_writes > 0 {
-        anyhow::bail!("{} acknowledged writes were not back after the cold start", r.lost_writes);
+        anyhow::bail!(
+            "{} acknowledged writes were not back after the cold start",
+            r.lost_writes
+        );
     }
     Ok(())
 }

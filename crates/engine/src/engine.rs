@@ -565,7 +565,21 @@ impl Engine {
         shard: ShardId,
         extra: &[SegmentId],
     ) -> Result<Vec<Vec<u8>>, EngineError> {
-        self.shard(shard)?;
+        let mut by_shard = self.uncommitted_entries_of(&[shard], extra)?;
+        Ok(by_shard.remove(&shard).unwrap_or_default())
+    }
+
+    /// [`Engine::uncommitted_entries`] of several shards in one walk of the
+    /// segments (a promotion of many shards at once): by shard, each sorted by
+    /// version. Shards with no such entries are absent.
+    pub fn uncommitted_entries_of(
+        &self,
+        shards: &[ShardId],
+        extra: &[SegmentId],
+    ) -> Result<BTreeMap<ShardId, Vec<Vec<u8>>>, EngineError> {
+        for &shard in shards {
+            self.shard(shard)?;
+        }
         let count = self.segments.layout().segment_count;
         // Segment → allocation sequence number (order of allocation).
         let mut chosen: BTreeMap<SegmentId, u64> = BTreeMap::new();
@@ -591,9 +605,9 @@ impl Engine {
         let mut ordered: Vec<(u64, SegmentId)> = chosen.into_iter().map(|(s, q)| (q, s)).collect();
         ordered.sort_unstable();
 
-        let mut found: BTreeMap<(Version, Vec<u8>), Vec<u8>> = BTreeMap::new();
+        let mut found: BTreeMap<(ShardId, Version, Vec<u8>), Vec<u8>> = BTreeMap::new();
         let mut assembler = Assembler::new();
-        let owns = |s: ShardId| s == shard;
+        let owns = |s: ShardId| shards.contains(&s);
         for (_, seg) in ordered {
             let mut visit =
                 |f: Found<'_>| -> Result<(), EngineError> {
@@ -603,7 +617,7 @@ impl Engine {
                             entry: e, bytes, ..
                         } => {
                             if let btree_map::Entry::Vacant(v) =
-                                found.entry((e.version, e.key.to_vec()))
+                                found.entry((e.shard, e.version, e.key.to_vec()))
                             {
                                 // Written at another MTU than ours: keep the bytes as sent.
                                 let encoded = self
@@ -617,7 +631,7 @@ impl Engine {
                             // does not verify.
                             if let Ok(Some(e)) = assembler.add(header, payload) {
                                 if let btree_map::Entry::Vacant(v) =
-                                    found.entry((e.version, e.key.clone()))
+                                    found.entry((e.shard, e.version, e.key.clone()))
                                 {
                                     v.insert(self.encode_owned(
                                         e.kind, e.shard, e.version, &e.key, &e.value,
@@ -630,7 +644,11 @@ impl Engine {
                 };
             self.walk_segment(seg, &owns, true, &mut visit)?;
         }
-        Ok(found.into_values().collect())
+        let mut by_shard: BTreeMap<ShardId, Vec<Vec<u8>>> = BTreeMap::new();
+        for ((shard, _, _), bytes) in found {
+            by_shard.entry(shard).or_default().push(bytes);
+        }
+        Ok(by_shard)
     }
 
     /// Install encoded entries (concatenated [`entry::encode`] outputs, each

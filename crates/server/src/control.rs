@@ -244,8 +244,12 @@ pub struct ControlTask<N: Nic> {
     jobs_epoch: u64,
     recoveries: BTreeMap<ShardId, Recovery>,
     copies: BTreeMap<(ShardId, NodeId), Copy>,
-    /// Gather answers being paged out: (asking node, shard) → entries.
-    gathered: BTreeMap<(NodeId, ShardId), Vec<Vec<u8>>>,
+    /// Gather answers being paged out, per asking primary: taken in one walk of
+    /// the segments for every shard it is recovering (they take no new writes
+    /// until recovered), in the term they were taken.
+    gathered: BTreeMap<NodeId, (Term, BTreeMap<ShardId, Vec<Vec<u8>>>)>,
+    /// This server's own entries of the shards it is recovering, in one walk.
+    own: Option<(Term, BTreeMap<ShardId, Vec<Vec<u8>>>)>,
     events: Vec<Event>,
     data: Vec<u8>,
 }
@@ -276,6 +280,7 @@ impl<N: Nic> ControlTask<N> {
             recoveries: BTreeMap::new(),
             copies: BTreeMap::new(),
             gathered: BTreeMap::new(),
+            own: None,
             events: Vec::new(),
             data: Vec::new(),
             shared,
@@ -440,15 +445,45 @@ impl<N: Nic> ControlTask<N> {
             self.reject(peer, h.request_id, ErrorCode::NotPrimary, &detail);
             return;
         }
-        let key = (h.sender, shard);
-        if cursor == 0 || !self.gathered.contains_key(&key) {
+        let fresh = self
+            .gathered
+            .get(&h.sender)
+            .is_some_and(|(t, m)| *t == config.term && m.contains_key(&shard));
+        if !fresh {
+            // Every shard the asker is primary of and this server replicates, in one
+            // walk; a shard asked again after its last page is walked alone.
+            let asked_before = self
+                .gathered
+                .get(&h.sender)
+                .is_some_and(|(t, _)| *t == config.term);
+            let shards: Vec<ShardId> = if asked_before {
+                vec![shard]
+            } else {
+                config
+                    .shards
+                    .iter()
+                    .filter(|s| {
+                        s.primary == h.sender && s.write_targets().any(|b| b == self.shared.node)
+                    })
+                    .map(|s| s.shard)
+                    .collect()
+            };
             match self
                 .shared
                 .engine
-                .uncommitted_entries(shard, &self.shared.recovered_open)
+                .uncommitted_entries_of(&shards, &self.shared.recovered_open)
             {
-                Ok(list) => {
-                    self.gathered.insert(key, list);
+                Ok(mut found) => {
+                    let entry = self
+                        .gathered
+                        .entry(h.sender)
+                        .or_insert_with(|| (config.term, BTreeMap::new()));
+                    if entry.0 != config.term {
+                        *entry = (config.term, BTreeMap::new());
+                    }
+                    for s in shards {
+                        entry.1.insert(s, found.remove(&s).unwrap_or_default());
+                    }
                 }
                 Err(e) => {
                     self.reject(peer, h.request_id, ErrorCode::Internal, &e.to_string());
@@ -456,7 +491,7 @@ impl<N: Nic> ControlTask<N> {
                 }
             }
         }
-        let list = &self.gathered[&key];
+        let list = &self.gathered[&h.sender].1[&shard];
         let max = self.ep.config().frame_bytes_max - HEADER_BYTES - 6;
         let mut page = Vec::new();
         let mut next = cursor as usize;
@@ -466,7 +501,9 @@ impl<N: Nic> ControlTask<N> {
         }
         let more = next < list.len();
         if !more {
-            self.gathered.remove(&key);
+            if let Some((_, m)) = self.gathered.get_mut(&h.sender) {
+                m.remove(&shard);
+            }
         }
         self.respond(
             peer,
@@ -678,25 +715,41 @@ impl<N: Nic> ControlTask<N> {
                     did = true;
                 }
             }
-            let rec = self.recoveries.get_mut(&shard).expect("listed");
-            if !rec.scattering && rec.sources.values().all(|s| s.done) {
-                // Own entries, then install the union here.
-                match self
-                    .shared
-                    .engine
-                    .uncommitted_entries(shard, &self.shared.recovered_open)
+            let gathered = {
+                let rec = &self.recoveries[&shard];
+                !rec.scattering && rec.sources.values().all(|s| s.done)
+            };
+            if gathered {
+                // Own entries (one walk for every shard recovering in this term),
+                // then install the union here.
+                if self.own.as_ref().is_none_or(|(t, _)| *t != self.jobs_term) {
+                    let shards: Vec<ShardId> = self.recoveries.keys().copied().collect();
+                    match self
+                        .shared
+                        .engine
+                        .uncommitted_entries_of(&shards, &self.shared.recovered_open)
+                    {
+                        Ok(found) => self.own = Some((self.jobs_term, found)),
+                        Err(e) => {
+                            tracing::error!(role = %self.name, error = %e, "gathering own entries");
+                            continue;
+                        }
+                    }
+                }
+                let rec = self.recoveries.get_mut(&shard).expect("listed");
+                let own = self
+                    .own
+                    .as_mut()
+                    .and_then(|(_, m)| m.remove(&shard))
+                    .unwrap_or_default();
                 {
-                    Ok(own) => {
+                    {
                         for e in own {
                             if let Ok(p) = entry::parse_entry(&e) {
                                 let v = p.version.0;
                                 rec.entries.entry(v).or_insert(e);
                             }
                         }
-                    }
-                    Err(e) => {
-                        tracing::error!(role = %self.name, %shard, error = %e, "gathering own entries");
-                        continue;
                     }
                 }
                 let max = self.ep.config().frame_bytes_max - HEADER_BYTES - 2;
@@ -721,7 +774,7 @@ impl<N: Nic> ControlTask<N> {
                 rec.scattering = true;
                 did = true;
             }
-            if rec.scattering {
+            if self.recoveries[&shard].scattering {
                 did |= self.scatter(shard, now_ns);
                 let rec = &self.recoveries[&shard];
                 if rec.targets.values().all(|t| t.next_page >= rec.pages.len()) {

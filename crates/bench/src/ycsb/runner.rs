@@ -188,6 +188,8 @@ struct Counters {
     /// Start of the measured phase on the cluster's clock.
     run_start_ns: AtomicU64,
     timeline: Vec<AtomicU64>,
+    /// Clients that handed in their histograms (and acknowledged versions).
+    handed_in: AtomicU64,
 }
 
 impl Counters {
@@ -202,6 +204,7 @@ impl Counters {
             load_clients_done: AtomicU64::new(0),
             run_start_ns: AtomicU64::new(0),
             timeline: (0..buckets).map(|_| AtomicU64::new(0)).collect(),
+            handed_in: AtomicU64::new(0),
         }
     }
 }
@@ -325,6 +328,7 @@ impl Task for LoadClient {
                     *e = (*e).max(v);
                 }
             }
+            self.counters.handed_in.fetch_add(1, Ordering::Release);
             return Step::Done;
         }
         let mut did = false;
@@ -605,7 +609,12 @@ fn run_one(opts: &YcsbOptions, strategy: Strategy) -> Result<YcsbResult, String>
     cluster.flush_media();
     let media_after = cluster.media_stats();
     // Let the clients hand in their histograms.
-    std::thread::sleep(Duration::from_millis(100));
+    let hand_in = Instant::now();
+    while counters.handed_in.load(Ordering::Acquire) < opts.clients as u64
+        && hand_in.elapsed() < Duration::from_secs(10)
+    {
+        std::thread::sleep(Duration::from_millis(5));
+    }
     let (verified_keys, lost_writes) = if opts.verify {
         let acked = std::mem::take(&mut *acked_out.lock());
         verify_acked(&mut cluster, opts, &acked)?
@@ -700,7 +709,12 @@ fn describe(kind: &EventKind) -> String {
 }
 
 /// When each failover step happened after the kill of server `victim` at `kill_ns`.
-fn failover_times(cluster: &Cluster, victim: usize, kill_ns: u64, run_start_ns: u64) -> FailoverTimes {
+fn failover_times(
+    cluster: &Cluster,
+    victim: usize,
+    kill_ns: u64,
+    run_start_ns: u64,
+) -> FailoverTimes {
     let node = NodeId(victim as u32);
     let events = cluster.events().snapshot();
     let after = |e: &&rowankv_server::Event| e.at_ns >= kill_ns;
@@ -806,7 +820,12 @@ fn verify_acked(
                 Ok(Output::Value { version: got, .. }) if *got >= version => {}
                 other => {
                     if lost < 5 {
-                        tracing::warn!(record, version, ?other, "an acknowledged write is not readable");
+                        tracing::warn!(
+                            record,
+                            version,
+                            ?other,
+                            "an acknowledged write is not readable"
+                        );
                     }
                     lost += 1;
                 }
@@ -864,7 +883,10 @@ pub fn timeline_report(r: &YcsbResult) -> String {
         let to = from + step_ms;
         let mut marks: Vec<String> = Vec::new();
         if kill_ms.is_some_and(|k| k >= from && k < to) {
-            marks.push(format!("KILL s{}", r.failover.as_ref().map_or(0, |f| f.killed)));
+            marks.push(format!(
+                "KILL s{}",
+                r.failover.as_ref().map_or(0, |f| f.killed)
+            ));
         }
         let mut promoted = 0;
         for e in r.events.iter().filter(|e| e.at_ms >= from && e.at_ms < to) {
