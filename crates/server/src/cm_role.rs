@@ -68,6 +68,8 @@ pub struct CmTask<N: Nic> {
     /// Our CM lease is valid until here (from the last successful renewal).
     active_until_ns: u64,
     renew_cm: Periodic,
+    /// Looks at the store for configurations an operator stored.
+    watch: Periodic,
     /// Members' last lease grants (ns).
     granted: BTreeMap<NodeId, u64>,
     /// Members declared failed and removed (never granted again).
@@ -103,6 +105,7 @@ impl<N: Nic> CmTask<N> {
             name: format!("cm{}", node.0),
             node,
             renew_cm: Periodic::new(settings.cm_lease_ns / 4),
+            watch: Periodic::new(settings.renew_ns),
             manager,
             settings,
             ep,
@@ -147,18 +150,7 @@ impl<N: Nic> CmTask<N> {
         }
         if let Some(lease) = &self.active {
             match lease.renew() {
-                Ok(()) => {
-                    self.active_until_ns = now_ns + self.settings.cm_lease_ns;
-                    // A configuration an operator stored is prepared and committed
-                    // like one of ours.
-                    if self.round.is_none() {
-                        if let Ok(c) = self.manager.reload() {
-                            if c.term > self.committed {
-                                self.start_round(c.term, now_ns, now_ns);
-                            }
-                        }
-                    }
-                }
+                Ok(()) => self.active_until_ns = now_ns + self.settings.cm_lease_ns,
                 Err(e) => {
                     tracing::warn!(cm = %self.name, error = %e, "lost the CM lease: standing by");
                     self.active = None;
@@ -255,6 +247,21 @@ impl<N: Nic> CmTask<N> {
                 tracing::warn!(cm = %self.name, error = %e, "storing the next configuration");
                 false
             }
+        }
+    }
+
+    /// A configuration an operator stored (a term beyond what this CM committed)
+    /// is prepared and committed like one of ours.
+    fn watch_store(&mut self, now_ns: u64) -> bool {
+        if self.round.is_some() || !self.watch.due(now_ns) {
+            return false;
+        }
+        match self.manager.reload() {
+            Ok(c) if c.term > self.committed => {
+                self.start_round(c.term, now_ns, now_ns);
+                true
+            }
+            _ => false,
         }
     }
 
@@ -461,6 +468,7 @@ impl<N: Nic> Task for CmTask<N> {
             did |= self.detect(now_ns);
             did |= self.drive_round(now_ns);
             did |= self.promote_ready(now_ns);
+            did |= self.watch_store(now_ns);
         }
         if did {
             Step::Worked
