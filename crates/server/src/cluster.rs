@@ -153,14 +153,7 @@ impl Cluster {
             None => Arc::new(EmbeddedStore::in_memory(clock.clone())),
         };
         let fabric = LoopbackFabric::with_clock(clock.clone());
-        let parts = build(
-            &config,
-            clock.clone(),
-            fabric,
-            store,
-            None,
-            Arc::new(EventLog::new()),
-        )?;
+        let parts = build(&config, fabric, store, None, Arc::new(EventLog::new()))?;
         Self::run(config, clock, parts)
     }
 
@@ -175,14 +168,7 @@ impl Cluster {
         let clock: Arc<dyn Clock> = SystemClock::new();
         let fabric = LoopbackFabric::with_clock(clock.clone());
         let events = Arc::new(EventLog::new());
-        let parts = build(
-            &config,
-            clock.clone(),
-            fabric,
-            store,
-            Some(recovered),
-            events,
-        )?;
+        let parts = build(&config, fabric, store, Some(recovered), events)?;
         Self::run(config, clock, parts)
     }
 
@@ -365,7 +351,6 @@ impl Drop for Cluster {
 /// cold start), the wiring between servers, and every role as a task.
 pub fn build(
     config: &ClusterConfig,
-    clock: Arc<dyn Clock>,
     fabric: LoopbackFabric,
     store: Arc<dyn CoordStore>,
     recovered: Option<Vec<Recovered>>,
@@ -621,7 +606,6 @@ pub fn build(
         cm_crash.push((cm, crashed));
         tasks.push((Owner::Cm(cm), task));
     }
-    let _ = clock;
     Ok(Parts {
         fabric,
         store,

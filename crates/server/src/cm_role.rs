@@ -182,11 +182,11 @@ impl<N: Nic> CmTask<N> {
             },
         );
         // Finish whatever round the previous CM left: prepare and commit again.
-        self.start_round(config.term, now_ns, now_ns);
+        self.start_round(config.term, now_ns);
         true
     }
 
-    fn start_round(&mut self, term: Term, not_before_ns: u64, _now_ns: u64) {
+    fn start_round(&mut self, term: Term, not_before_ns: u64) {
         let config = self.manager.current();
         self.round = Some(Round {
             term,
@@ -240,7 +240,7 @@ impl<N: Nic> CmTask<N> {
             Ok(c) => {
                 self.events
                     .record(now_ns, EventKind::ConfigStored { term: c.term });
-                self.start_round(c.term, not_before, now_ns);
+                self.start_round(c.term, not_before);
                 true
             }
             Err(e) => {
@@ -258,7 +258,7 @@ impl<N: Nic> CmTask<N> {
         }
         match self.manager.reload() {
             Ok(c) if c.term > self.committed => {
-                self.start_round(c.term, now_ns, now_ns);
+                self.start_round(c.term, now_ns);
                 true
             }
             _ => false,
@@ -282,7 +282,7 @@ impl<N: Nic> CmTask<N> {
                 Ok(c) => {
                     self.events
                         .record(now_ns, EventKind::ConfigStored { term: c.term });
-                    self.start_round(c.term, now_ns, now_ns);
+                    self.start_round(c.term, now_ns);
                     return true;
                 }
                 Err(e) => {

@@ -652,9 +652,16 @@ impl<N: Nic> ControlTask<N> {
         }
         self.jobs_epoch = epoch;
         if self.jobs_term != config.term {
-            // Replicas changed: every job starts over against the new replicas.
+            // Replicas changed: recoveries start over against the new replicas. A
+            // copy to a backup that is still joining a shard this server still
+            // leads stays valid (every write since it joined went to it too).
             self.recoveries.clear();
-            self.copies.clear();
+            let me = self.shared.node;
+            self.copies.retain(|(shard, to), _| {
+                config
+                    .shard(*shard)
+                    .is_some_and(|s| s.primary == me && s.joining.contains(to))
+            });
             self.jobs_term = config.term;
         }
         let me = self.shared.node;

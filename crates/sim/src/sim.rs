@@ -207,15 +207,8 @@ impl World {
         let store: Arc<dyn CoordStore> = Arc::new(EmbeddedStore::in_memory(dyn_clock.clone()));
         let events = Arc::new(EventLog::new());
         let fabric = LoopbackFabric::with_clock(dyn_clock.clone());
-        let mut parts = build(
-            &config,
-            dyn_clock,
-            fabric,
-            store.clone(),
-            None,
-            events.clone(),
-        )
-        .expect("building the simulated cluster");
+        let mut parts = build(&config, fabric, store.clone(), None, events.clone())
+            .expect("building the simulated cluster");
         let tasks = std::mem::take(&mut parts.tasks);
         let keys = (0..sim.keys).map(|k| format!("k{k}")).collect();
         let mut w = World {
@@ -616,10 +609,9 @@ impl World {
             }
         }
         let dyn_clock: Arc<dyn Clock> = self.clock.clone();
-        let fabric = LoopbackFabric::with_clock(dyn_clock.clone());
+        let fabric = LoopbackFabric::with_clock(dyn_clock);
         let mut parts = build(
             &self.config,
-            dyn_clock,
             fabric,
             self.store.clone(),
             Some(recovered),

@@ -1,0 +1,172 @@
+//! Failover on the threaded in-process cluster: a server killed under a client's
+//! writes is replaced (new configuration, promotion, re-replication to a new
+//! backup), the active CM killed before it is replaced by the standby, and every
+//! acknowledged write survives. (The simulator covers the fault schedules; this
+//! checks the same protocol with real threads and real time.)
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use rowankv_client::{Client, ClientConfig, Output};
+use rowankv_server::{
+    Cluster, ClusterConfig, EventKind, FailoverSettings, ServerSettings, Strategy,
+};
+use rowankv_types::NodeId;
+
+const SERVERS: usize = 4;
+const SHARDS_PER_SERVER: u16 = 2;
+const KEYS: usize = 300;
+const WAIT: Duration = Duration::from_secs(60);
+
+fn wait_for(cluster: &Cluster, what: &str, done: impl Fn(&[rowankv_server::Event]) -> bool) {
+    let start = Instant::now();
+    loop {
+        if done(&cluster.events().snapshot()) {
+            return;
+        }
+        assert!(
+            start.elapsed() < WAIT,
+            "{what} did not happen within {WAIT:?}: {:#?}",
+            cluster.events().snapshot()
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+#[test]
+fn a_killed_server_and_a_killed_cm_are_replaced_and_no_acknowledged_write_is_lost() {
+    let mut cluster = Cluster::start(ClusterConfig {
+        servers: SERVERS,
+        shards_per_server: SHARDS_PER_SERVER,
+        replication_factor: 3,
+        strategy: Strategy::Rowan,
+        pool_bytes: 64 << 20,
+        segment_bytes: 1 << 20,
+        keys_per_shard_expected: 1024,
+        settings: ServerSettings {
+            workers: 2,
+            // Long enough that a loaded test machine does not evict live servers.
+            failover: FailoverSettings {
+                lease_ns: 400_000_000,
+                renew_ns: 20_000_000,
+                cm_lease_ns: 1_600_000_000,
+                ..FailoverSettings::default()
+            },
+            ..ServerSettings::default()
+        },
+        ..ClusterConfig::default()
+    })
+    .expect("a cluster");
+    let nic = cluster.attach_client().unwrap();
+    let mut c = Client::connect(
+        nic,
+        cluster.directory().clone(),
+        cluster.config_source(),
+        ClientConfig {
+            timeout: Duration::from_secs(20),
+            ..ClientConfig::default()
+        },
+    )
+    .unwrap();
+    let mut acked: BTreeMap<String, u64> = BTreeMap::new();
+    for i in 0..KEYS {
+        let key = format!("key-{i}");
+        let v = c.put(key.as_bytes(), format!("v1-{i}").as_bytes()).unwrap();
+        acked.insert(key, v);
+    }
+
+    // The active CM dies; the standby takes over.
+    let first_cm = cluster
+        .events()
+        .snapshot()
+        .iter()
+        .find_map(|e| match e.kind {
+            EventKind::CmActive { cm, .. } => Some(cm),
+            _ => None,
+        })
+        .expect("a CM became active at start");
+    let j = (first_cm.0 - rowankv_server::CM_NODE_BASE) as usize;
+    cluster.kill_cm(j);
+    wait_for(&cluster, "standby CM takeover", |ev| {
+        ev.iter()
+            .any(|e| matches!(e.kind, EventKind::CmActive { cm, .. } if cm != first_cm))
+    });
+
+    // Server 1 dies with writes going on.
+    let victim = NodeId(1);
+    let before = cluster.cm().current();
+    let led: Vec<_> = before.primary_shards(victim).map(|s| s.shard).collect();
+    assert_eq!(led.len(), SHARDS_PER_SERVER as usize);
+    cluster.kill_server(victim.0 as usize);
+    for i in 0..KEYS {
+        let key = format!("key-{i}");
+        // A write whose outcome is unknown (cut off by the kill) is not counted.
+        if let Ok(v) = c.put(key.as_bytes(), format!("v2-{i}").as_bytes()) {
+            acked.insert(key, v);
+        }
+    }
+    wait_for(&cluster, "promotion of the victim's shards", |ev| {
+        led.iter().all(|s| {
+            ev.iter()
+                .any(|e| matches!(e.kind, EventKind::ShardServed { shard, .. } if shard == *s))
+        })
+    });
+    let after = cluster.cm().current();
+    assert!(after.term > before.term);
+    assert!(after.member(victim).is_none(), "{victim} removed");
+    for s in &led {
+        let a = after.shard(*s).unwrap();
+        assert_ne!(a.primary, victim);
+        assert!(
+            before.shard(*s).unwrap().backups.contains(&a.primary),
+            "a backup promoted"
+        );
+    }
+
+    // Every acknowledged write reads back at its version or later.
+    for (key, v) in &acked {
+        match c.execute(rowankv_client::Op::Get {
+            key: key.clone().into_bytes(),
+        }) {
+            Ok(Output::Value { version, .. }) => {
+                assert!(version >= *v, "{key}: version {version} < acknowledged {v}")
+            }
+            other => panic!("{key}: {other:?} after failover (acknowledged v{v})"),
+        }
+    }
+
+    // Re-replication makes the fourth server a full backup again.
+    wait_for(&cluster, "re-replication", |_| {
+        cluster
+            .cm()
+            .current()
+            .shards
+            .iter()
+            .all(|s| s.joining.is_empty() && s.backups.len() == 2)
+    });
+    // Backups index what they hold when digest reaches it; make it reach
+    // everything (nothing is in flight now), then look at every backup's index.
+    cluster.digest_everything().unwrap();
+    let last = cluster.cm().current();
+    let servers = cluster.servers();
+    for (key, v) in &acked {
+        let s = last.shard_for_key(key.as_bytes());
+        for b in &s.backups {
+            let server = servers.iter().find(|x| x.node == *b).unwrap();
+            let got = server.engine.get(s.shard, key.as_bytes()).unwrap();
+            assert!(
+                got.as_ref().is_some_and(|(_, version)| version.0 >= *v),
+                "{key} on backup {b} of {}: {got:?}, acknowledged v{v}; indexed there: {:?}; events:\n{}",
+                s.shard,
+                server.engine.indexed(s.shard),
+                cluster
+                    .events()
+                    .snapshot()
+                    .iter()
+                    .map(|e| format!("{} {:?}", e.at_ns, e.kind))
+                    .collect::<Vec<_>>()
+                    .join("\n")
+            );
+        }
+    }
+}
