@@ -92,7 +92,7 @@ pub fn run_cmd(args: SimArgs) -> Result<()> {
                 planted.map_or(String::new(), |_| " --planted serve-without-lease".into()),
                 r.seed
             );
-        } else if args.seed.is_some() || done % 50 == 0 {
+        } else if args.seed.is_some() || done.is_multiple_of(50) {
             println!(
                 "seed {} ok: {} ops checked over {} keys, {} faults, final term {}, {:.1} s simulated",
                 r.seed,

@@ -561,7 +561,10 @@ impl<N: Nic> Client<N> {
                     || (waiting && now < p.deadline_ns)
                 {
                     p.attempts += 1;
-                    let _ = self.refresh();
+                    // A busy server is not a configuration matter.
+                    if code != ErrorCode::Busy {
+                        let _ = self.refresh();
+                    }
                     p.sent_to = None;
                     p.not_before_ns = if waiting {
                         now + self.backoff_ns(p.attempts)

@@ -172,6 +172,9 @@ fn pack<'a>(entries: impl Iterator<Item = &'a [u8]>, max: usize) -> Vec<Vec<u8>>
     pages
 }
 
+/// Encoded entries by shard (one walk of the segments for several shards).
+type EntriesByShard = BTreeMap<ShardId, Vec<Vec<u8>>>;
+
 /// What an outstanding request of the control role was for.
 #[derive(Clone, Debug)]
 enum Pending {
@@ -247,9 +250,9 @@ pub struct ControlTask<N: Nic> {
     /// Gather answers being paged out, per asking primary: taken in one walk of
     /// the segments for every shard it is recovering (they take no new writes
     /// until recovered), in the term they were taken.
-    gathered: BTreeMap<NodeId, (Term, BTreeMap<ShardId, Vec<Vec<u8>>>)>,
+    gathered: BTreeMap<NodeId, (Term, EntriesByShard)>,
     /// This server's own entries of the shards it is recovering, in one walk.
-    own: Option<(Term, BTreeMap<ShardId, Vec<Vec<u8>>>)>,
+    own: Option<(Term, EntriesByShard)>,
     events: Vec<Event>,
     data: Vec<u8>,
 }

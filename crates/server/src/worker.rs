@@ -686,12 +686,15 @@ impl<N: Nic> Task for Worker<N> {
         let mut acked = acked;
         acked.clear();
         self.outcomes.acked = acked;
-        let oldest = self
-            .slots
-            .iter()
-            .filter_map(|s| s.write.as_ref().map(|w| w.term))
-            .min()
-            .unwrap_or(u64::MAX);
+        let oldest = if self.inflight == 0 {
+            u64::MAX
+        } else {
+            self.slots
+                .iter()
+                .filter_map(|s| s.write.as_ref().map(|w| w.term))
+                .min()
+                .unwrap_or(u64::MAX)
+        };
         self.shared.set_worker_oldest_term(self.index, oldest);
         if did {
             Step::Worked

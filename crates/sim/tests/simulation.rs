@@ -87,7 +87,7 @@ fn serving_without_a_lease_is_caught_within_the_ci_budget() {
             ..SimConfig::new(seed, OPS)
         });
         if !r.report.violations.is_empty() {
-            caught.push((seed, r.report.violations[0].kind.clone()));
+            caught.push((seed, r.report.violations[0].kind));
         }
     }
     assert!(!caught.is_empty(), "40 seeds of a broken build passed");
