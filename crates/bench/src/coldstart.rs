@@ -363,7 +363,7 @@ pub fn report(r: &ColdStartResult) -> String {
     format!(
         "cold start of {} objects on {} servers (loaded in {:.1} s, {} acknowledged)\n\
          \x20 index rebuild per server: {}\n\
-         \x20 restart until all {} shards served: {:.0} ms (the CM became active after {:.0} ms: the old CM's lease had to expire)\n\
+         \x20 restart until all {} shards served: {:.0} ms (a CM was active after {:.0} ms)\n\
          \x20 total from power-on: {:.0} ms\n\
          \x20 acknowledged writes read back: {} keys, {} missing or older\n",
         r.records,

@@ -1,8 +1,9 @@
-//! The RowanKV server (seed 000 §4.1, §5): worker roles that do network I/O and KV
-//! logic, the Rowan receiver's control role, digest and clean roles, the five
-//! replication strategies the paper compares, the runtime that schedules the
-//! roles, and the in-process cluster that puts servers, the CM and the fabric
-//! together.
+//! The RowanKV server (seed 000 §4.1, §4.5, §4.7, §5): worker roles that do
+//! network I/O and KV logic, the control role (the Rowan receiver's control path,
+//! leases, failover, re-replication, cold start), digest and clean roles, the
+//! CM's role, the five replication strategies the paper compares, the runtime
+//! that schedules the roles, and the in-process cluster that puts servers, the
+//! CMs and the fabric together.
 //!
 //! Layering: the server depends on the engine, the fabric, the wire formats and
 //! the CM's interface (`ConfigSource`); the `cluster` module alone names the CM's
@@ -14,7 +15,11 @@
 //! - a request whose term differs from the server's (after refreshing from the
 //!   CM) or whose cluster id is not the server's is refused and changes nothing;
 //! - a malformed frame, an unknown type, an oversized key or value gets a typed
-//!   error; the worker goes on serving.
+//!   error; the worker goes on serving;
+//! - a client request is served only under a valid lease, a committed
+//!   configuration, and for a shard whose replicas agree (after a promotion or a
+//!   cold start); otherwise it is refused with `Blocked` and changes nothing
+//!   (`control`, `cm_role`: leases, failover, re-replication, cold start).
 #![forbid(unsafe_code)]
 
 pub mod background;

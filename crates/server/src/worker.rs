@@ -10,8 +10,9 @@
 //! 15 ms through the same replication path (§4.4).
 //!
 //! Every request is checked before anything changes: its frame decodes, its cluster
-//! id and term are current, this server is the shard's primary (or, for
-//! replication, a backup), sizes are within bounds. A request that fails a check
+//! id and term are current, the server's lease is valid and its configuration
+//! committed, this server is the shard's primary and serves it (not recovering
+//! it) — or, for replication, a backup — and sizes are within bounds. A request that fails a check
 //! gets a typed error and changes nothing.
 
 use std::sync::atomic::Ordering;
