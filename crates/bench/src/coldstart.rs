@@ -27,6 +27,7 @@ use rowankv_server::{
 };
 use serde::Serialize;
 
+use crate::ycsb::runner::read_back;
 use crate::ycsb::workload::{record_key, Generator, KeyDist, Op, SizeDist, Workload};
 
 /// Options of a cold-start run.
@@ -212,52 +213,6 @@ fn load(cluster: &mut Cluster, opts: &ColdStartOptions) -> Result<HashMap<u64, u
     Ok(acked)
 }
 
-/// Read back every acknowledged record: (keys checked, missing or older).
-fn verify(cluster: &mut Cluster, acked: &HashMap<u64, u64>) -> Result<(u64, u64), String> {
-    let nic = cluster.attach_client().map_err(|e| e.to_string())?;
-    let mut client = Client::connect(
-        nic,
-        cluster.directory().clone(),
-        cluster.config_source(),
-        ClientConfig {
-            inflight_max: 64,
-            timeout: Duration::from_secs(30),
-            ..ClientConfig::default()
-        },
-    )
-    .map_err(|e| e.to_string())?;
-    let key_bytes = SizeDist::ZippyDb.key_bytes();
-    let records: Vec<(u64, u64)> = acked.iter().map(|(r, v)| (*r, *v)).collect();
-    let mut inflight: HashMap<u64, u64> = HashMap::new();
-    let (mut next, mut lost) = (0, 0u64);
-    let mut done = Vec::new();
-    let mut key = Vec::new();
-    while next < records.len() || !inflight.is_empty() {
-        while next < records.len() && client.inflight() < 64 {
-            let (record, version) = records[next];
-            record_key(record, key_bytes, &mut key);
-            let id = client
-                .submit(ClientOp::Get { key: key.clone() })
-                .map_err(|e| e.to_string())?;
-            inflight.insert(id.0, version);
-            next += 1;
-        }
-        done.clear();
-        if client.poll(&mut done) == 0 {
-            std::thread::yield_now();
-        }
-        for d in &done {
-            let Some(version) = inflight.remove(&d.id.0) else {
-                continue;
-            };
-            if !matches!(&d.result, Ok(Output::Value { version: got, .. }) if *got >= version) {
-                lost += 1;
-            }
-        }
-    }
-    Ok((records.len() as u64, lost))
-}
-
 /// Load, power-fail every server, cold-start, check.
 pub fn run(opts: &ColdStartOptions) -> Result<ColdStartResult, String> {
     let config = cluster_config(opts);
@@ -334,7 +289,8 @@ pub fn run(opts: &ColdStartOptions) -> Result<ColdStartResult, String> {
     }
     let serve_ms = serve_start.elapsed().as_secs_f64() * 1e3;
     let total_ms = start.elapsed().as_secs_f64() * 1e3;
-    let (verified_keys, lost_writes) = verify(&mut cluster, &acked)?;
+    let (verified_keys, lost_writes) =
+        read_back(&mut cluster, SizeDist::ZippyDb.key_bytes(), &acked)?;
     cluster.shutdown();
     Ok(ColdStartResult {
         records: opts.records,

@@ -35,7 +35,7 @@ use rowankv_wire::directory::{Acceptor, Directory};
 use rowankv_wire::endpoint::{Endpoint, Event, PeerId};
 use rowankv_wire::frame::{self, Body, Envelope, ErrorCode, Response};
 
-use crate::control::{Links, CONTROL_PORT};
+use crate::control::{forget_peer, Links, CONTROL_PORT};
 use crate::events::{EventKind, EventLog};
 use crate::runtime::{Periodic, Step, Task};
 use crate::server::FailoverSettings;
@@ -447,16 +447,7 @@ impl<N: Nic> Task for CmTask<N> {
                 }
                 Event::SendFailed { peer, .. } => {
                     self.links.drop_peer(peer);
-                    let lost: Vec<u64> = self
-                        .pending
-                        .iter()
-                        .filter(|(_, (p, _, _))| *p == peer)
-                        .map(|(id, _)| *id)
-                        .collect();
-                    for id in lost {
-                        self.pending.remove(&id);
-                        self.ep.forget(peer);
-                    }
+                    forget_peer(&mut self.pending, &mut self.ep, peer, |(p, _, _)| *p);
                 }
                 Event::Owner(_) => {}
             }

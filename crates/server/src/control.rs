@@ -148,6 +148,23 @@ impl Links {
     }
 }
 
+/// Drop the outstanding requests (by request id) that went to `peer`, whose
+/// connection failed, and give their credits back.
+pub(crate) fn forget_peer<N: Nic, V>(
+    pending: &mut BTreeMap<u64, V>,
+    ep: &mut Endpoint<N>,
+    peer: PeerId,
+    peer_of: impl Fn(&V) -> PeerId,
+) {
+    pending.retain(|_, v| {
+        let lost = peer_of(v) == peer;
+        if lost {
+            ep.forget(peer);
+        }
+        !lost
+    });
+}
+
 /// Split concatenated encoded entries.
 pub(crate) fn split_entries(mut bytes: &[u8]) -> Result<Vec<&[u8]>, String> {
     let mut out = Vec::new();
@@ -973,16 +990,7 @@ impl<N: Nic> ControlTask<N> {
 
     /// Forget everything outstanding on `peer` (its connection failed).
     fn drop_pending(&mut self, peer: PeerId) {
-        let lost: Vec<u64> = self
-            .pending
-            .iter()
-            .filter(|(_, (p, _, _))| *p == peer)
-            .map(|(id, _)| *id)
-            .collect();
-        for id in lost {
-            self.pending.remove(&id);
-            self.ep.forget(peer);
-        }
+        forget_peer(&mut self.pending, &mut self.ep, peer, |(p, _, _)| *p);
     }
 }
 

@@ -617,7 +617,7 @@ fn run_one(opts: &YcsbOptions, strategy: Strategy) -> Result<YcsbResult, String>
     }
     let (verified_keys, lost_writes) = if opts.verify {
         let acked = std::mem::take(&mut *acked_out.lock());
-        verify_acked(&mut cluster, opts, &acked)?
+        read_back(&mut cluster, opts.sizes.key_bytes(), &acked)?
     } else {
         (0, 0)
     };
@@ -772,10 +772,11 @@ fn failover_times(
     }
 }
 
-/// Read back every acknowledged PUT: (keys checked, keys missing or older).
-fn verify_acked(
+/// Read back every acknowledged PUT (record → its highest acknowledged version;
+/// keys of `key_bytes`): (keys checked, keys missing or at an older version).
+pub(crate) fn read_back(
     cluster: &mut Cluster,
-    opts: &YcsbOptions,
+    key_bytes: usize,
     acked: &std::collections::HashMap<u64, u64>,
 ) -> Result<(u64, u64), String> {
     let nic = cluster.attach_client().map_err(|e| e.to_string())?;
@@ -790,7 +791,6 @@ fn verify_acked(
         },
     )
     .map_err(|e| e.to_string())?;
-    let key_bytes = opts.sizes.key_bytes();
     let mut records: Vec<(u64, u64)> = acked.iter().map(|(r, v)| (*r, *v)).collect();
     records.sort_unstable();
     let mut pending: std::collections::HashMap<u64, (u64, u64)> = std::collections::HashMap::new();
