@@ -181,8 +181,9 @@ pub struct Client<N: Nic> {
 }
 
 impl<N: Nic> Client<N> {
-    /// A client on `nic`, fetching the configuration from `source`.
-    pub fn connect(
+    /// A client on `nic` with the configuration from `source`, connected to no
+    /// server yet.
+    fn unconnected(
         nic: N,
         directory: Directory,
         source: Arc<dyn ConfigSource>,
@@ -194,7 +195,7 @@ impl<N: Nic> Client<N> {
         let node = nic.node();
         let ep = Endpoint::new(nic, config.endpoint.clone())
             .map_err(|e| ClientError::Connect(e.to_string()))?;
-        let mut c = Client {
+        Ok(Client {
             config,
             node,
             source,
@@ -210,7 +211,17 @@ impl<N: Nic> Client<N> {
             events: Vec::new(),
             data: Vec::new(),
             done: Vec::new(),
-        };
+        })
+    }
+
+    /// A client on `nic`, fetching the configuration from `source`.
+    pub fn connect(
+        nic: N,
+        directory: Directory,
+        source: Arc<dyn ConfigSource>,
+        config: ClientConfig,
+    ) -> Result<Self, ClientError> {
+        let mut c = Self::unconnected(nic, directory, source, config)?;
         let members: Vec<NodeId> = c.cluster.members.iter().map(|m| m.node).collect();
         for m in members {
             c.connect_server(m)?;
@@ -228,17 +239,22 @@ impl<N: Nic> Client<N> {
         config: ClientConfig,
         pump: &mut dyn FnMut(),
     ) -> Result<Self, ClientError> {
-        let cluster = source
-            .fetch()
-            .map_err(|e| ClientError::Config(e.to_string()))?;
-        let node = nic.node();
-        let mut ep = Endpoint::new(nic, config.endpoint.clone())
-            .map_err(|e| ClientError::Connect(e.to_string()))?;
-        let mut servers = HashMap::new();
-        for m in &cluster.members {
-            let worker = (config.worker_hint % m.workers.max(1) as usize) as u16;
-            let (peer, reply) = directory
-                .connect_async(&mut ep, m.node, worker)
+        let mut c = Self::unconnected(nic, directory, source, config)?;
+        let members: Vec<(NodeId, u16)> = c
+            .cluster
+            .members
+            .iter()
+            .map(|m| {
+                (
+                    m.node,
+                    (c.config.worker_hint % m.workers.max(1) as usize) as u16,
+                )
+            })
+            .collect();
+        for (node, worker) in members {
+            let (peer, reply) = c
+                .directory
+                .connect_async(&mut c.ep, node, worker)
                 .map_err(|e| ClientError::Connect(e.to_string()))?;
             let mut rounds = 0u32;
             let addr = loop {
@@ -247,31 +263,15 @@ impl<N: Nic> Client<N> {
                 }
                 rounds += 1;
                 if rounds > 1_000_000 {
-                    return Err(ClientError::Connect(format!("{} never accepted", m.node)));
+                    return Err(ClientError::Connect(format!("{node} never accepted")));
                 }
                 pump();
             };
-            ep.connect(peer, addr)
+            c.ep.connect(peer, addr)
                 .map_err(|e| ClientError::Connect(e.to_string()))?;
-            servers.insert(m.node, peer);
+            c.servers.insert(node, peer);
         }
-        Ok(Client {
-            config,
-            node,
-            source,
-            cluster,
-            directory,
-            ep,
-            servers,
-            next_id: 1,
-            next_request: 1,
-            pending: HashMap::new(),
-            queued: VecDeque::new(),
-            inflight: 0,
-            events: Vec::new(),
-            data: Vec::new(),
-            done: Vec::new(),
-        })
+        Ok(c)
     }
 
     fn connect_server(&mut self, node: NodeId) -> Result<PeerId, ClientError> {

@@ -828,19 +828,7 @@ impl Engine {
         value: &[u8],
     ) -> Result<u64, EngineError> {
         let mut log = self.cleaner_logs[cleaner].lock();
-        let mut scratch = std::mem::take(&mut log.scratch);
-        let r = entry::encode(
-            &mut scratch,
-            kind,
-            shard,
-            version,
-            key,
-            value,
-            self.config.mtu_bytes,
-        );
-        log.scratch = scratch;
-        r?;
-        let n = log.scratch.len();
+        let n = self.encode_in(&mut log, kind, shard, version, key, value)?;
         self.append(&mut log, n)
     }
 
@@ -980,6 +968,28 @@ impl Engine {
         }
     }
 
+    /// Encode an entry into `log`'s scratch buffer; returns its length.
+    fn encode_in(
+        &self,
+        log: &mut Log,
+        kind: Kind,
+        shard: ShardId,
+        version: Version,
+        key: &[u8],
+        value: &[u8],
+    ) -> Result<usize, EngineError> {
+        entry::encode(
+            &mut log.scratch,
+            kind,
+            shard,
+            version,
+            key,
+            value,
+            self.config.mtu_bytes,
+        )?;
+        Ok(log.scratch.len())
+    }
+
     /// Append encoded bytes to `log`, durably; returns the pool offset.
     fn append(&self, log: &mut Log, len: usize) -> Result<u64, EngineError> {
         self.append_sealing(log, len).map(|(at, _)| at)
@@ -1039,19 +1049,7 @@ impl Engine {
         if version > Version::MAX {
             return Err(EngineError::VersionsExhausted(shard_id));
         }
-        let mut scratch = std::mem::take(&mut log.scratch);
-        let encoded = entry::encode(
-            &mut scratch,
-            kind,
-            shard_id,
-            version,
-            key,
-            value,
-            self.config.mtu_bytes,
-        );
-        log.scratch = scratch;
-        encoded?;
-        let len = log.scratch.len();
+        let len = self.encode_in(&mut log, kind, shard_id, version, key, value)?;
         let addr = self.append(&mut log, len)?;
         drop(log);
         let upsert = self.install(shard, key, addr, version);

@@ -43,6 +43,7 @@ use rowankv_wire::frame::{self, Body, Envelope, ErrorCode, Response, HEADER_BYTE
 use crate::events::EventKind;
 use crate::runtime::{Periodic, Step, Task};
 use crate::server::ServerShared;
+use crate::worker::{read_frame, Inbound};
 
 /// The directory port of a server's control role (workers use 0..workers).
 pub const CONTROL_PORT: u16 = u16::MAX;
@@ -381,29 +382,22 @@ impl<N: Nic> ControlTask<N> {
     }
 
     fn handle_request(&mut self, peer: PeerId, bytes: &[u8], now_ns: u64) {
-        let f = match frame::decode(bytes) {
-            Ok(f) => f,
-            Err(e) => {
-                if let Ok(h) = frame::decode_header(bytes) {
-                    if h.msg_type != frame::MsgType::Response as u8 {
-                        self.reject(peer, h.request_id, e.code(), &e.to_string());
-                    }
-                }
+        let f = match read_frame(&self.ep, peer, bytes) {
+            Inbound::Frame(f) => f,
+            Inbound::Refuse {
+                request_id,
+                code,
+                detail,
+            } => {
+                self.reject(peer, request_id, code, &detail);
+                return;
+            }
+            Inbound::Drop(why) => {
+                tracing::debug!(role = %self.name, why, "frame dropped");
                 return;
             }
         };
         let h = f.header;
-        let from = self.ep.remote(peer).map(|a| a.node);
-        if from != Some(h.sender) {
-            if !matches!(f.body, Body::Response(_)) {
-                let detail = format!(
-                    "header names sender {} on a connection from {from:?}",
-                    h.sender
-                );
-                self.reject(peer, h.request_id, ErrorCode::Malformed, &detail);
-            }
-            return;
-        }
         if let Body::Response(r) = f.body {
             self.on_response(h.request_id, &r, now_ns);
             return;

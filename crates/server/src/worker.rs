@@ -54,6 +54,67 @@ struct Slot {
     write: Option<PendingWrite>,
 }
 
+/// What an incoming message is, once checked.
+pub(crate) enum Inbound<'a> {
+    /// A well-formed frame from the node its connection comes from.
+    Frame(frame::Frame<'a>),
+    /// A bad request: answer it with this error.
+    Refuse {
+        request_id: u64,
+        code: ErrorCode,
+        detail: String,
+    },
+    /// A bad response, or a response that claims another sender: nobody to tell.
+    Drop(String),
+}
+
+/// Decode a message from `peer` and check that its header's sender is the node
+/// the connection comes from (the queue pair's remote node, as an RC connection
+/// authenticates it), not just what the header claims.
+pub(crate) fn read_frame<'a, N: Nic>(
+    ep: &Endpoint<N>,
+    peer: PeerId,
+    bytes: &'a [u8],
+) -> Inbound<'a> {
+    let f = match frame::decode(bytes) {
+        Ok(f) => f,
+        Err(e) => {
+            return match frame::decode_header(bytes) {
+                Ok(h) if h.msg_type == frame::MsgType::Response as u8 => {
+                    Inbound::Drop(format!("malformed response: {e}"))
+                }
+                Ok(h) => Inbound::Refuse {
+                    request_id: h.request_id,
+                    code: e.code(),
+                    detail: e.to_string(),
+                },
+                Err(_) => Inbound::Refuse {
+                    request_id: 0,
+                    code: e.code(),
+                    detail: e.to_string(),
+                },
+            };
+        }
+    };
+    let from = ep.remote(peer).map(|a| a.node);
+    if from == Some(f.header.sender) {
+        return Inbound::Frame(f);
+    }
+    let detail = format!(
+        "header names sender {} on a connection from {from:?}",
+        f.header.sender
+    );
+    if matches!(f.body, Body::Response(_)) {
+        Inbound::Drop(detail)
+    } else {
+        Inbound::Refuse {
+            request_id: f.header.request_id,
+            code: ErrorCode::Malformed,
+            detail,
+        }
+    }
+}
+
 /// One worker of one server.
 pub struct Worker<N: Nic> {
     name: String,
@@ -151,34 +212,22 @@ impl<N: Nic> Worker<N> {
     }
 
     fn handle_message(&mut self, peer: PeerId, bytes: &[u8], now_ns: u64) {
-        let f = match frame::decode(bytes) {
-            Ok(f) => f,
-            Err(e) => {
-                match frame::decode_header(bytes) {
-                    // A response we cannot read: nobody to tell.
-                    Ok(h) if h.msg_type == frame::MsgType::Response as u8 => {
-                        tracing::warn!(worker = %self.name, error = %e, "malformed response dropped");
-                    }
-                    Ok(h) => self.reject(peer, h.request_id, e.code(), &e.to_string()),
-                    Err(_) => self.reject(peer, 0, e.code(), &e.to_string()),
-                }
+        let f = match read_frame(&self.ep, peer, bytes) {
+            Inbound::Frame(f) => f,
+            Inbound::Refuse {
+                request_id,
+                code,
+                detail,
+            } => {
+                self.reject(peer, request_id, code, &detail);
+                return;
+            }
+            Inbound::Drop(why) => {
+                tracing::warn!(worker = %self.name, why, "frame dropped");
                 return;
             }
         };
         let h = f.header;
-        // Who sent it is what the connection says (the queue pair's remote node, as
-        // an RC connection authenticates it), not what the header claims.
-        let from = self.ep.remote(peer).map(|a| a.node);
-        if from != Some(h.sender) {
-            if !matches!(f.body, Body::Response(_)) {
-                let detail = format!(
-                    "header names sender {} on a connection from {from:?}",
-                    h.sender
-                );
-                self.reject(peer, h.request_id, ErrorCode::Malformed, &detail);
-            }
-            return;
-        }
         if let Body::Response(r) = f.body {
             let mut cx = ReplCtx {
                 env: self.envelope(0),
