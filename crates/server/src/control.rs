@@ -199,14 +199,18 @@ enum Pending {
     Lease {
         sent_ns: u64,
     },
+    /// `term`: the jobs term it was sent in; an answer to an earlier term's
+    /// recovery must not move the current one's cursors.
     Gather {
         shard: ShardId,
         from: NodeId,
+        term: Term,
     },
     Install {
         shard: ShardId,
         to: NodeId,
         page: usize,
+        term: Term,
     },
     Ready,
 }
@@ -454,9 +458,22 @@ impl<N: Nic> ControlTask<N> {
         let Some(config) = self.same_term(peer, h) else {
             return;
         };
-        if config.shard(shard).is_none_or(|s| s.primary != h.sender) {
+        let Some(assignment) = config.shard(shard) else {
+            let detail = format!("{shard} is not in term {}", config.term);
+            self.reject(peer, h.request_id, ErrorCode::NotPrimary, &detail);
+            return;
+        };
+        if assignment.primary != h.sender {
             let detail = format!("{} is not the primary of {shard}", h.sender);
             self.reject(peer, h.request_id, ErrorCode::NotPrimary, &detail);
+            return;
+        }
+        if !assignment.write_targets().any(|b| b == self.shared.node) {
+            let detail = format!(
+                "{} does not replicate {shard} in term {}",
+                self.shared.node, config.term
+            );
+            self.reject(peer, h.request_id, ErrorCode::NotMember, &detail);
             return;
         }
         let fresh = self
@@ -593,8 +610,12 @@ impl<N: Nic> ControlTask<N> {
                 }
                 _ => {}
             },
-            Pending::Gather { shard, from } => {
-                let Some(rec) = self.recoveries.get_mut(&shard) else {
+            Pending::Gather { shard, from, term } => {
+                let Some(rec) = self
+                    .recoveries
+                    .get_mut(&shard)
+                    .filter(|_| term == self.jobs_term)
+                else {
                     return;
                 };
                 let Some(src) = rec.sources.get_mut(&from) else {
@@ -631,9 +652,19 @@ impl<N: Nic> ControlTask<N> {
                     src.asked_ns = Some(now_ns);
                 }
             }
-            Pending::Install { shard, to, page } => {
+            Pending::Install {
+                shard,
+                to,
+                page,
+                term,
+            } => {
                 let ok = matches!(r, Response::Ok { .. });
-                let target = if let Some(rec) = self.recoveries.get_mut(&shard) {
+                // Copies carry over terms; recoveries start over.
+                let recovery = self
+                    .recoveries
+                    .get_mut(&shard)
+                    .filter(|_| term == self.jobs_term);
+                let target = if let Some(rec) = recovery {
                     rec.targets.get_mut(&to)
                 } else if let Some(c) = self.copies.get_mut(&(shard, to)) {
                     Some(&mut c.target)
@@ -654,15 +685,15 @@ impl<N: Nic> ControlTask<N> {
     }
 
     /// Plan promotions, cold-start recoveries and copies for the configuration
-    /// held, once it is committed.
-    fn plan(&mut self) {
+    /// held, once it is committed. True when the jobs are those of the held term.
+    fn plan(&mut self) -> bool {
         let epoch = self.shared.config_epoch();
         let config = self.shared.config();
         if self.shared.committed_term() < config.term {
-            return; // blocked: wait for the commit
+            return false; // blocked: wait for the commit
         }
         if epoch == self.jobs_epoch && self.jobs_term == config.term {
-            return;
+            return true;
         }
         self.jobs_epoch = epoch;
         if self.jobs_term != config.term {
@@ -699,6 +730,7 @@ impl<N: Nic> ControlTask<N> {
                 }
             }
         }
+        true
     }
 
     fn page_bytes_max(&self) -> usize {
@@ -728,7 +760,11 @@ impl<N: Nic> ControlTask<N> {
                 if self.request(
                     peer,
                     &Body::Gather { shard, cursor },
-                    Pending::Gather { shard, from: node },
+                    Pending::Gather {
+                        shard,
+                        from: node,
+                        term: self.jobs_term,
+                    },
                     now_ns,
                 ) {
                     let rec = self.recoveries.get_mut(&shard).expect("listed");
@@ -851,6 +887,7 @@ impl<N: Nic> ControlTask<N> {
                     shard,
                     to: node,
                     page,
+                    term: self.jobs_term,
                 },
                 now_ns,
             );
@@ -918,7 +955,12 @@ impl<N: Nic> ControlTask<N> {
                         shard,
                         entries: &bytes,
                     },
-                    Pending::Install { shard, to, page },
+                    Pending::Install {
+                        shard,
+                        to,
+                        page,
+                        term: self.jobs_term,
+                    },
                     now_ns,
                 );
                 let c = self.copies.get_mut(&(shard, to)).expect("listed");
@@ -1037,9 +1079,12 @@ impl<N: Nic> Task for ControlTask<N> {
         if self.shared.stopped() {
             return Step::Done;
         }
-        self.plan();
-        did |= self.run_recoveries(now_ns);
-        did |= self.run_copies(now_ns);
+        // Jobs planned for an earlier term wait until the held term is committed
+        // and planned: their sources and targets may no longer be replicas.
+        if self.plan() {
+            did |= self.run_recoveries(now_ns);
+            did |= self.run_copies(now_ns);
+        }
         if did {
             Step::Worked
         } else {

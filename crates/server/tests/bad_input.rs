@@ -25,6 +25,7 @@ use std::time::{Duration, Instant};
 use rowankv_client::{Client, ClientConfig, ClientError, Completed, Op, Output};
 use rowankv_engine::entry::{self, Kind};
 use rowankv_fabric::{FaultInjector, LoopbackNic};
+use rowankv_server::control::CONTROL_PORT;
 use rowankv_server::{Cluster, ClusterConfig, ServerSettings, ServerShared, ServerStats, Strategy};
 use rowankv_types::{NodeId, ShardId, Term, Version};
 use rowankv_wire::config::{Config, ConfigError, ConfigSource};
@@ -185,8 +186,9 @@ impl Probe {
     }
 
     /// Send raw frames from now on over connections from `server`'s machine to
-    /// worker 0 of every other server (as a process of that server would).
-    fn send_from_server(&mut self, server: NodeId) {
+    /// `port` (a worker, or the control role) of every other server, as a process
+    /// of that server would.
+    fn send_from_server(&mut self, server: NodeId, port: u16) {
         let nic = self.cluster.server_nic(server.0 as usize);
         let mut ep = Endpoint::new(nic, EndpointConfig::default()).expect("endpoint");
         let mut peers = HashMap::new();
@@ -195,7 +197,7 @@ impl Probe {
                 let peer = self
                     .cluster
                     .directory()
-                    .connect(&mut ep, m.node, 0, Duration::from_secs(5))
+                    .connect(&mut ep, m.node, port, Duration::from_secs(5))
                     .expect("connecting from the server's machine");
                 peers.insert(m.node, peer);
             }
@@ -950,7 +952,7 @@ fn a_replicate_rpc_with_a_corrupt_entry_appends_nothing() {
         ..p.envelope()
     };
     // A process on the primary's machine: its connections really come from there.
-    p.send_from_server(primary);
+    p.send_from_server(primary, 0);
 
     let malformed_cases: Vec<(&str, Vec<u8>)> = vec![
         ("a corrupt entry", corrupt.clone()),
@@ -1304,4 +1306,86 @@ fn a_forged_backup_ack_does_not_acknowledge_a_write() {
         "the cluster still serves"
     );
     cluster.shutdown();
+}
+
+#[test]
+fn a_gather_to_a_server_that_does_not_replicate_the_shard_gets_not_member() {
+    // Three servers, two replicas per shard: each shard has a server outside it.
+    let cluster = Cluster::start(ClusterConfig {
+        strategy: Strategy::Rowan,
+        servers: SERVERS,
+        shards_per_server: SHARDS_PER_SERVER,
+        replication_factor: 2,
+        pool_bytes: POOL_BYTES,
+        segment_bytes: SEGMENT_BYTES,
+        keys_per_shard_expected: 1024,
+        settings: ServerSettings {
+            workers: WORKERS,
+            failover: common::steady_leases(),
+            ..ServerSettings::default()
+        },
+        ..ClusterConfig::default()
+    })
+    .expect("a cluster with two replicas per shard");
+    let mut p = Probe::with(cluster);
+    let primary = NodeId(0);
+    let (shard, replica, outsider) = p
+        .config
+        .primary_shards(primary)
+        .find_map(|s| {
+            let replica = s.write_targets().next()?;
+            let outsider = p
+                .config
+                .members
+                .iter()
+                .map(|m| m.node)
+                .find(|n| *n != primary && !s.write_targets().any(|b| b == *n))?;
+            Some((s.shard, replica, outsider))
+        })
+        .expect("a shard of n0 that some server does not replicate");
+    // The primary's control role asks, as it does when it is promoted.
+    p.send_from_server(primary, CONTROL_PORT);
+    let gather = |p: &mut Probe| {
+        let env = Envelope {
+            sender: primary,
+            ..p.envelope()
+        };
+        (
+            env.request_id,
+            encode(&env, &Body::Gather { shard, cursor: 0 }),
+        )
+    };
+
+    // A replica pages out what it holds of the shard.
+    let (_, bytes) = gather(&mut p);
+    p.send(replica, &bytes);
+    let answer = p
+        .receive(ANSWER_TIMEOUT)
+        .unwrap_or_else(|| panic!("replica {replica} did not answer the gather"));
+    match frame::decode(&answer).map(|f| f.body) {
+        Ok(Body::Response(Response::Entries { more: false, .. })) => {}
+        other => panic!("the replica's answer: {other:?}"),
+    }
+
+    // A server outside the shard holds nothing of it to give: a typed refusal,
+    // and it goes on serving (it once failed here when a promotion planned in an
+    // earlier term asked it).
+    let (id, bytes) = gather(&mut p);
+    let detail = p.expect_error(
+        outsider,
+        &bytes,
+        ErrorCode::NotMember,
+        id,
+        "Gather to a non-replica",
+    );
+    assert!(detail.contains("does not replicate"), "detail: {detail}");
+    let (id, bytes) = gather(&mut p);
+    p.expect_error(
+        outsider,
+        &bytes,
+        ErrorCode::NotMember,
+        id,
+        "the same Gather again",
+    );
+    p.finish();
 }
