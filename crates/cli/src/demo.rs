@@ -115,6 +115,12 @@ pub fn run(args: DemoArgs) -> Result<()> {
             f.errors + f.timeouts,
             f.lost_writes
         );
+        if !t.others_failed.is_empty() {
+            println!(
+                "  Live servers evicted because their lease renewals were late: {:?}.",
+                t.others_failed
+            );
+        }
     }
     if f.lost_writes > 0 {
         anyhow::bail!(

@@ -86,6 +86,8 @@ pub fn failover(args: FailoverArgs) -> Result<()> {
         m(|f| f.committed_ms),
         m(|f| f.all_served_ms)
     );
+    let evicted: usize = f.iter().map(|f| f.others_failed.len()).sum();
+    println!("live servers evicted (leases renewed late) over all runs: {evicted}");
     let lost: u64 = results.iter().map(|r| r.lost_writes).sum();
     println!("acknowledged writes lost over all runs: {lost}");
     if lost > 0 {

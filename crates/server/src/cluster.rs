@@ -29,6 +29,7 @@ use crate::background::{CleanTask, DigestTask};
 use crate::cm_role::CmTask;
 use crate::control::{ControlTask, CM_PORT, CONTROL_PORT};
 use crate::events::EventLog;
+use crate::lease::LeaseTask;
 use crate::replication::{
     RemoteLogTarget, Replicator, RowanReplicator, RpcReplicator, RwriteReplicator, ShareReplicator,
     SharedLog, Strategy,
@@ -582,6 +583,16 @@ pub fn build(
                 servers[a].clone(),
                 ep,
                 acceptor,
+                directory.clone(),
+                cm_nodes.clone(),
+            )),
+        ));
+        let ep = Endpoint::new(nics[a].clone(), s.endpoint.clone()).map_err(err("endpoint"))?;
+        tasks.push((
+            Owner::Server(node),
+            Box::new(LeaseTask::new(
+                servers[a].clone(),
+                ep,
                 directory.clone(),
                 cm_nodes.clone(),
             )),

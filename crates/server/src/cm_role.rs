@@ -428,6 +428,10 @@ impl<N: Nic> Task for CmTask<N> {
         &self.name
     }
 
+    fn keeps_time(&self) -> bool {
+        true
+    }
+
     fn step(&mut self, now_ns: u64) -> Step {
         if self.crashed.load(Ordering::Acquire) {
             return Step::Done;

@@ -4,10 +4,8 @@
 //! ones, committing digested ones every `control_interval_ns`), this role is the
 //! server's side of the failover protocol, on its own RPC endpoint
 //! ([`CONTROL_PORT`] in the directory):
-//! - **Lease**: every `renew_ns` it asks each CM for a lease. The active CM's
-//!   answer carries the highest committed term; the lease runs `lease_ns` from
-//!   the moment the request was *sent*, so it ends no later than the CM thinks.
-//!   A CM that removed this server answers `NotMember`: the server stops.
+//! - Leases are renewed by a role of their own ([`crate::lease`]), so that the
+//!   long steps of a promotion below cannot hold a renewal up.
 //! - **Prepare / Commit** (phase 1): on `Prepare` it adopts the configuration the
 //!   coordination store holds — destroying the connections of removed servers,
 //!   blocking — and answers; on `Commit` (or a lease answer with that term) it
@@ -196,15 +194,13 @@ type EntriesByShard = BTreeMap<ShardId, Vec<Vec<u8>>>;
 /// What an outstanding request of the control role was for.
 #[derive(Clone, Debug)]
 enum Pending {
-    Lease {
-        sent_ns: u64,
-    },
     /// `term`: the jobs term it was sent in; an answer to an earlier term's
     /// recovery must not move the current one's cursors.
     Gather {
         shard: ShardId,
         from: NodeId,
         term: Term,
+        cursor: u32,
     },
     Install {
         shard: ShardId,
@@ -257,10 +253,12 @@ pub struct ControlTask<N: Nic> {
     ep: Endpoint<N>,
     acceptor: Acceptor,
     directory: Directory,
+    /// The CMs, told when a joining backup is ready.
     cms: Vec<NodeId>,
     cm_links: Links,
     peer_links: Links,
-    renew: Periodic,
+    /// Gives up unanswered requests.
+    expiry: Periodic,
     next_request: u64,
     /// Outstanding requests: id → (peer, sent at, what for).
     pending: BTreeMap<u64, (PeerId, u64, Pending)>,
@@ -291,7 +289,7 @@ impl<N: Nic> ControlTask<N> {
         ControlTask {
             name: format!("s{}-control", shared.node.0),
             rowan: Periodic::new(shared.settings.control_interval_ns),
-            renew: Periodic::new(f.renew_ns),
+            expiry: Periodic::new(f.renew_ns),
             ep,
             acceptor,
             directory,
@@ -350,41 +348,6 @@ impl<N: Nic> ControlTask<N> {
         self.respond(peer, request_id, Response::Error { code, term, detail });
     }
 
-    fn renew_lease(&mut self, now_ns: u64) {
-        let retry = self.shared.settings.failover.retry_ns;
-        for cm in self.cms.clone() {
-            if let Some(peer) = self
-                .cm_links
-                .peer(&mut self.ep, &self.directory, cm, now_ns, retry)
-            {
-                self.request(
-                    peer,
-                    &Body::Lease,
-                    Pending::Lease { sent_ns: now_ns },
-                    now_ns,
-                );
-            }
-        }
-    }
-
-    /// The CM granted the lease asked for at `sent_ns`; `committed`: its highest
-    /// committed term.
-    fn on_lease(&mut self, sent_ns: u64, committed: Term) {
-        let f = &self.shared.settings.failover;
-        self.shared.extend_lease(sent_ns + f.lease_ns);
-        self.learn_committed(committed);
-    }
-
-    fn learn_committed(&mut self, committed: Term) {
-        if committed > self.shared.term() {
-            self.shared.refresh_config();
-        }
-        // Only a term this server holds can be committed here: one it could not
-        // fetch yet stays blocked.
-        let held = self.shared.term();
-        self.shared.commit_term(committed.min(held));
-    }
-
     fn handle_request(&mut self, peer: PeerId, bytes: &[u8], now_ns: u64) {
         let f = match read_frame(&self.ep, peer, bytes) {
             Inbound::Frame(f) => f,
@@ -427,7 +390,7 @@ impl<N: Nic> ControlTask<N> {
                 }
             }
             Body::Commit { term } => {
-                self.learn_committed(term);
+                self.shared.learn_committed(term);
                 let held = self.shared.term();
                 self.respond(peer, h.request_id, Response::Ok { version: held.0 });
             }
@@ -482,7 +445,10 @@ impl<N: Nic> ControlTask<N> {
             .is_some_and(|(t, m)| *t == config.term && m.contains_key(&shard));
         if !fresh {
             // Every shard the asker is primary of and this server replicates, in one
-            // walk; a shard asked again after its last page is walked alone.
+            // walk, kept for the term: the asker resends a page it has not had an
+            // answer to, and must get the same list again, not a fresh walk (a
+            // walk can take longer than its resend interval). A shard asked again
+            // after its list was dropped (on the asker's Install) is walked alone.
             let asked_before = self
                 .gathered
                 .get(&h.sender)
@@ -531,11 +497,6 @@ impl<N: Nic> ControlTask<N> {
             next += 1;
         }
         let more = next < list.len();
-        if !more {
-            if let Some((_, m)) = self.gathered.get_mut(&h.sender) {
-                m.remove(&shard);
-            }
-        }
         self.respond(
             peer,
             h.request_id,
@@ -558,6 +519,12 @@ impl<N: Nic> ControlTask<N> {
             let detail = format!("{} may not install {shard} here", h.sender);
             self.reject(peer, h.request_id, ErrorCode::NotPrimary, &detail);
             return;
+        }
+        // The asker has gathered this shard: its list here is no longer needed.
+        if let Some((t, m)) = self.gathered.get_mut(&h.sender) {
+            if *t == config.term {
+                m.remove(&shard);
+            }
         }
         let foreign = split_entries(entries).map(|list| {
             list.iter()
@@ -599,18 +566,12 @@ impl<N: Nic> ControlTask<N> {
             return;
         };
         match what {
-            Pending::Lease { sent_ns } => match *r {
-                Response::Ok { version } => self.on_lease(sent_ns, Term(version)),
-                Response::Error {
-                    code: ErrorCode::NotMember,
-                    ..
-                } => {
-                    tracing::warn!(server = %self.shared.node, "removed from the cluster by the CM");
-                    self.shared.evict();
-                }
-                _ => {}
-            },
-            Pending::Gather { shard, from, term } => {
+            Pending::Gather {
+                shard,
+                from,
+                term,
+                cursor,
+            } => {
                 let Some(rec) = self
                     .recoveries
                     .get_mut(&shard)
@@ -618,7 +579,13 @@ impl<N: Nic> ControlTask<N> {
                 else {
                     return;
                 };
-                let Some(src) = rec.sources.get_mut(&from) else {
+                // Only the answer for the page asked for now: a late answer to a
+                // resent ask must not move the cursor back.
+                let Some(src) = rec
+                    .sources
+                    .get_mut(&from)
+                    .filter(|s| !s.done && s.cursor == cursor)
+                else {
                     return;
                 };
                 src.asked_ns = None;
@@ -733,6 +700,13 @@ impl<N: Nic> ControlTask<N> {
         true
     }
 
+    /// How long an unanswered `Gather` or `Install` waits before it is sent
+    /// again: as long as it is kept pending (a walk or an installation can take
+    /// longer than `retry_ns`, and every resent one is answered too).
+    fn resend_ns(&self) -> u64 {
+        4 * self.shared.settings.failover.retry_ns
+    }
+
     fn page_bytes_max(&self) -> usize {
         self.ep.config().frame_bytes_max - HEADER_BYTES - 2
     }
@@ -740,6 +714,7 @@ impl<N: Nic> ControlTask<N> {
     /// Drive promotions and cold-start recoveries.
     fn run_recoveries(&mut self, now_ns: u64) -> bool {
         let retry = self.shared.settings.failover.retry_ns;
+        let resend = self.resend_ns();
         let mut did = false;
         let shards: Vec<ShardId> = self.recoveries.keys().copied().collect();
         for shard in shards {
@@ -747,7 +722,7 @@ impl<N: Nic> ControlTask<N> {
             let asks: Vec<(NodeId, u32)> = self.recoveries[&shard]
                 .sources
                 .iter()
-                .filter(|(_, s)| !s.done && s.asked_ns.is_none_or(|t| now_ns >= t + retry))
+                .filter(|(_, s)| !s.done && s.asked_ns.is_none_or(|t| now_ns >= t + resend))
                 .map(|(n, s)| (*n, s.cursor))
                 .collect();
             for (node, cursor) in asks {
@@ -764,6 +739,7 @@ impl<N: Nic> ControlTask<N> {
                         shard,
                         from: node,
                         term: self.jobs_term,
+                        cursor,
                     },
                     now_ns,
                 ) {
@@ -859,12 +835,13 @@ impl<N: Nic> ControlTask<N> {
     /// Send the next page of a recovery's union to every target that needs it.
     fn scatter(&mut self, shard: ShardId, now_ns: u64) -> bool {
         let retry = self.shared.settings.failover.retry_ns;
+        let resend = self.resend_ns();
         let rec = &self.recoveries[&shard];
         let sends: Vec<(NodeId, usize)> = rec
             .targets
             .iter()
             .filter(|(_, t)| t.next_page < rec.pages.len())
-            .filter(|(_, t)| t.asked_ns.is_none_or(|a| now_ns >= a + retry))
+            .filter(|(_, t)| t.asked_ns.is_none_or(|a| now_ns >= a + resend))
             .map(|(n, t)| (*n, t.next_page))
             .collect();
         let mut did = false;
@@ -904,6 +881,7 @@ impl<N: Nic> ControlTask<N> {
     /// Drive re-replication to joining backups.
     fn run_copies(&mut self, now_ns: u64) -> bool {
         let retry = self.shared.settings.failover.retry_ns;
+        let resend = self.resend_ns();
         let mut did = false;
         let keys: Vec<(ShardId, NodeId)> = self.copies.keys().copied().collect();
         for (shard, to) in keys {
@@ -930,7 +908,7 @@ impl<N: Nic> ControlTask<N> {
             let c = &self.copies[&(shard, to)];
             let pages = c.pages.as_ref().expect("set above");
             if c.target.next_page < pages.len() {
-                if c.target.asked_ns.is_some_and(|a| now_ns < a + retry) {
+                if c.target.asked_ns.is_some_and(|a| now_ns < a + resend) {
                     continue;
                 }
                 let Some(peer) =
@@ -1011,7 +989,7 @@ impl<N: Nic> ControlTask<N> {
     /// returned), so a peer that died or lost them does not hold credits forever;
     /// the jobs ask again.
     fn expire(&mut self, now_ns: u64) {
-        let limit = 4 * self.shared.settings.failover.retry_ns;
+        let limit = self.resend_ns();
         let lost: Vec<(u64, PeerId)> = self
             .pending
             .iter()
@@ -1033,6 +1011,10 @@ impl<N: Nic> ControlTask<N> {
 impl<N: Nic> Task for ControlTask<N> {
     fn name(&self) -> &str {
         &self.name
+    }
+
+    fn keeps_time(&self) -> bool {
+        true
     }
 
     fn step(&mut self, now_ns: u64) -> Step {
@@ -1072,9 +1054,8 @@ impl<N: Nic> Task for ControlTask<N> {
         }
         self.events = events;
         self.data = data;
-        if self.renew.due(now_ns) {
+        if self.expiry.due(now_ns) {
             self.expire(now_ns);
-            self.renew_lease(now_ns);
         }
         if self.shared.stopped() {
             return Step::Done;

@@ -27,6 +27,7 @@ pub mod cluster;
 pub mod cm_role;
 pub mod control;
 pub mod events;
+pub mod lease;
 pub mod replication;
 pub mod runtime;
 pub mod server;

@@ -12,6 +12,15 @@
 //! The deterministic simulator steps the same tasks from one thread in an order
 //! drawn from its seed.
 //!
+//! Roles on the failure detector's clock — a server's lease role, the CMs, and
+//! a server's control role, which answers `Prepare` — say so
+//! ([`Task::keeps_time`]); in the shared placement each of them still gets an OS
+//! thread of its own. A busy shared thread (a worker applying a batch, a digest
+//! pass) would otherwise hold up the renewals behind it for longer than a lease
+//! and get a live server evicted; FaRM likewise runs its lease manager on a
+//! dedicated thread. Those threads are idle nearly always, and back off to
+//! sleeping up to [`TIMELY_IDLE_SLEEP_MAX`] between steps.
+//!
 //! A thread that finds all its tasks idle for a while yields, then sleeps briefly,
 //! so an idle cluster does not hold the cores.
 
@@ -65,6 +74,12 @@ pub trait Task: Send {
     fn name(&self) -> &str;
     /// Do what can be done now without blocking.
     fn step(&mut self, now_ns: u64) -> Step;
+    /// Whether the role is on the failure detector's clock (holds or grants
+    /// leases, answers the failover protocol): it must be stepped on time, so it
+    /// never shares a thread with other roles.
+    fn keeps_time(&self) -> bool {
+        false
+    }
 }
 
 /// Where tasks run.
@@ -80,6 +95,11 @@ pub enum Placement {
 const IDLE_ROUNDS_BEFORE_YIELD: u32 = 64;
 const IDLE_ROUNDS_BEFORE_SLEEP: u32 = 256;
 const IDLE_SLEEP: Duration = Duration::from_micros(50);
+/// The longest sleep of an idle lease-keeping thread: its idle sleep doubles from
+/// `IDLE_SLEEP` up to this, so a thread that is nearly always idle wakes about a
+/// thousand times a second, and one that is paging entries (recovery) does not
+/// wait long between pages.
+pub const TIMELY_IDLE_SLEEP_MAX: Duration = Duration::from_millis(1);
 
 struct ThreadHandle {
     inject: Sender<Box<dyn Task>>,
@@ -92,6 +112,8 @@ pub struct Executor {
     clock: Arc<dyn Clock>,
     stop: Arc<AtomicBool>,
     threads: Vec<ThreadHandle>,
+    /// The first `shared` threads take tasks round-robin.
+    shared: usize,
     next: usize,
 }
 
@@ -102,23 +124,25 @@ impl Executor {
             clock,
             stop: Arc::new(AtomicBool::new(false)),
             threads: Vec::new(),
+            shared: 0,
             next: 0,
         };
         if let Placement::Shared { threads } = placement {
             for i in 0..threads.max(1) {
-                ex.start_thread(format!("rowankv-exec-{i}"), Vec::new());
+                ex.start_thread(format!("rowankv-exec-{i}"), Vec::new(), IDLE_SLEEP);
             }
+            ex.shared = ex.threads.len();
         }
         ex
     }
 
-    fn start_thread(&mut self, name: String, tasks: Vec<Box<dyn Task>>) {
+    fn start_thread(&mut self, name: String, tasks: Vec<Box<dyn Task>>, sleep_max: Duration) {
         let (tx, rx) = channel::unbounded();
         let stop = self.stop.clone();
         let clock = self.clock.clone();
         let join = std::thread::Builder::new()
             .name(name)
-            .spawn(move || run_thread(tasks, rx, stop, clock))
+            .spawn(move || run_thread(tasks, rx, stop, clock, sleep_max))
             .expect("spawning an executor thread");
         self.threads.push(ThreadHandle { inject: tx, join });
     }
@@ -128,10 +152,14 @@ impl Executor {
         match self.placement {
             Placement::Dedicated => {
                 let name = task.name().to_string();
-                self.start_thread(name, vec![task]);
+                self.start_thread(name, vec![task], IDLE_SLEEP);
+            }
+            Placement::Shared { .. } if task.keeps_time() => {
+                let name = task.name().to_string();
+                self.start_thread(name, vec![task], TIMELY_IDLE_SLEEP_MAX);
             }
             Placement::Shared { .. } => {
-                let i = self.next % self.threads.len();
+                let i = self.next % self.shared;
                 self.next += 1;
                 let _ = self.threads[i].inject.send(task);
             }
@@ -157,8 +185,10 @@ fn run_thread(
     inject: Receiver<Box<dyn Task>>,
     stop: Arc<AtomicBool>,
     clock: Arc<dyn Clock>,
+    sleep_max: Duration,
 ) -> Vec<Box<dyn Task>> {
     let mut idle_rounds = 0u32;
+    let mut sleep = IDLE_SLEEP;
     while !stop.load(Ordering::Acquire) {
         while let Ok(t) = inject.try_recv() {
             tasks.push(t);
@@ -179,14 +209,95 @@ fn run_thread(
         }
         if did {
             idle_rounds = 0;
+            sleep = IDLE_SLEEP;
         } else {
             idle_rounds = idle_rounds.saturating_add(1);
             if idle_rounds > IDLE_ROUNDS_BEFORE_SLEEP {
-                std::thread::sleep(IDLE_SLEEP);
+                std::thread::sleep(sleep);
+                sleep = (sleep * 2).min(sleep_max);
             } else if idle_rounds > IDLE_ROUNDS_BEFORE_YIELD {
                 std::thread::yield_now();
             }
         }
     }
     tasks
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rowankv_types::SystemClock;
+    use std::sync::atomic::AtomicU64;
+
+    /// Holds its thread inside `step` until the lease keeper has been stepped.
+    struct Hog {
+        keeper_stepped: Receiver<String>,
+        seen: Sender<Option<String>>,
+        done: bool,
+    }
+
+    impl Task for Hog {
+        fn name(&self) -> &str {
+            "hog"
+        }
+        fn step(&mut self, _now_ns: u64) -> Step {
+            if self.done {
+                return Step::Idle;
+            }
+            self.done = true;
+            let got = self
+                .keeper_stepped
+                .recv_timeout(Duration::from_secs(20))
+                .ok();
+            let _ = self.seen.send(got);
+            Step::Worked
+        }
+    }
+
+    struct Keeper {
+        steps: Arc<AtomicU64>,
+        tell: Sender<String>,
+    }
+
+    impl Task for Keeper {
+        fn name(&self) -> &str {
+            "s0-control"
+        }
+        fn step(&mut self, _now_ns: u64) -> Step {
+            if self.steps.fetch_add(1, Ordering::Relaxed) == 0 {
+                let thread = std::thread::current().name().unwrap_or("").to_string();
+                let _ = self.tell.send(thread);
+            }
+            Step::Idle
+        }
+        fn keeps_time(&self) -> bool {
+            true
+        }
+    }
+
+    #[test]
+    fn a_lease_keeper_is_stepped_while_a_shared_thread_is_held() {
+        let mut ex = Executor::new(Placement::Shared { threads: 1 }, SystemClock::new());
+        let (tell, keeper_stepped) = channel::unbounded();
+        let (seen, seen_rx) = channel::unbounded();
+        let steps = Arc::new(AtomicU64::new(0));
+        // The hog takes the only shared thread and waits for the keeper there: had
+        // the keeper been placed behind it, it would never be stepped.
+        ex.spawn(Box::new(Hog {
+            keeper_stepped,
+            seen,
+            done: false,
+        }));
+        ex.spawn(Box::new(Keeper {
+            steps: steps.clone(),
+            tell,
+        }));
+        let got = seen_rx
+            .recv_timeout(Duration::from_secs(30))
+            .expect("the hog returned");
+        assert_eq!(got.as_deref(), Some("s0-control"), "the keeper's thread");
+        let tasks = ex.stop();
+        assert_eq!(tasks.len(), 2, "both tasks handed back");
+        assert!(steps.load(Ordering::Relaxed) >= 1);
+    }
 }

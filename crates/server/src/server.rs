@@ -329,6 +329,16 @@ impl<N: Nic> ServerShared<N> {
         self.committed_term.fetch_max(term.0, Ordering::AcqRel);
     }
 
+    /// The CM says `committed` is committed (a `Commit`, or a lease answer):
+    /// fetch a newer configuration first. Only a term this server holds can be
+    /// committed here: one it could not fetch yet stays blocked.
+    pub fn learn_committed(&self, committed: Term) {
+        if committed > self.term() {
+            self.refresh_config();
+        }
+        self.commit_term(committed.min(self.term()));
+    }
+
     /// The CM removed this server: stop serving for good, and stop every role.
     pub fn evict(&self) {
         self.evicted.store(true, Ordering::Release);

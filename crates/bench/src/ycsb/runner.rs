@@ -167,6 +167,9 @@ pub struct FailoverTimes {
     /// Until every shard the failed server was primary of was served again.
     pub all_served_ms: Option<f64>,
     pub shards_promoted: usize,
+    /// Servers other than the killed one whose leases expired during the run:
+    /// live servers evicted because their renewals were late.
+    pub others_failed: Vec<u32>,
 }
 
 /// Buckets of the throughput timeline.
@@ -769,6 +772,13 @@ fn failover_times(
             .flatten()
             .map(since),
         shards_promoted: promoted,
+        others_failed: events
+            .iter()
+            .filter_map(|e| match e.kind {
+                EventKind::ServerFailed { node: n } if n != node => Some(n.0),
+                _ => None,
+            })
+            .collect(),
     }
 }
 
@@ -924,6 +934,13 @@ pub fn timeline_report(r: &YcsbResult) -> String {
             f.shards_promoted,
             t(f.all_served_ms)
         );
+        if !f.others_failed.is_empty() {
+            let _ = writeln!(
+                out,
+                "  live servers evicted (leases renewed late): {:?}",
+                f.others_failed
+            );
+        }
     }
     out
 }
