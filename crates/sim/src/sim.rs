@@ -62,6 +62,8 @@ pub struct SimConfig {
     pub keys: usize,
     pub servers: usize,
     pub faults: bool,
+    /// Every fault is a stall of the whole machine (a test of failure detection).
+    pub stalls_only: bool,
     pub planted: Option<PlantedBug>,
 }
 
@@ -74,6 +76,7 @@ impl SimConfig {
             keys: 12,
             servers: 5,
             faults: true,
+            stalls_only: false,
             planted: None,
         }
     }
@@ -89,6 +92,8 @@ pub struct FaultCounts {
     pub delays: u32,
     pub cm_crashes: u32,
     pub power_failures: u32,
+    /// The whole machine stopped (no role, no client runs) while time went on.
+    pub stalls: u32,
 }
 
 impl FaultCounts {
@@ -100,6 +105,7 @@ impl FaultCounts {
             + self.delays
             + self.cm_crashes
             + self.power_failures
+            + self.stalls
     }
 }
 
@@ -196,6 +202,7 @@ struct World {
     fault_log: Vec<String>,
     cm_restart_at: Option<(usize, u64)>,
     next_client_node: u32,
+    stalls_only: bool,
 }
 
 impl World {
@@ -229,6 +236,7 @@ impl World {
             fault_log: Vec::new(),
             cm_restart_at: None,
             next_client_node: 0,
+            stalls_only: sim.stalls_only,
         };
         let now = w.clock.now_ns();
         for s in &w.parts.servers {
@@ -444,7 +452,12 @@ impl World {
             return;
         }
         let pick = |rng: &mut ChaCha8Rng, v: &[NodeId]| v[rng.gen_range(0..v.len())];
-        match self.rng.gen_range(0..100u32) {
+        let roll = if self.stalls_only {
+            93
+        } else {
+            self.rng.gen_range(0..100u32)
+        };
+        match roll {
             0..=14 if self.may_remove() => {
                 let n = pick(&mut self.rng, &servers);
                 self.crash_server(n);
@@ -548,6 +561,14 @@ impl World {
                 self.power_failure();
                 self.faults.power_failures += 1;
                 self.log("power failure of every server".into());
+            }
+            93..=96 => {
+                // A stall of the virtual machine: nothing runs, time goes on. No
+                // server failed, so none may be removed for it.
+                let d = self.rng.gen_range(2 * LEASE_NS..5 * LEASE_NS);
+                self.clock.advance_ns(d);
+                self.faults.stalls += 1;
+                self.log(format!("stall everything for {:.1} ms", d as f64 / 1e6));
             }
             _ => {}
         }
