@@ -23,8 +23,10 @@
 //!   copies the shard's index entries to it (`Install`) and tells the CM
 //!   (`Ready`), which makes it a full backup.
 //!
-//! Every request it sends is retried every `retry_ns` until answered; `Gather` and
-//! `Install` are idempotent (a cursor; version-conditional installation).
+//! Every request it sends is sent again after four `retry_ns` without an answer;
+//! `Gather` and `Install` are idempotent (a cursor, answered from one walk kept for
+//! the term; version-conditional installation), and an answer is applied only to
+//! the cursor or page it was asked for, in the term it was asked in.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
