@@ -183,7 +183,13 @@ impl FaultInjector for LoopbackFabric {
         n.mrs.write().clear();
         let qps: Vec<_> = n.qps.write().drain().map(|(_, q)| q).collect();
         for qp in qps {
-            qp.enter_error(&mut qp.core.lock());
+            let mut core = qp.core.lock();
+            qp.enter_error(&mut core);
+            // A dead queue pair never reaches its peer again. Dropping the link
+            // breaks the cycle of two that both crashed (a power failure of
+            // every node), which would keep both nodes' receive queues, regions
+            // and memory alive after the fabric is gone.
+            core.peer = None;
         }
     }
 
