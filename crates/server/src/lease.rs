@@ -9,7 +9,7 @@
 //! Renewing is all this role does, on a connection of its own, so nothing else a
 //! server does can hold a renewal up: the control role's promotions walk log
 //! segments and install thousands of entries in one step, which took up to 40 ms
-//! with 100,000 objects and evicted live servers under a 50 ms lease. It keeps
+//! with 100,000 objects, most of the 50 ms lease of the benchmarks. It keeps
 //! time ([`Task::keeps_time`]): the executor gives it a thread of its own, as
 //! FaRM gives its lease manager one.
 
