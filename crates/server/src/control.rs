@@ -166,6 +166,27 @@ pub(crate) fn forget_peer<N: Nic, V>(
     });
 }
 
+/// Give up the outstanding requests (by request id) sent `limit_ns` or longer
+/// ago and give their credits back, so that a peer that died or lost them does
+/// not hold credits forever; whoever sent them asks again. `sent` gives a
+/// request's send time and peer.
+pub(crate) fn expire_pending<N: Nic, V>(
+    pending: &mut BTreeMap<u64, V>,
+    ep: &mut Endpoint<N>,
+    now_ns: u64,
+    limit_ns: u64,
+    sent: impl Fn(&V) -> (u64, PeerId),
+) {
+    pending.retain(|_, v| {
+        let (at, peer) = sent(v);
+        let lost = now_ns >= at + limit_ns;
+        if lost {
+            ep.forget(peer);
+        }
+        !lost
+    });
+}
+
 /// Split concatenated encoded entries.
 pub(crate) fn split_entries(mut bytes: &[u8]) -> Result<Vec<&[u8]>, String> {
     let mut out = Vec::new();
@@ -987,21 +1008,17 @@ impl<N: Nic> ControlTask<N> {
         did
     }
 
-    /// Requests unanswered for four retry periods are given up (their credit
-    /// returned), so a peer that died or lost them does not hold credits forever;
-    /// the jobs ask again.
+    /// Requests unanswered for the resend interval are given up; the jobs ask
+    /// again.
     fn expire(&mut self, now_ns: u64) {
         let limit = self.resend_ns();
-        let lost: Vec<(u64, PeerId)> = self
-            .pending
-            .iter()
-            .filter(|(_, (_, sent, _))| now_ns >= sent + limit)
-            .map(|(id, (p, _, _))| (*id, *p))
-            .collect();
-        for (id, peer) in lost {
-            self.pending.remove(&id);
-            self.ep.forget(peer);
-        }
+        expire_pending(
+            &mut self.pending,
+            &mut self.ep,
+            now_ns,
+            limit,
+            |(p, at, _)| (*at, *p),
+        );
     }
 
     /// Forget everything outstanding on `peer` (its connection failed).

@@ -22,7 +22,7 @@ use rowankv_wire::directory::Directory;
 use rowankv_wire::endpoint::{Endpoint, Event, PeerId};
 use rowankv_wire::frame::{self, Body, Envelope, ErrorCode, Response};
 
-use crate::control::{forget_peer, Links, CM_PORT};
+use crate::control::{expire_pending, forget_peer, Links, CM_PORT};
 use crate::runtime::{Periodic, Step, Task};
 use crate::server::ServerShared;
 
@@ -66,18 +66,13 @@ impl<N: Nic> LeaseTask<N> {
 
     fn renew(&mut self, now_ns: u64) {
         let retry = self.shared.settings.failover.retry_ns;
-        // Requests unanswered for four retry periods are given up (their credit
-        // returned): a CM that died must not hold credits forever.
-        let lost: Vec<(u64, PeerId)> = self
-            .pending
-            .iter()
-            .filter(|(_, (_, sent))| now_ns >= sent + 4 * retry)
-            .map(|(id, (p, _))| (*id, *p))
-            .collect();
-        for (id, peer) in lost {
-            self.pending.remove(&id);
-            self.ep.forget(peer);
-        }
+        expire_pending(
+            &mut self.pending,
+            &mut self.ep,
+            now_ns,
+            4 * retry,
+            |(p, at)| (*at, *p),
+        );
         let config = self.shared.config();
         for cm in self.cms.clone() {
             let Some(peer) = self
