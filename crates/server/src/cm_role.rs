@@ -13,7 +13,9 @@
 //!   committed term; the CM notes the time it *received* it, and grants only
 //!   while its own lease outlives the server's, so that no server lease it
 //!   granted survives it;
-//! - declares a member failed when `lease_ns` passed since its last grant, plans
+//! - declares a member failed when `lease_ns` passed since its last grant —
+//!   not counting time in which the CM itself did not run (a stall of its
+//!   machine, [`CmTask::discount_stall`]) — plans
 //!   the next configuration ([`plan_failover`]) and stores it with `commit_as`
 //!   (phase 1), sends `Prepare` to every member left until each has answered,
 //!   waits until the failed servers' leases have expired, then sends `Commit`;
