@@ -15,7 +15,7 @@
 //!   granted survives it;
 //! - declares a member failed when `lease_ns` passed since its last grant —
 //!   not counting time in which the CM itself did not run (a stall of its
-//!   machine, [`CmTask::discount_stall`]) — plans
+//!   machine, `CmTask::discount_stall`) — plans
 //!   the next configuration ([`plan_failover`]) and stores it with `commit_as`
 //!   (phase 1), sends `Prepare` to every member left until each has answered,
 //!   waits until the failed servers' leases have expired, then sends `Commit`;
