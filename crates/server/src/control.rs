@@ -730,6 +730,25 @@ impl<N: Nic> ControlTask<N> {
         4 * self.shared.settings.failover.retry_ns
     }
 
+    /// Send page `page` of `shard` (a recovery's union, or a copy) to `to`.
+    fn send_install(
+        &mut self,
+        peer: PeerId,
+        shard: ShardId,
+        to: NodeId,
+        page: usize,
+        entries: &[u8],
+        now_ns: u64,
+    ) -> bool {
+        let what = Pending::Install {
+            shard,
+            to,
+            page,
+            term: self.jobs_term,
+        };
+        self.request(peer, &Body::Install { shard, entries }, what, now_ns)
+    }
+
     fn page_bytes_max(&self) -> usize {
         self.ep.config().frame_bytes_max - HEADER_BYTES - 2
     }
@@ -877,20 +896,7 @@ impl<N: Nic> ControlTask<N> {
             };
             let bytes =
                 std::mem::take(&mut self.recoveries.get_mut(&shard).expect("listed").pages[page]);
-            let sent = self.request(
-                peer,
-                &Body::Install {
-                    shard,
-                    entries: &bytes,
-                },
-                Pending::Install {
-                    shard,
-                    to: node,
-                    page,
-                    term: self.jobs_term,
-                },
-                now_ns,
-            );
+            let sent = self.send_install(peer, shard, node, page, &bytes, now_ns);
             let rec = self.recoveries.get_mut(&shard).expect("listed");
             rec.pages[page] = bytes;
             if sent {
@@ -950,20 +956,7 @@ impl<N: Nic> ControlTask<N> {
                         .as_mut()
                         .expect("set")[page],
                 );
-                let sent = self.request(
-                    peer,
-                    &Body::Install {
-                        shard,
-                        entries: &bytes,
-                    },
-                    Pending::Install {
-                        shard,
-                        to,
-                        page,
-                        term: self.jobs_term,
-                    },
-                    now_ns,
-                );
+                let sent = self.send_install(peer, shard, to, page, &bytes, now_ns);
                 let c = self.copies.get_mut(&(shard, to)).expect("listed");
                 c.pages.as_mut().expect("set")[page] = bytes;
                 if sent {
