@@ -2,7 +2,7 @@
 //! (key, version) records addressed by index + 1. Every test prints its seed; replay
 //! with `ROWANKV_SEED=<seed>`.
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::thread;
 
 use rand::seq::SliceRandom;
@@ -308,13 +308,30 @@ fn index_relocate_racing_upsert_keeps_highest_version() {
     let writers_done = AtomicUsize::new(0);
     let relocated = AtomicUsize::new(0);
     let relocate_lost = AtomicUsize::new(0);
+    let cleaner_done = AtomicBool::new(false);
     thread::scope(|s| {
         for w in 0..WRITERS_HOT {
-            let (index, store, version_next, writers_done) =
-                (&index, &store, &version_next, &writers_done);
+            let (index, store, version_next, writers_done, relocated, cleaner_done) = (
+                &index,
+                &store,
+                &version_next,
+                &writers_done,
+                &relocated,
+                &cleaner_done,
+            );
             s.spawn(move || {
                 let mut rng = thread_rng(seed, w);
-                for _ in 0..WRITES_PER_WRITER {
+                for i in 0..WRITES_PER_WRITER {
+                    // Halfway, wait for the cleaner to have won a relocation: on a
+                    // loaded machine it might otherwise start only after the
+                    // writers are done, and the race would not be run at all.
+                    if i == WRITES_PER_WRITER / 2 {
+                        while relocated.load(Ordering::Relaxed) == 0
+                            && !cleaner_done.load(Ordering::Acquire)
+                        {
+                            thread::yield_now();
+                        }
+                    }
                     let key = rng.gen_range(0..KEYS_HOT);
                     let version = version_next.fetch_add(1, Ordering::Relaxed);
                     store.put(index, key, version);
@@ -329,8 +346,14 @@ fn index_relocate_racing_upsert_keeps_highest_version() {
                 writers_done.fetch_add(1, Ordering::Release);
             });
         }
-        let (index, store, relocated, relocate_lost, writers_done) =
-            (&index, &store, &relocated, &relocate_lost, &writers_done);
+        let (index, store, relocated, relocate_lost, writers_done, cleaner_done) = (
+            &index,
+            &store,
+            &relocated,
+            &relocate_lost,
+            &writers_done,
+            &cleaner_done,
+        );
         // The cleaner: copy the entry an item points to, then relocate the item.
         s.spawn(move || {
             let mut rng = thread_rng(seed, WRITERS_HOT);
@@ -356,6 +379,7 @@ fn index_relocate_racing_upsert_keeps_highest_version() {
                     relocate_lost.fetch_add(1, Ordering::Relaxed);
                 }
             }
+            cleaner_done.store(true, Ordering::Release);
         });
     });
     eprintln!(

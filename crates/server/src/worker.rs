@@ -246,6 +246,8 @@ impl<N: Nic> Worker<N> {
             self.reject(peer, h.request_id, ErrorCode::WrongCluster, &detail);
             return;
         }
+        // The server may have adopted a newer term since this step began.
+        self.sync_config();
         if h.term > self.config.term {
             self.shared.refresh_config();
             self.sync_config();

@@ -67,10 +67,11 @@ const AGREE_OPS_PER_CLIENT: usize = 5000;
 const AGREE_KEYS_PER_CLIENT: usize = 150;
 const AGREE_VALUE_BYTES_MAX: usize = 4000;
 
-/// CommitVer: PUTs per shard, the dissemination period and the wait after.
+/// CommitVer: PUTs per shard, the dissemination period and the longest wait
+/// after (on a loaded machine a worker may not run for a while).
 const COMMIT_PUTS_PER_SHARD: usize = 5;
 const COMMIT_INTERVAL_NS: u64 = 1_000_000;
-const COMMIT_WAIT: Duration = Duration::from_millis(100);
+const COMMIT_WAIT_MAX: Duration = Duration::from_secs(10);
 
 fn start(strategy: Strategy, commit_interval_ns: Option<u64>) -> Cluster {
     let defaults = ServerSettings::default();
@@ -558,24 +559,31 @@ fn backups_index_what_primaries_index(strategy: Strategy, seed: u64) {
         AGREE_VALUE_BYTES_MAX,
         seed,
     );
-    // The workload filled segments, so the backups' own digest roles have indexed
-    // some of it already; the forced digest below only completes their work.
+    // The workload filled segments, so the backups' own digest roles index some
+    // of it on their own (on a loaded machine, perhaps only after the workload);
+    // the forced digest below only completes their work.
     let config = cluster.cm().current();
+    let deadline = Instant::now() + PHASE_TIMEOUT;
     for server in cluster.servers() {
-        let indexed: usize = config
-            .backup_shards(server.node)
-            .map(|s| {
-                server
-                    .engine
-                    .indexed(s.shard)
-                    .expect("a shard of the engine")
-            })
-            .sum();
-        assert!(
-            indexed > 0,
-            "{strategy}: backup {} digested nothing during the workload",
-            server.node
-        );
+        let indexed = || -> usize {
+            config
+                .backup_shards(server.node)
+                .map(|s| {
+                    server
+                        .engine
+                        .indexed(s.shard)
+                        .expect("a shard of the engine")
+                })
+                .sum()
+        };
+        while indexed() == 0 {
+            assert!(
+                Instant::now() < deadline,
+                "{strategy}: backup {} digested nothing within {PHASE_TIMEOUT:?}",
+                server.node
+            );
+            thread::sleep(Duration::from_millis(5));
+        }
     }
     check_replicas_agree(&cluster, &model, &format!("{strategy} (seed {seed:#x})"));
     let mut c = client(&mut cluster, 2);
@@ -628,9 +636,17 @@ fn commit_version_lag(cluster: &Cluster, last: &BTreeMap<ShardId, u64>) -> Vec<S
 fn commit_versions_are_in_the_backups_logs(strategy: Strategy, seed: u64) {
     let mut cluster = start(strategy, Some(COMMIT_INTERVAL_NS));
     let last = put_to_every_shard(&mut cluster, seed);
-    thread::sleep(COMMIT_WAIT);
-    cluster.digest_everything().expect("digest");
-    let lagging = commit_version_lag(&cluster, &last);
+    // Worker 0 of each primary sends the records on its own period: digest
+    // (idempotent) until the backups caught up, or the wait is over.
+    let deadline = Instant::now() + COMMIT_WAIT_MAX;
+    let lagging = loop {
+        cluster.digest_everything().expect("digest");
+        let lagging = commit_version_lag(&cluster, &last);
+        if lagging.is_empty() || Instant::now() >= deadline {
+            break lagging;
+        }
+        thread::sleep(Duration::from_millis(5));
+    };
     cluster.shutdown();
     assert!(
         lagging.is_empty(),
