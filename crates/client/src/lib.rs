@@ -223,10 +223,19 @@ impl<N: Nic> Client<N> {
     ) -> Result<Self, ClientError> {
         let mut c = Self::unconnected(nic, directory, source, config)?;
         let members: Vec<NodeId> = c.cluster.members.iter().map(|m| m.node).collect();
+        // A server that cannot be reached now (it failed, and the CM has not
+        // removed it yet) is connected to when an operation is routed to it.
+        let mut first_error = None;
         for m in members {
-            c.connect_server(m)?;
+            if let Err(e) = c.connect_server(m) {
+                tracing::warn!(server = %m, error = %e, "not connected at start");
+                first_error.get_or_insert(e);
+            }
         }
-        Ok(c)
+        match first_error {
+            Some(e) if c.servers.is_empty() => Err(e),
+            _ => Ok(c),
+        }
     }
 
     /// As [`Client::connect`], for a caller that runs the servers itself (the
@@ -376,15 +385,24 @@ impl<N: Nic> Client<N> {
         Ok(id)
     }
 
-    /// Send (or queue, if the server's credit is used up) one attempt.
-    fn send(&mut self, mut p: Pending) {
+    /// Send one attempt, or queue it: for want of the server's credit (returns
+    /// true), or to retry after a pause.
+    fn send(&mut self, mut p: Pending) -> bool {
         let shard = self.cluster.shard_for_key(p.op.key());
         let primary = shard.primary;
         let peer = match self.connect_server(primary) {
             Ok(peer) => peer,
-            Err(e) => {
+            // Not sent: certainly not applied. The primary may have failed;
+            // until the operation's deadline, look for a newer configuration
+            // and try again after a pause.
+            Err(e) if self.config.clock.now_ns() >= p.deadline_ns => {
                 self.complete(p, Err(e), Term(0));
-                return;
+                return false;
+            }
+            Err(e) => {
+                tracing::debug!(server = %primary, error = %e, "not connected");
+                self.retry_later(p);
+                return false;
             }
         };
         let request_id = self.next_request;
@@ -404,18 +422,29 @@ impl<N: Nic> Client<N> {
                 self.next_request += 1;
                 p.sent_to = Some(peer);
                 self.pending.insert(request_id, p);
+                false
             }
-            Err(SendError::Busy(..)) => self.queued.push_front(p),
+            Err(SendError::Busy(..)) => {
+                self.queued.push_front(p);
+                true
+            }
             // Not sent: certainly not applied; try again after a pause (the
             // connection is being re-established, or the configuration moves).
             Err(e) => {
                 tracing::debug!(error = %e, "request not sent");
-                let _ = self.refresh();
-                p.attempts += 1;
-                p.not_before_ns = self.config.clock.now_ns() + self.backoff_ns(p.attempts);
-                self.queued.push_back(p);
+                self.retry_later(p);
+                false
             }
         }
+    }
+
+    /// An attempt that was not sent: refresh the configuration and queue it
+    /// again after a growing pause.
+    fn retry_later(&mut self, mut p: Pending) {
+        let _ = self.refresh();
+        p.attempts += 1;
+        p.not_before_ns = self.config.clock.now_ns() + self.backoff_ns(p.attempts);
+        self.queued.push_back(p);
     }
 
     fn complete(&mut self, p: Pending, result: Result<Output, ClientError>, term: Term) {
@@ -456,9 +485,7 @@ impl<N: Nic> Client<N> {
                 self.queued.push_back(p);
                 continue;
             }
-            let before = self.queued.len();
-            self.send(p);
-            if self.queued.len() > before {
+            if self.send(p) {
                 break; // still no credit
             }
         }

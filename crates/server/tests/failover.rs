@@ -7,11 +7,13 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use rowankv_client::{Client, ClientConfig, Output};
+use rowankv_client::{Client, ClientConfig, ClientError, Output};
 use rowankv_server::{
     Cluster, ClusterConfig, EventKind, FailoverSettings, ServerSettings, Strategy,
 };
 use rowankv_types::NodeId;
+
+mod common;
 
 const SERVERS: usize = 4;
 const SHARDS_PER_SERVER: u16 = 2;
@@ -169,4 +171,79 @@ fn a_killed_server_and_a_killed_cm_are_replaced_and_no_acknowledged_write_is_los
             );
         }
     }
+}
+
+/// A client started while a server is down and still in the configuration (its
+/// lease has not run out) connects to the others and reads every key whose
+/// primary is alive (a write needs every replica, so it waits for the
+/// failover); an operation routed to the dead server is retried until its
+/// deadline and then fails as not sent, leaving the client usable.
+#[test]
+fn a_client_starts_while_a_listed_server_is_down() {
+    let mut cluster = Cluster::start(ClusterConfig {
+        servers: 3,
+        shards_per_server: SHARDS_PER_SERVER,
+        replication_factor: 3,
+        strategy: Strategy::Rowan,
+        pool_bytes: 64 << 20,
+        segment_bytes: 1 << 20,
+        keys_per_shard_expected: 1024,
+        settings: ServerSettings {
+            workers: 2,
+            // No failover within the test: the dead server stays listed.
+            failover: common::steady_leases(),
+            ..ServerSettings::default()
+        },
+        ..ClusterConfig::default()
+    })
+    .expect("a cluster");
+    let connect = |cluster: &mut Cluster, timeout: Duration| {
+        let nic = cluster.attach_client().unwrap();
+        Client::connect(
+            nic,
+            cluster.directory().clone(),
+            cluster.config_source(),
+            ClientConfig {
+                timeout,
+                ..ClientConfig::default()
+            },
+        )
+    };
+    let keys: Vec<String> = (0..60).map(|i| format!("key-{i}")).collect();
+    let mut writer = connect(&mut cluster, Duration::from_secs(20)).expect("a client");
+    for key in &keys {
+        writer.put(key.as_bytes(), key.as_bytes()).unwrap();
+    }
+    drop(writer);
+
+    let dead = NodeId(2);
+    cluster.kill_server(dead.0 as usize);
+    let mut c = connect(&mut cluster, Duration::from_millis(300))
+        .expect("a client connects while one server is down");
+    let config = c.cluster_config().clone();
+    assert!(config.member(dead).is_some(), "{dead} is still listed");
+    let (mut alive, mut routed_to_dead) = (0, 0);
+    for key in &keys {
+        let primary = config.shard_for_key(key.as_bytes()).primary;
+        let got = c.get(key.as_bytes());
+        if primary == dead {
+            routed_to_dead += 1;
+            assert!(
+                matches!(got, Err(ClientError::Connect(_))),
+                "{key} (primary {dead}, down): {got:?}"
+            );
+        } else {
+            alive += 1;
+            assert_eq!(
+                got.as_deref(),
+                Ok(key.as_bytes()),
+                "{key} (primary {primary})"
+            );
+        }
+    }
+    assert!(
+        alive > 0 && routed_to_dead > 0,
+        "{alive} keys on live primaries, {routed_to_dead} on {dead}"
+    );
+    cluster.shutdown();
 }
