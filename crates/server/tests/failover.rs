@@ -13,6 +13,7 @@ use rowankv_server::{
 };
 use rowankv_types::NodeId;
 
+#[allow(dead_code)] // this file uses only the leases
 mod common;
 
 const SERVERS: usize = 4;
