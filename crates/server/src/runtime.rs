@@ -19,7 +19,13 @@
 //! pass) would otherwise hold up the renewals behind it for longer than a lease
 //! and get a live server evicted; FaRM likewise runs its lease manager on a
 //! dedicated thread. Those threads are idle nearly always, and back off to
-//! sleeping up to [`TIMELY_IDLE_SLEEP_MAX`] between steps.
+//! sleeping up to [`TIMELY_IDLE_SLEEP_MAX`] between steps. They also run at a
+//! raised scheduling priority ([`TIMELY_NICE`], as FaRM runs its lease manager
+//! at the highest user-space priority): when the cores are contended — by the
+//! store's own busy threads or by anything else on the machine — a thread that
+//! wakes up to renew a lease runs ahead of them instead of waiting its turn.
+//! Raising a priority needs `CAP_SYS_NICE` (root); without it the threads run at
+//! the normal priority, and say so once in the log.
 //!
 //! A thread that finds all its tasks idle for a while yields, then sleeps briefly,
 //! so an idle cluster does not hold the cores.
@@ -100,6 +106,19 @@ const IDLE_SLEEP: Duration = Duration::from_micros(50);
 /// thousand times a second, and one that is paging entries (recovery) does not
 /// wait long between pages.
 pub const TIMELY_IDLE_SLEEP_MAX: Duration = Duration::from_millis(1);
+/// The nice value of the threads that keep time (the highest priority of the
+/// normal scheduling class; real-time classes are not used, so a role that
+/// turns busy cannot lock up a core).
+pub const TIMELY_NICE: i32 = -20;
+
+/// Give the calling thread the highest priority of the normal scheduling class
+/// (nice [`TIMELY_NICE`]); whether it could.
+pub fn raise_priority() -> bool {
+    thread_priority::set_current_thread_priority(thread_priority::ThreadPriority::Max).is_ok()
+}
+
+/// Logged once: the time-keeping threads could not be raised.
+static PRIORITY_WARNED: AtomicBool = AtomicBool::new(false);
 
 struct ThreadHandle {
     inject: Sender<Box<dyn Task>>,
@@ -129,20 +148,34 @@ impl Executor {
         };
         if let Placement::Shared { threads } = placement {
             for i in 0..threads.max(1) {
-                ex.start_thread(format!("rowankv-exec-{i}"), Vec::new(), IDLE_SLEEP);
+                ex.start_thread(format!("rowankv-exec-{i}"), Vec::new(), IDLE_SLEEP, false);
             }
             ex.shared = ex.threads.len();
         }
         ex
     }
 
-    fn start_thread(&mut self, name: String, tasks: Vec<Box<dyn Task>>, sleep_max: Duration) {
+    fn start_thread(
+        &mut self,
+        name: String,
+        tasks: Vec<Box<dyn Task>>,
+        sleep_max: Duration,
+        timely: bool,
+    ) {
         let (tx, rx) = channel::unbounded();
         let stop = self.stop.clone();
         let clock = self.clock.clone();
         let join = std::thread::Builder::new()
             .name(name)
-            .spawn(move || run_thread(tasks, rx, stop, clock, sleep_max))
+            .spawn(move || {
+                if timely && !raise_priority() && !PRIORITY_WARNED.swap(true, Ordering::Relaxed) {
+                    tracing::warn!(
+                        nice = TIMELY_NICE,
+                        "lease-keeping threads run at the normal priority (no CAP_SYS_NICE)"
+                    );
+                }
+                run_thread(tasks, rx, stop, clock, sleep_max)
+            })
             .expect("spawning an executor thread");
         self.threads.push(ThreadHandle { inject: tx, join });
     }
@@ -152,11 +185,12 @@ impl Executor {
         match self.placement {
             Placement::Dedicated => {
                 let name = task.name().to_string();
-                self.start_thread(name, vec![task], IDLE_SLEEP);
+                let timely = task.keeps_time();
+                self.start_thread(name, vec![task], IDLE_SLEEP, timely);
             }
             Placement::Shared { .. } if task.keeps_time() => {
                 let name = task.name().to_string();
-                self.start_thread(name, vec![task], TIMELY_IDLE_SLEEP_MAX);
+                self.start_thread(name, vec![task], TIMELY_IDLE_SLEEP_MAX, true);
             }
             Placement::Shared { .. } => {
                 let i = self.next % self.shared;
@@ -257,6 +291,32 @@ mod tests {
     struct Keeper {
         steps: Arc<AtomicU64>,
         tell: Sender<String>,
+        nice: Sender<i32>,
+    }
+
+    /// The calling thread's nice value, from `/proc` (field 19 of its `stat`).
+    fn own_nice() -> i32 {
+        let stat = std::fs::read_to_string("/proc/thread-self/stat").expect("the thread's stat");
+        // The name may hold spaces; the fields after it do not.
+        let after_name = &stat[stat.rfind(')').expect("a name in parentheses") + 2..];
+        after_name
+            .split(' ')
+            .nth(16)
+            .and_then(|f| f.parse().ok())
+            .expect("a nice value")
+    }
+
+    /// Whether this process may raise a thread's priority: `CAP_SYS_NICE` (bit
+    /// 23) among its effective capabilities, as `/proc` lists them.
+    fn may_raise_priority() -> bool {
+        const CAP_SYS_NICE: u32 = 23;
+        let status = std::fs::read_to_string("/proc/self/status").expect("the process status");
+        let caps = status
+            .lines()
+            .find_map(|l| l.strip_prefix("CapEff:"))
+            .map(|h| u64::from_str_radix(h.trim(), 16).expect("hex capabilities"))
+            .expect("a CapEff line");
+        caps & (1 << CAP_SYS_NICE) != 0
     }
 
     impl Task for Keeper {
@@ -267,6 +327,7 @@ mod tests {
             if self.steps.fetch_add(1, Ordering::Relaxed) == 0 {
                 let thread = std::thread::current().name().unwrap_or("").to_string();
                 let _ = self.tell.send(thread);
+                let _ = self.nice.send(own_nice());
             }
             Step::Idle
         }
@@ -280,6 +341,7 @@ mod tests {
         let mut ex = Executor::new(Placement::Shared { threads: 1 }, SystemClock::new());
         let (tell, keeper_stepped) = channel::unbounded();
         let (seen, seen_rx) = channel::unbounded();
+        let (nice, nice_rx) = channel::unbounded();
         let steps = Arc::new(AtomicU64::new(0));
         // The hog takes the only shared thread and waits for the keeper there: had
         // the keeper been placed behind it, it would never be stepped.
@@ -291,11 +353,16 @@ mod tests {
         ex.spawn(Box::new(Keeper {
             steps: steps.clone(),
             tell,
+            nice,
         }));
         let got = seen_rx
             .recv_timeout(Duration::from_secs(30))
             .expect("the hog returned");
         assert_eq!(got.as_deref(), Some("s0-control"), "the keeper's thread");
+        // It runs at the raised priority where the process may raise one, and
+        // at the normal one otherwise.
+        let expected = if may_raise_priority() { TIMELY_NICE } else { 0 };
+        assert_eq!(nice_rx.recv().unwrap(), expected, "the keeper's nice value");
         let tasks = ex.stop();
         assert_eq!(tasks.len(), 2, "both tasks handed back");
         assert!(steps.load(Ordering::Relaxed) >= 1);
