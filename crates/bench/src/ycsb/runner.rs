@@ -167,8 +167,9 @@ pub struct FailoverTimes {
     /// Until every shard the failed server was primary of was served again.
     pub all_served_ms: Option<f64>,
     pub shards_promoted: usize,
-    /// Servers other than the killed one whose leases expired during the run:
-    /// live servers evicted because their renewals were late.
+    /// Live servers evicted because their renewals were late: any other server
+    /// whose lease expired, and the killed one if its lease expired before the
+    /// kill.
     pub others_failed: Vec<u32>,
 }
 
@@ -775,7 +776,8 @@ fn failover_times(
         others_failed: events
             .iter()
             .filter_map(|e| match e.kind {
-                EventKind::ServerFailed { node: n } if n != node => Some(n.0),
+                // The victim counts too if it was evicted before it was killed.
+                EventKind::ServerFailed { node: n } if n != node || e.at_ns < kill_ns => Some(n.0),
                 _ => None,
             })
             .collect(),
