@@ -36,10 +36,10 @@ fn wait_for(cluster: &Cluster, what: &str, done: impl Fn(&[rowankv_server::Event
     }
 }
 
-#[test]
-fn a_killed_server_and_a_killed_cm_are_replaced_and_no_acknowledged_write_is_lost() {
-    let mut cluster = Cluster::start(ClusterConfig {
-        servers: SERVERS,
+/// A Rowan cluster of `servers` (RF 3, two workers each) with `failover` leases.
+fn start(servers: usize, failover: FailoverSettings) -> Cluster {
+    Cluster::start(ClusterConfig {
+        servers,
         shards_per_server: SHARDS_PER_SERVER,
         replication_factor: 3,
         strategy: Strategy::Rowan,
@@ -48,18 +48,26 @@ fn a_killed_server_and_a_killed_cm_are_replaced_and_no_acknowledged_write_is_los
         keys_per_shard_expected: 1024,
         settings: ServerSettings {
             workers: 2,
-            // Long enough that a loaded test machine does not evict live servers.
-            failover: FailoverSettings {
-                lease_ns: 400_000_000,
-                renew_ns: 20_000_000,
-                cm_lease_ns: 1_600_000_000,
-                ..FailoverSettings::default()
-            },
+            failover,
             ..ServerSettings::default()
         },
         ..ClusterConfig::default()
     })
-    .expect("a cluster");
+    .expect("a cluster")
+}
+
+#[test]
+fn a_killed_server_and_a_killed_cm_are_replaced_and_no_acknowledged_write_is_lost() {
+    let mut cluster = start(
+        SERVERS,
+        // Long enough that a loaded test machine does not evict live servers.
+        FailoverSettings {
+            lease_ns: 400_000_000,
+            renew_ns: 20_000_000,
+            cm_lease_ns: 1_600_000_000,
+            ..FailoverSettings::default()
+        },
+    );
     let nic = cluster.attach_client().unwrap();
     let mut c = Client::connect(
         nic,
@@ -181,23 +189,8 @@ fn a_killed_server_and_a_killed_cm_are_replaced_and_no_acknowledged_write_is_los
 /// deadline and then fails as not sent, leaving the client usable.
 #[test]
 fn a_client_starts_while_a_listed_server_is_down() {
-    let mut cluster = Cluster::start(ClusterConfig {
-        servers: 3,
-        shards_per_server: SHARDS_PER_SERVER,
-        replication_factor: 3,
-        strategy: Strategy::Rowan,
-        pool_bytes: 64 << 20,
-        segment_bytes: 1 << 20,
-        keys_per_shard_expected: 1024,
-        settings: ServerSettings {
-            workers: 2,
-            // No failover within the test: the dead server stays listed.
-            failover: common::steady_leases(),
-            ..ServerSettings::default()
-        },
-        ..ClusterConfig::default()
-    })
-    .expect("a cluster");
+    // No failover within the test: the dead server stays listed.
+    let mut cluster = start(3, common::steady_leases());
     let connect = |cluster: &mut Cluster, timeout: Duration| {
         let nic = cluster.attach_client().unwrap();
         Client::connect(
