@@ -182,6 +182,20 @@ struct DlwaArgs {
 
 fn main() -> Result<()> {
     let cli = Cli::parse();
+    // Warnings and errors of the store's roles go to stderr; `RUST_LOG` (for
+    // example `RUST_LOG=rowankv_server=info`) shows more. The simulator fails
+    // servers on purpose, thousands of times: it logs errors only.
+    let default = match cli.command {
+        Command::Sim(_) => "error",
+        _ => "warn",
+    };
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default)),
+        )
+        .init();
     match cli.command {
         Command::Bench {
             which: BenchCommand::Dlwa(args),

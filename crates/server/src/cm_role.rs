@@ -13,9 +13,13 @@
 //!   committed term; the CM notes the time it *received* it, and grants only
 //!   while its own lease outlives the server's, so that no server lease it
 //!   granted survives it;
-//! - declares a member failed when `lease_ns` passed since its last grant —
-//!   not counting time in which the CM itself did not run (a stall of its
-//!   machine, `CmTask::discount_stall`) — plans
+//! - suspects a member when `lease_ns` passed since its last grant — not
+//!   counting time in which the CM itself did not run (a stall of its machine,
+//!   `CmTask::discount_stall`) — and confirms the suspicion with a probe
+//!   (`CmTask::probe`): a member whose control role answers is alive, and gets
+//!   one more lease period to renew by itself; one that does not answer within
+//!   a lease, whose connection fails, or that was already given that extra
+//!   period without renewing since, is declared failed. The CM then plans
 //!   the next configuration ([`plan_failover`]) and stores it with `commit_as`
 //!   (phase 1), sends `Prepare` to every member left until each has answered,
 //!   waits until the failed servers' leases have expired, then sends `Commit`;
@@ -34,7 +38,7 @@ use rowankv_cm::{plan_failover, plan_ready, ActiveLease, ConfigManager};
 use rowankv_fabric::Nic;
 use rowankv_types::{NodeId, ShardId, Term};
 use rowankv_wire::directory::{Acceptor, Directory};
-use rowankv_wire::endpoint::{Endpoint, Event, PeerId};
+use rowankv_wire::endpoint::{Endpoint, Event, PeerId, SendError};
 use rowankv_wire::frame::{self, Body, Envelope, ErrorCode, Response};
 
 use crate::control::{forget_peer, Links, CONTROL_PORT};
@@ -52,6 +56,16 @@ struct Round {
     sent_ns: BTreeMap<NodeId, u64>,
     /// Commit not before this: the failed servers' leases have expired.
     not_before_ns: u64,
+}
+
+/// A member whose lease expired, asked whether it is alive.
+#[derive(Debug)]
+struct Probe {
+    /// The `Ping` sent as the probe (`None`: no connection to send it on).
+    request: Option<(u64, PeerId)>,
+    sent_ns: u64,
+    /// Its connection failed: no answer can come.
+    failed: bool,
 }
 
 /// One configuration manager.
@@ -78,6 +92,11 @@ pub struct CmTask<N: Nic> {
     last_step_ns: Option<u64>,
     /// Members declared failed and removed (never granted again).
     failed: BTreeSet<NodeId>,
+    /// Members whose lease expired, being probed.
+    suspects: BTreeMap<NodeId, Probe>,
+    /// Members a probe found alive that have not renewed since: the next
+    /// expiry is final.
+    rescued: BTreeSet<NodeId>,
     round: Option<Round>,
     /// The highest term whose commit was sent.
     committed: Term,
@@ -123,6 +142,8 @@ impl<N: Nic> CmTask<N> {
             granted: BTreeMap::new(),
             last_step_ns: None,
             failed: BTreeSet::new(),
+            suspects: BTreeMap::new(),
+            rescued: BTreeSet::new(),
             round: None,
             committed,
             ready: BTreeSet::new(),
@@ -179,6 +200,8 @@ impl<N: Nic> CmTask<N> {
         self.active_until_ns = now_ns + self.settings.cm_lease_ns;
         self.granted = config.members.iter().map(|m| (m.node, now_ns)).collect();
         self.failed.clear();
+        self.suspects.clear();
+        self.rescued.clear();
         self.events.record(
             now_ns,
             EventKind::CmActive {
@@ -217,29 +240,98 @@ impl<N: Nic> CmTask<N> {
                 for g in self.granted.values_mut() {
                     *g += gap;
                 }
+                for p in self.suspects.values_mut() {
+                    p.sent_ns += gap;
+                }
                 tracing::info!(cm = %self.name, stalled_ms = gap / 1_000_000, "leases extended over a stall");
             }
         }
         self.last_step_ns = Some(now_ns);
     }
 
-    /// Declare members whose lease expired failed and store the next
-    /// configuration.
+    /// Ask a member whose lease expired whether it is alive: a `Ping` on its
+    /// control connection, which a live server answers and which changes
+    /// nothing there. Its lease role may be what stalled — a thread not
+    /// scheduled for longer than a lease, on a loaded machine — while the
+    /// server is otherwise fine; evicting it would cost a replica for good.
+    fn probe(&mut self, node: NodeId, now_ns: u64) {
+        let retry = self.settings.retry_ns;
+        let mut request = None;
+        let mut failed = false;
+        if let Some(peer) = self
+            .links
+            .peer(&mut self.ep, &self.directory, node, now_ns, retry)
+        {
+            let id = self.next_request;
+            let env = self.envelope(id);
+            match self.ep.request(peer, &env, &Body::Ping) {
+                Ok(()) => {
+                    self.next_request += 1;
+                    request = Some((id, peer));
+                }
+                // Out of credit: no answer is owed yet; the probe times out.
+                Err(SendError::Busy(..)) => {}
+                // A connection that cannot take a message: the node is gone.
+                Err(_) => failed = true,
+            }
+        }
+        tracing::info!(cm = %self.name, server = %node, "lease expired: probing the server");
+        self.suspects.insert(
+            node,
+            Probe {
+                request,
+                sent_ns: now_ns,
+                failed,
+            },
+        );
+    }
+
+    /// Which members whose lease expired are failed: probe the new suspects,
+    /// and return those whose probe failed or timed out, or that were rescued
+    /// by a probe before and have not renewed since.
+    fn confirm(&mut self, expired: Vec<NodeId>, now_ns: u64) -> Vec<NodeId> {
+        let wait = self.settings.lease_ns;
+        let mut dead = Vec::new();
+        for n in expired {
+            if self.rescued.contains(&n) {
+                dead.push(n);
+                continue;
+            }
+            match self.suspects.get(&n) {
+                None => self.probe(n, now_ns),
+                Some(p) if p.failed || now_ns >= p.sent_ns + wait => dead.push(n),
+                Some(_) => {}
+            }
+        }
+        dead
+    }
+
+    /// Declare members whose lease expired, and whom a probe did not find
+    /// alive, failed, and store the next configuration.
     fn detect(&mut self, now_ns: u64) -> bool {
-        let Some(active) = &self.active else {
+        if self.active.is_none() {
             return false;
-        };
+        }
         let config = self.manager.current();
         let lease = self.settings.lease_ns;
-        let dead: Vec<NodeId> = config
+        let expired: Vec<NodeId> = config
             .members
             .iter()
             .map(|m| m.node)
             .filter(|n| self.granted.get(n).is_none_or(|&t| now_ns > t + lease))
             .collect();
+        // Suspicions that a renewal (or a probe's answer) lifted.
+        self.suspects.retain(|n, _| expired.contains(n));
+        if expired.is_empty() {
+            return false;
+        }
+        let dead = self.confirm(expired, now_ns);
         if dead.is_empty() {
             return false;
         }
+        let Some(active) = &self.active else {
+            return false;
+        };
         // Leave at least one server: with every server gone there is nothing
         // to fail over to (a cold start is the way back).
         if dead.len() == config.members.len() {
@@ -253,6 +345,21 @@ impl<N: Nic> CmTask<N> {
             }
         };
         for &d in &dead {
+            if let Some(Probe {
+                request: Some((_, peer)),
+                failed: false,
+                ..
+            }) = self.suspects.remove(&d)
+            {
+                // Its answer will not come: give the credit back.
+                self.ep.forget(peer);
+            }
+            self.rescued.remove(&d);
+            let since_ms = self
+                .granted
+                .get(&d)
+                .map(|&t| now_ns.saturating_sub(t) as f64 / 1e6);
+            tracing::warn!(cm = %self.name, server = %d, ?since_ms, "lease expired: declaring the server failed");
             self.events
                 .record(now_ns, EventKind::ServerFailed { node: d });
             self.failed.insert(d);
@@ -418,6 +525,7 @@ impl<N: Nic> CmTask<N> {
                     return;
                 }
                 self.granted.insert(h.sender, now_ns);
+                self.rescued.remove(&h.sender);
                 let committed = self.committed.0;
                 self.respond(peer, h.request_id, Response::Ok { version: committed });
             }
@@ -426,6 +534,22 @@ impl<N: Nic> CmTask<N> {
                 self.respond(peer, h.request_id, Response::Ok { version: 0 });
             }
             Body::Response(r) => {
+                let probed = self
+                    .suspects
+                    .iter()
+                    .find_map(|(&n, p)| (p.request == Some((h.request_id, peer))).then_some(n));
+                if let Some(node) = probed {
+                    if let Response::Ok { .. } = r {
+                        // Alive: one more lease period to renew by itself. The
+                        // grant time only moves later, so a commit that waits
+                        // for this server's lease waits longer, never shorter.
+                        tracing::info!(cm = %self.name, server = %node, "the probed server is alive");
+                        self.suspects.remove(&node);
+                        self.granted.insert(node, now_ns);
+                        self.rescued.insert(node);
+                    }
+                    return;
+                }
                 if let Some((_, node, term)) = self.pending.remove(&h.request_id) {
                     if let (Response::Ok { version }, Some(round)) = (r, &mut self.round) {
                         if round.term == term && version >= term.0 {
@@ -480,6 +604,11 @@ impl<N: Nic> Task for CmTask<N> {
                 Event::SendFailed { peer, .. } => {
                     self.links.drop_peer(peer);
                     forget_peer(&mut self.pending, &mut self.ep, peer, |(p, _, _)| *p);
+                    for p in self.suspects.values_mut() {
+                        if p.request.is_some_and(|(_, q)| q == peer) {
+                            p.failed = true;
+                        }
+                    }
                 }
                 Event::Owner(_) => {}
             }

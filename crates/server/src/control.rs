@@ -6,6 +6,8 @@
 //! ([`CONTROL_PORT`] in the directory):
 //! - Leases are renewed by a role of their own ([`crate::lease`]), so that the
 //!   long steps of a promotion below cannot hold a renewal up.
+//! - **Ping**: the CM's probe of a server whose lease it saw expire; answered
+//!   with the term held, changing nothing.
 //! - **Prepare / Commit** (phase 1): on `Prepare` it adopts the configuration the
 //!   coordination store holds — destroying the connections of removed servers,
 //!   blocking — and answers; on `Commit` (or a lease answer with that term) it
@@ -414,6 +416,12 @@ impl<N: Nic> ControlTask<N> {
             }
             Body::Commit { term } => {
                 self.shared.learn_committed(term);
+                let held = self.shared.term();
+                self.respond(peer, h.request_id, Response::Ok { version: held.0 });
+            }
+            // The CM asks whether a server whose lease it saw expire is alive;
+            // answering changes nothing here.
+            Body::Ping => {
                 let held = self.shared.term();
                 self.respond(peer, h.request_id, Response::Ok { version: held.0 });
             }

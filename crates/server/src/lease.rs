@@ -145,6 +145,9 @@ impl<N: Nic> Task for LeaseTask<N> {
         if self.shared.stopped() {
             return Step::Done;
         }
+        if self.shared.lease_role_paused(now_ns) {
+            return Step::Idle;
+        }
         let timeout = 4 * self.shared.settings.failover.retry_ns;
         self.links.progress(&mut self.ep, now_ns, timeout);
         let mut events = std::mem::take(&mut self.events);

@@ -161,6 +161,9 @@ pub struct ServerShared<N: Nic> {
     stopped: AtomicBool,
     /// The server's lease ends here (ns on the cluster's clock).
     lease_until_ns: AtomicU64,
+    /// Fault injection: the lease role does nothing until here (a thread that
+    /// is not scheduled), while the other roles run.
+    lease_role_paused_until_ns: AtomicU64,
     /// The highest term known committed (every server acknowledged it).
     committed_term: AtomicU64,
     /// The CM removed this server: it never serves again.
@@ -210,6 +213,7 @@ impl<N: Nic> ServerShared<N> {
         let committed_term = AtomicU64::new(config.term.0);
         ServerShared {
             lease_until_ns: AtomicU64::new(0),
+            lease_role_paused_until_ns: AtomicU64::new(0),
             committed_term,
             evicted: AtomicBool::new(false),
             shard_ready,
@@ -314,6 +318,17 @@ impl<N: Nic> ServerShared<N> {
     /// Extend the lease to `until_ns` (never shortens it).
     pub fn extend_lease(&self, until_ns: u64) {
         self.lease_until_ns.fetch_max(until_ns, Ordering::AcqRel);
+    }
+
+    /// Fault injection: hold the lease role still until `until_ns` — as a
+    /// thread of it that is not scheduled — while every other role runs.
+    pub fn pause_lease_role(&self, until_ns: u64) {
+        self.lease_role_paused_until_ns
+            .store(until_ns, Ordering::Release);
+    }
+
+    pub(crate) fn lease_role_paused(&self, now_ns: u64) -> bool {
+        now_ns < self.lease_role_paused_until_ns.load(Ordering::Acquire)
     }
 
     pub fn lease_until_ns(&self) -> u64 {

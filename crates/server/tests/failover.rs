@@ -241,3 +241,111 @@ fn a_client_starts_while_a_listed_server_is_down() {
     );
     cluster.shutdown();
 }
+
+/// Leases for the probe tests: long enough that a loaded test machine does not
+/// evict a live server by itself.
+fn probe_leases() -> FailoverSettings {
+    FailoverSettings {
+        lease_ns: 400_000_000,
+        renew_ns: 20_000_000,
+        cm_lease_ns: 1_600_000_000,
+        ..FailoverSettings::default()
+    }
+}
+
+fn evicted(cluster: &Cluster, node: NodeId) -> bool {
+    cluster
+        .events()
+        .snapshot()
+        .iter()
+        .any(|e| e.kind == EventKind::ServerFailed { node })
+}
+
+/// A server whose lease role stalls for longer than its lease, while its other
+/// roles run (a thread not scheduled on a loaded machine), is probed by the CM
+/// when its lease expires, answers, and stays a member: once its lease role
+/// runs again it renews and serves. Without the probe the CM would evict it
+/// and the cluster would lose a replica for good.
+#[test]
+fn a_server_whose_lease_role_stalls_is_probed_and_kept() {
+    let failover = probe_leases();
+    let lease = Duration::from_nanos(failover.lease_ns);
+    let mut cluster = start(3, failover);
+    let nic = cluster.attach_client().unwrap();
+    let mut c = Client::connect(
+        nic,
+        cluster.directory().clone(),
+        cluster.config_source(),
+        ClientConfig {
+            timeout: Duration::from_secs(20),
+            ..ClientConfig::default()
+        },
+    )
+    .unwrap();
+    let stalled = NodeId(1);
+    let keys: Vec<String> = (0..40).map(|i| format!("key-{i}")).collect();
+    for key in &keys {
+        c.put(key.as_bytes(), b"before").unwrap();
+    }
+    let term = cluster.cm().current().term;
+
+    // One and a half leases without a renewal, then the role runs again.
+    let now = cluster.clock().now_ns();
+    let pause = lease * 3 / 2;
+    cluster.servers()[stalled.0 as usize].pause_lease_role(now + pause.as_nanos() as u64);
+    std::thread::sleep(pause + 2 * lease);
+
+    assert!(
+        !evicted(&cluster, stalled),
+        "{stalled} was evicted: {:#?}",
+        cluster.events().snapshot()
+    );
+    assert_eq!(cluster.cm().current().term, term, "no reconfiguration");
+    let server = &cluster.servers()[stalled.0 as usize];
+    assert!(!server.evicted());
+    assert!(
+        server.lease_until_ns() > now + pause.as_nanos() as u64,
+        "{stalled} renewed its lease after the stall"
+    );
+    // It serves its shards again: every key is written and read back.
+    let mut on_stalled = 0;
+    for key in &keys {
+        if c.cluster_config().shard_for_key(key.as_bytes()).primary == stalled {
+            on_stalled += 1;
+        }
+        c.put(key.as_bytes(), b"after").unwrap();
+        assert_eq!(c.get(key.as_bytes()).unwrap(), b"after");
+    }
+    assert!(on_stalled > 0, "no key on {stalled}");
+    cluster.shutdown();
+}
+
+/// The probe's reprieve is one lease: a server whose lease role stays stalled
+/// (it answers the probe, but never renews) is evicted, and its shards are
+/// served by the others.
+#[test]
+fn a_server_whose_lease_role_stays_stalled_is_evicted_after_one_reprieve() {
+    let cluster = start(3, probe_leases());
+    let stalled = NodeId(2);
+    let led: Vec<_> = cluster
+        .cm()
+        .current()
+        .primary_shards(stalled)
+        .map(|s| s.shard)
+        .collect();
+    let now = cluster.clock().now_ns();
+    cluster.servers()[stalled.0 as usize].pause_lease_role(now + 3_600 * 1_000_000_000);
+    wait_for(&cluster, "eviction of the stalled server", |_| {
+        evicted(&cluster, stalled)
+    });
+    wait_for(&cluster, "promotion of the stalled server's shards", |ev| {
+        led.iter().all(|s| {
+            ev.iter().any(|e| {
+                matches!(e.kind, EventKind::ShardServed { shard, node, .. }
+                    if shard == *s && node != stalled)
+            })
+        })
+    });
+    assert!(cluster.cm().current().member(stalled).is_none());
+    cluster.shutdown();
+}

@@ -621,7 +621,32 @@ fn run_one(opts: &YcsbOptions, strategy: Strategy) -> Result<YcsbResult, String>
     }
     let (verified_keys, lost_writes) = if opts.verify {
         let acked = std::mem::take(&mut *acked_out.lock());
-        read_back(&mut cluster, opts.sizes.key_bytes(), &acked)?
+        read_back(&mut cluster, opts.sizes.key_bytes(), &acked).map_err(|e| {
+            // What the cluster went through explains a failed read-back.
+            let events: Vec<String> = cluster
+                .events()
+                .snapshot()
+                .iter()
+                .filter(|ev| ev.at_ns >= run_start_ns)
+                .map(|ev| {
+                    format!(
+                        "{:.1} ms: {}",
+                        ev.at_ns.saturating_sub(run_start_ns) as f64 / 1e6,
+                        describe(&ev.kind)
+                    )
+                })
+                .collect();
+            let killed = kill.map_or(String::new(), |(v, at)| {
+                format!(
+                    "; s{v} killed at {:.1} ms",
+                    at.saturating_sub(run_start_ns) as f64 / 1e6
+                )
+            });
+            format!(
+                "reading back the acknowledged writes: {e}{killed}; events since the start of the phase: [{}]",
+                events.join("; ")
+            )
+        })?
     } else {
         (0, 0)
     };
