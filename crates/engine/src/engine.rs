@@ -923,6 +923,12 @@ impl Engine {
     }
 
     fn install(&self, shard: &Shard, key: &[u8], addr: u64, version: Version) -> Upsert {
+        // Every version indexed here counts as seen (digest of a backup log,
+        // installation of a promotion's union, recovery): a promoted primary
+        // raises its next version past it, never handing out one again.
+        shard
+            .next_version
+            .fetch_max(version.0 + 1, Ordering::Relaxed);
         shard.index.upsert(
             hash_key(key),
             addr,

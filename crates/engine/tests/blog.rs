@@ -183,6 +183,17 @@ fn replicated_entries_are_digested_committed_and_survive_power_failure() {
         );
     }
 
+    // Digested versions count as seen: promoted, this backup would hand out
+    // versions above every one it indexed, never one again.
+    for shard in 0..4u16 {
+        let seen = engine.highest_version(ShardId(shard)).unwrap();
+        assert!(
+            seen >= versions[shard as usize],
+            "shard {shard}: highest version {seen}, indexed {}",
+            versions[shard as usize]
+        );
+    }
+
     // Power failure of the backup right after the acknowledgements.
     fabric.power_fail(NodeId(0), PowerFailure::DropAll);
     drop(blog);

@@ -24,7 +24,9 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 
-use parking_lot::{Mutex, RwLock};
+use std::cell::RefCell;
+
+use parking_lot::{Mutex, ReentrantMutex, RwLock};
 use rowankv_types::{Clock, NodeId, QpNum, Rkey, SystemClock};
 
 use crate::memory::{PowerFailure, RegionMemory};
@@ -302,10 +304,10 @@ impl Nic for LoopbackNic {
         Ok(LoopbackSrq {
             inner: Arc::new(SrqInner {
                 config,
-                state: Mutex::new(SrqState {
+                state: ReentrantMutex::new(RefCell::new(SrqState {
                     buffers: VecDeque::new(),
                     cursor: 0,
-                }),
+                })),
             }),
         })
     }
@@ -475,10 +477,14 @@ struct SrqState {
 
 struct SrqInner {
     config: SrqConfig,
-    state: Mutex<SrqState>,
+    /// Held while a message lands (see [`SrqInner::claim_and_land`]).
+    /// Reentrant: a landing's memory may, in tests, run another sender's
+    /// write on the same thread (a hook that lands it "between" two blocks);
+    /// other threads wait.
+    state: ReentrantMutex<RefCell<SrqState>>,
 }
 
-/// Where a message lands, decided under the SRQ lock and written outside it.
+/// Where a message lands, decided under the SRQ lock (and written under it).
 struct Landing {
     wr_id: u64,
     mr: MemoryRegion,
@@ -490,6 +496,8 @@ struct Landing {
 
 enum LandError {
     NoBuffer,
+    /// The receiving queue pair left the ready state.
+    Closed,
     /// The message is larger than a receive buffer; the completion names it.
     TooLarge {
         wr_id: u64,
@@ -497,9 +505,34 @@ enum LandError {
 }
 
 impl SrqInner {
-    fn claim(&self, len: usize) -> Result<Landing, LandError> {
-        let mut s = self.state.lock();
-        match self.config.stride_bytes {
+    /// Claim the place of a `len`-byte message and run `land` on it before any
+    /// later message can claim one: a NIC lands the messages of a receive
+    /// queue in the order it takes them, so once a later message has started a
+    /// buffer, every earlier message is whole in memory. (Copying after the
+    /// lock is released would let a preempted sender thread leave a hole that
+    /// a later one has already passed, which no NIC does.)
+    ///
+    /// `open` is asked under the lock: a receiving queue pair that moved to the
+    /// error state takes the lock once after it did
+    /// ([`QpInner::enter_error`]), so when its close returns nothing more
+    /// lands through it.
+    fn claim_and_land(
+        &self,
+        len: usize,
+        open: impl FnOnce() -> bool,
+        land: impl FnOnce(&Landing),
+    ) -> Result<Landing, LandError> {
+        let guard = self.state.lock();
+        if !open() {
+            return Err(LandError::Closed);
+        }
+        let landing = Self::claim(&mut guard.borrow_mut(), &self.config, len)?;
+        land(&landing);
+        Ok(landing)
+    }
+
+    fn claim(s: &mut SrqState, config: &SrqConfig, len: usize) -> Result<Landing, LandError> {
+        match config.stride_bytes {
             None => {
                 let b = s.buffers.pop_front().ok_or(LandError::NoBuffer)?;
                 if len > b.len_bytes {
@@ -574,7 +607,8 @@ impl SharedReceiveQueue for LoopbackSrq {
                 }
             }
         }
-        let mut s = self.inner.state.lock();
+        let guard = self.inner.state.lock();
+        let mut s = guard.borrow_mut();
         let max = self.inner.config.buffers_max;
         if s.buffers.len() + buffers.len() > max {
             return Err(FabricError::RecvQueueFull {
@@ -587,7 +621,7 @@ impl SharedReceiveQueue for LoopbackSrq {
     }
 
     fn posted(&self) -> usize {
-        self.inner.state.lock().buffers.len()
+        self.inner.state.lock().borrow().buffers.len()
     }
 }
 
@@ -777,6 +811,11 @@ impl QpInner {
     /// Move to the error state and flush what is queued.
     fn enter_error(&self, core: &mut QpCore) {
         self.state.store(STATE_ERROR, Ordering::Release);
+        // A landing that saw the ready state holds the receive queue's lock
+        // until it is whole: wait for it, so that none lands after this.
+        if let Some(srq) = &self.srq {
+            drop(srq.state.lock());
+        }
         while let Some(p) = core.pending.pop_front() {
             let wc = self.completion(p.wr_id, WcStatus::WrFlushError, opcode_of(&p.op.as_op()));
             // A flush into an overflowed CQ has nowhere to go; the CQ already
@@ -932,8 +971,22 @@ impl QpInner {
         let Some(srq) = peer.srq.as_ref() else {
             return WcStatus::RnrRetryExceeded;
         };
-        let landing = match srq.claim(data.len()) {
+        // A message lands in the receive buffer while the place is claimed; a
+        // WRITE-with-immediate's data goes to its own region, below.
+        let into_buffer = |landing: &Landing| {
+            if write.is_none() {
+                let mem = landing.mr.memory();
+                let at = landing.mr.base() + landing.offset_in_region;
+                mem.dma_write(at, data);
+                if persist {
+                    mem.dma_persist(at, data.len());
+                }
+            }
+        };
+        let open = || peer.state.load(Ordering::Acquire) == STATE_READY;
+        let landing = match srq.claim_and_land(data.len(), open, into_buffer) {
             Ok(l) => l,
+            Err(LandError::Closed) => return WcStatus::RetryExceeded,
             Err(LandError::NoBuffer) => return WcStatus::RnrRetryExceeded,
             Err(LandError::TooLarge { wr_id }) => {
                 let mut wc = peer.completion(wr_id, WcStatus::LocalLengthError, WcOpcode::Recv);
@@ -951,15 +1004,7 @@ impl QpInner {
                 }
                 WcOpcode::RecvWriteImm
             }
-            None => {
-                let mem = landing.mr.memory();
-                let at = landing.mr.base() + landing.offset_in_region;
-                mem.dma_write(at, data);
-                if persist {
-                    mem.dma_persist(at, data.len());
-                }
-                WcOpcode::Recv
-            }
+            None => WcOpcode::Recv,
         };
         let wc = Completion {
             wr_id: landing.wr_id,

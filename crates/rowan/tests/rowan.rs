@@ -940,6 +940,103 @@ fn write_blocks_may_be_split_by_another_senders_write() {
     }
 }
 
+/// A memory whose DMA of a message starting with `trigger` is slow: the hook
+/// runs *before* the bytes are written (a NIC's DMA, or the thread standing in
+/// for it, preempted between taking a place in the buffer and filling it).
+struct SlowMemory {
+    inner: DramMemory,
+    trigger: u8,
+    hook: Mutex<Option<Box<dyn FnOnce() + Send>>>,
+}
+
+impl RegionMemory for SlowMemory {
+    fn len_bytes(&self) -> usize {
+        self.inner.len_bytes()
+    }
+    fn dma_write(&self, offset: usize, data: &[u8]) {
+        if data.first() == Some(&self.trigger) {
+            let hook = self.hook.lock().expect("hook lock").take();
+            if let Some(hook) = hook {
+                hook();
+            }
+        }
+        self.inner.dma_write(offset, data);
+    }
+    fn dma_read(&self, offset: usize, out: &mut [u8]) {
+        self.inner.dma_read(offset, out)
+    }
+    fn dma_persist(&self, offset: usize, len: usize) {
+        self.inner.dma_persist(offset, len)
+    }
+    fn dma_compare_swap(&self, offset: usize, expect: u64, swap: u64) -> u64 {
+        self.inner.dma_compare_swap(offset, expect, swap)
+    }
+    fn dma_fetch_add(&self, offset: usize, add: u64) -> u64 {
+        self.inner.dma_fetch_add(offset, add)
+    }
+    fn power_fail(&self, policy: PowerFailure) {
+        self.inner.power_fail(policy)
+    }
+}
+
+/// Messages land whole and in the order they took their places: while one
+/// sender's message is being written, another sender's later message (from
+/// another thread) waits. Otherwise the receiver would see a later message
+/// land past a hole, declare the buffer consumed, and digest would stop at the
+/// hole and skip whatever lands there afterwards.
+#[test]
+fn a_later_message_never_lands_past_one_still_being_written() {
+    const BUFFER_BYTES: usize = 4096;
+    let memory = Arc::new(SlowMemory {
+        inner: DramMemory::new(BUFFER_BYTES),
+        trigger: 0xA1,
+        hook: Mutex::new(None),
+    });
+    let mut rig = rig(memory.clone(), config(BUFFER_BYTES, 1));
+    rig.receiver.post(&[0]).expect("post");
+    let node_a = sender_node(&rig.fabric, 1, 8);
+    let node_b = sender_node(&rig.fabric, 2, 8);
+    let mut a = sender(&mut rig, &node_a, 8, 256);
+    let mut b = sender(&mut rig, &node_b, 8, 256);
+    let a_entry = tagged(0xA1, 128);
+    let b_entry = tagged(0xB1, 64);
+    let log = rig.receiver.log().clone();
+    let (landed_tx, landed_rx) = std::sync::mpsc::channel();
+    let b_thread = {
+        let log = log.clone();
+        let b_entry = b_entry.clone();
+        move || {
+            // B writes while A's message is still being written.
+            b.write(7, &b_entry).expect("B's write");
+            // Whenever B's write has landed, A's message is whole before it.
+            let _ = landed_tx.send(read(&log, 0, 128));
+        }
+    };
+    let handle = Arc::new(Mutex::new(None));
+    let h = handle.clone();
+    *memory.hook.lock().expect("hook lock") = Some(Box::new(move || {
+        *h.lock().expect("handle lock") = Some(std::thread::spawn(b_thread));
+        // A's DMA is slow: B has all the time it needs to land first.
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }));
+    a.write(1, &a_entry).expect("A's write");
+    let b_done = handle
+        .lock()
+        .expect("handle lock")
+        .take()
+        .expect("B started");
+    b_done.join().expect("B's thread");
+    assert_eq!(
+        landed_rx.recv().expect("B landed"),
+        a_entry,
+        "B's message landed while A's, before it, was still a hole"
+    );
+    expect_one_success(&node_a.cq, 1);
+    expect_one_success(&node_b.cq, 7);
+    assert_eq!(read(&log, 0, 128), a_entry);
+    assert_eq!(read(&log, 128, 64), b_entry);
+}
+
 // ---------------------------------------------------------------------------
 // 9. Receiver not ready
 
