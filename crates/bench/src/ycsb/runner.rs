@@ -600,6 +600,22 @@ fn run_one(opts: &YcsbOptions, strategy: Strategy) -> Result<YcsbResult, String>
     if let Some(at) = opts.kill_at.filter(|&a| a < opts.seconds) {
         std::thread::sleep(Duration::from_secs_f64(at));
         let victim = opts.servers - 1;
+        let members = cluster.cm().current().members.len();
+        if members < 2 {
+            phase.store(PHASE_STOP, Ordering::Release);
+            let hand_in = Instant::now();
+            while counters.handed_in.load(Ordering::Acquire) < opts.clients as u64
+                && hand_in.elapsed() < Duration::from_secs(10)
+            {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            cluster.shutdown();
+            return Err(format!(
+                "run spoiled: live servers were evicted before the kill (their leases \
+                 were renewed late), {members} server left, nothing to fail over to; \
+                 a longer --lease-ms tolerates longer stalls of this machine"
+            ));
+        }
         kill = Some((victim, cluster.clock().now_ns()));
         cluster.kill_server(victim);
         std::thread::sleep(Duration::from_secs_f64(opts.seconds - at));
