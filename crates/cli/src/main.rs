@@ -184,9 +184,10 @@ fn main() -> Result<()> {
     let cli = Cli::parse();
     // Warnings and errors of the store's roles go to stderr; `RUST_LOG` (for
     // example `RUST_LOG=rowankv_server=info`) shows more. The simulator fails
-    // servers on purpose, thousands of times: it logs errors only.
+    // servers on purpose, thousands of times, and the demo narrates its own
+    // failover: they log errors only.
     let default = match cli.command {
-        Command::Sim(_) => "error",
+        Command::Sim(_) | Command::Demo(_) => "error",
         _ => "warn",
     };
     tracing_subscriber::fmt()
