@@ -864,6 +864,8 @@ fn write_blocks_lands_each_block_stride_aligned_and_signals_only_the_last() {
 struct HookMemory {
     inner: DramMemory,
     trigger: u8,
+    /// Run the hook before the triggering bytes are written (else after).
+    before_write: bool,
     hook: Mutex<Option<Box<dyn FnOnce() + Send>>>,
 }
 
@@ -872,12 +874,17 @@ impl RegionMemory for HookMemory {
         self.inner.len_bytes()
     }
     fn dma_write(&self, offset: usize, data: &[u8]) {
-        self.inner.dma_write(offset, data);
+        if !self.before_write {
+            self.inner.dma_write(offset, data);
+        }
         if data.first() == Some(&self.trigger) {
             let hook = self.hook.lock().expect("hook lock").take();
             if let Some(hook) = hook {
                 hook();
             }
+        }
+        if self.before_write {
+            self.inner.dma_write(offset, data);
         }
     }
     fn dma_read(&self, offset: usize, out: &mut [u8]) {
@@ -903,6 +910,7 @@ fn write_blocks_may_be_split_by_another_senders_write() {
     let memory = Arc::new(HookMemory {
         inner: DramMemory::new(BUFFER_BYTES),
         trigger: 0xA1,
+        before_write: false,
         hook: Mutex::new(None),
     });
     let mut rig = rig(memory.clone(), config(BUFFER_BYTES, 1));
@@ -940,45 +948,6 @@ fn write_blocks_may_be_split_by_another_senders_write() {
     }
 }
 
-/// A memory whose DMA of a message starting with `trigger` is slow: the hook
-/// runs *before* the bytes are written (a NIC's DMA, or the thread standing in
-/// for it, preempted between taking a place in the buffer and filling it).
-struct SlowMemory {
-    inner: DramMemory,
-    trigger: u8,
-    hook: Mutex<Option<Box<dyn FnOnce() + Send>>>,
-}
-
-impl RegionMemory for SlowMemory {
-    fn len_bytes(&self) -> usize {
-        self.inner.len_bytes()
-    }
-    fn dma_write(&self, offset: usize, data: &[u8]) {
-        if data.first() == Some(&self.trigger) {
-            let hook = self.hook.lock().expect("hook lock").take();
-            if let Some(hook) = hook {
-                hook();
-            }
-        }
-        self.inner.dma_write(offset, data);
-    }
-    fn dma_read(&self, offset: usize, out: &mut [u8]) {
-        self.inner.dma_read(offset, out)
-    }
-    fn dma_persist(&self, offset: usize, len: usize) {
-        self.inner.dma_persist(offset, len)
-    }
-    fn dma_compare_swap(&self, offset: usize, expect: u64, swap: u64) -> u64 {
-        self.inner.dma_compare_swap(offset, expect, swap)
-    }
-    fn dma_fetch_add(&self, offset: usize, add: u64) -> u64 {
-        self.inner.dma_fetch_add(offset, add)
-    }
-    fn power_fail(&self, policy: PowerFailure) {
-        self.inner.power_fail(policy)
-    }
-}
-
 /// Messages land whole and in the order they took their places: while one
 /// sender's message is being written, another sender's later message (from
 /// another thread) waits. Otherwise the receiver would see a later message
@@ -987,9 +956,12 @@ impl RegionMemory for SlowMemory {
 #[test]
 fn a_later_message_never_lands_past_one_still_being_written() {
     const BUFFER_BYTES: usize = 4096;
-    let memory = Arc::new(SlowMemory {
+    let memory = Arc::new(HookMemory {
         inner: DramMemory::new(BUFFER_BYTES),
         trigger: 0xA1,
+        // Before the bytes are written: a NIC's DMA (the thread standing in for
+        // it) preempted between taking a place in the buffer and filling it.
+        before_write: true,
         hook: Mutex::new(None),
     });
     let mut rig = rig(memory.clone(), config(BUFFER_BYTES, 1));

@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use rowankv_client::{Client, ClientConfig, ClientError, Output};
+use rowankv_fabric::LoopbackNic;
 use rowankv_server::{
     Cluster, ClusterConfig, EventKind, FailoverSettings, ServerSettings, Strategy,
 };
@@ -56,6 +57,20 @@ fn start(servers: usize, failover: FailoverSettings) -> Cluster {
     .expect("a cluster")
 }
 
+/// A client of `cluster` whose operations give up after `timeout`.
+fn connect(cluster: &mut Cluster, timeout: Duration) -> Result<Client<LoopbackNic>, ClientError> {
+    let nic = cluster.attach_client().unwrap();
+    Client::connect(
+        nic,
+        cluster.directory().clone(),
+        cluster.config_source(),
+        ClientConfig {
+            timeout,
+            ..ClientConfig::default()
+        },
+    )
+}
+
 #[test]
 fn a_killed_server_and_a_killed_cm_are_replaced_and_no_acknowledged_write_is_lost() {
     let mut cluster = start(
@@ -68,17 +83,7 @@ fn a_killed_server_and_a_killed_cm_are_replaced_and_no_acknowledged_write_is_los
             ..FailoverSettings::default()
         },
     );
-    let nic = cluster.attach_client().unwrap();
-    let mut c = Client::connect(
-        nic,
-        cluster.directory().clone(),
-        cluster.config_source(),
-        ClientConfig {
-            timeout: Duration::from_secs(20),
-            ..ClientConfig::default()
-        },
-    )
-    .unwrap();
+    let mut c = connect(&mut cluster, Duration::from_secs(20)).unwrap();
     let mut acked: BTreeMap<String, u64> = BTreeMap::new();
     for i in 0..KEYS {
         let key = format!("key-{i}");
@@ -191,18 +196,6 @@ fn a_killed_server_and_a_killed_cm_are_replaced_and_no_acknowledged_write_is_los
 fn a_client_starts_while_a_listed_server_is_down() {
     // No failover within the test: the dead server stays listed.
     let mut cluster = start(3, common::steady_leases());
-    let connect = |cluster: &mut Cluster, timeout: Duration| {
-        let nic = cluster.attach_client().unwrap();
-        Client::connect(
-            nic,
-            cluster.directory().clone(),
-            cluster.config_source(),
-            ClientConfig {
-                timeout,
-                ..ClientConfig::default()
-            },
-        )
-    };
     let keys: Vec<String> = (0..60).map(|i| format!("key-{i}")).collect();
     let mut writer = connect(&mut cluster, Duration::from_secs(20)).expect("a client");
     for key in &keys {
@@ -271,17 +264,7 @@ fn a_server_whose_lease_role_stalls_is_probed_and_kept() {
     let failover = probe_leases();
     let lease = Duration::from_nanos(failover.lease_ns);
     let mut cluster = start(3, failover);
-    let nic = cluster.attach_client().unwrap();
-    let mut c = Client::connect(
-        nic,
-        cluster.directory().clone(),
-        cluster.config_source(),
-        ClientConfig {
-            timeout: Duration::from_secs(20),
-            ..ClientConfig::default()
-        },
-    )
-    .unwrap();
+    let mut c = connect(&mut cluster, Duration::from_secs(20)).unwrap();
     let stalled = NodeId(1);
     let keys: Vec<String> = (0..40).map(|i| format!("key-{i}")).collect();
     for key in &keys {
