@@ -17,8 +17,11 @@
 //!   registered region, not a virtual address.
 //!
 //! Lock order: a queue pair's `core` → the target node's tables → the target SRQ →
-//! completion queues. Landing copies happen outside the SRQ lock so messages from
-//! different queue pairs land in parallel, as with DMA.
+//! completion queues. A message is claimed and copied under the SRQ lock, so the
+//! messages of one receive queue land whole and in the order they were claimed
+//! (as a NIC lands them), even when a posting thread is preempted mid-copy; a
+//! queue pair entering the error state takes that lock once, so nothing lands
+//! through it after it is closed.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};

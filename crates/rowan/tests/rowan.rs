@@ -904,21 +904,51 @@ impl RegionMemory for HookMemory {
     }
 }
 
-#[test]
-fn write_blocks_may_be_split_by_another_senders_write() {
+/// One buffer of a receiver on a [`HookMemory`] that triggers on 0xA1, and two
+/// connected senders, A and B.
+struct HookRig {
+    memory: Arc<HookMemory>,
+    rig: Rig,
+    node_a: SenderNode,
+    node_b: SenderNode,
+    a: RowanSender<LoopbackQp>,
+    b: RowanSender<LoopbackQp>,
+}
+
+fn hook_rig(before_write: bool) -> HookRig {
     const BUFFER_BYTES: usize = 4096;
     let memory = Arc::new(HookMemory {
         inner: DramMemory::new(BUFFER_BYTES),
         trigger: 0xA1,
-        before_write: false,
+        before_write,
         hook: Mutex::new(None),
     });
     let mut rig = rig(memory.clone(), config(BUFFER_BYTES, 1));
     rig.receiver.post(&[0]).expect("post");
     let node_a = sender_node(&rig.fabric, 1, 8);
     let node_b = sender_node(&rig.fabric, 2, 8);
-    let mut a = sender(&mut rig, &node_a, 8, 256);
-    let mut b = sender(&mut rig, &node_b, 8, 256);
+    let a = sender(&mut rig, &node_a, 8, 256);
+    let b = sender(&mut rig, &node_b, 8, 256);
+    HookRig {
+        memory,
+        rig,
+        node_a,
+        node_b,
+        a,
+        b,
+    }
+}
+
+#[test]
+fn write_blocks_may_be_split_by_another_senders_write() {
+    let HookRig {
+        memory,
+        rig,
+        node_a,
+        node_b,
+        mut a,
+        mut b,
+    } = hook_rig(false);
     let b_entry = tagged(0xB1, 64);
     let b_copy = b_entry.clone();
     *memory.hook.lock().expect("hook lock") = Some(Box::new(move || {
@@ -955,21 +985,16 @@ fn write_blocks_may_be_split_by_another_senders_write() {
 /// hole and skip whatever lands there afterwards.
 #[test]
 fn a_later_message_never_lands_past_one_still_being_written() {
-    const BUFFER_BYTES: usize = 4096;
-    let memory = Arc::new(HookMemory {
-        inner: DramMemory::new(BUFFER_BYTES),
-        trigger: 0xA1,
-        // Before the bytes are written: a NIC's DMA (the thread standing in for
-        // it) preempted between taking a place in the buffer and filling it.
-        before_write: true,
-        hook: Mutex::new(None),
-    });
-    let mut rig = rig(memory.clone(), config(BUFFER_BYTES, 1));
-    rig.receiver.post(&[0]).expect("post");
-    let node_a = sender_node(&rig.fabric, 1, 8);
-    let node_b = sender_node(&rig.fabric, 2, 8);
-    let mut a = sender(&mut rig, &node_a, 8, 256);
-    let mut b = sender(&mut rig, &node_b, 8, 256);
+    // The hook runs before A's bytes are written: a NIC's DMA (the thread
+    // standing in for it) preempted between taking a place and filling it.
+    let HookRig {
+        memory,
+        rig,
+        node_a,
+        node_b,
+        mut a,
+        mut b,
+    } = hook_rig(true);
     let a_entry = tagged(0xA1, 128);
     let b_entry = tagged(0xB1, 64);
     let log = rig.receiver.log().clone();

@@ -603,12 +603,7 @@ fn run_one(opts: &YcsbOptions, strategy: Strategy) -> Result<YcsbResult, String>
         let members = cluster.cm().current().members.len();
         if members < 2 {
             phase.store(PHASE_STOP, Ordering::Release);
-            let hand_in = Instant::now();
-            while counters.handed_in.load(Ordering::Acquire) < opts.clients as u64
-                && hand_in.elapsed() < Duration::from_secs(10)
-            {
-                std::thread::sleep(Duration::from_millis(5));
-            }
+            wait_for_hand_in(&counters, opts.clients);
             cluster.shutdown();
             return Err(format!(
                 "run spoiled: live servers were evicted before the kill (their leases \
@@ -628,29 +623,14 @@ fn run_one(opts: &YcsbOptions, strategy: Strategy) -> Result<YcsbResult, String>
     phase.store(PHASE_STOP, Ordering::Release);
     cluster.flush_media();
     let media_after = cluster.media_stats();
-    // Let the clients hand in their histograms.
-    let hand_in = Instant::now();
-    while counters.handed_in.load(Ordering::Acquire) < opts.clients as u64
-        && hand_in.elapsed() < Duration::from_secs(10)
-    {
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    wait_for_hand_in(&counters, opts.clients);
     let (verified_keys, lost_writes) = if opts.verify {
         let acked = std::mem::take(&mut *acked_out.lock());
         read_back(&mut cluster, opts.sizes.key_bytes(), &acked).map_err(|e| {
             // What the cluster went through explains a failed read-back.
-            let events: Vec<String> = cluster
-                .events()
-                .snapshot()
+            let events: Vec<String> = timed_events(&cluster, run_start_ns)
                 .iter()
-                .filter(|ev| ev.at_ns >= run_start_ns)
-                .map(|ev| {
-                    format!(
-                        "{:.1} ms: {}",
-                        ev.at_ns.saturating_sub(run_start_ns) as f64 / 1e6,
-                        describe(&ev.kind)
-                    )
-                })
+                .map(|ev| format!("{:.1} ms: {}", ev.at_ms, ev.what))
                 .collect();
             let killed = kill.map_or(String::new(), |(v, at)| {
                 format!(
@@ -666,17 +646,7 @@ fn run_one(opts: &YcsbOptions, strategy: Strategy) -> Result<YcsbResult, String>
     } else {
         (0, 0)
     };
-    let ms = |ns: u64| ns.saturating_sub(run_start_ns) as f64 / 1e6;
-    let events: Vec<TimedEvent> = cluster
-        .events()
-        .snapshot()
-        .into_iter()
-        .filter(|e| e.at_ns >= run_start_ns)
-        .map(|e| TimedEvent {
-            at_ms: ms(e.at_ns),
-            what: describe(&e.kind),
-        })
-        .collect();
+    let events = timed_events(&cluster, run_start_ns);
     let failover = kill.map(|(victim, at)| failover_times(&cluster, victim, at, run_start_ns));
     let timeline: Vec<u64> = counters
         .timeline
@@ -736,6 +706,30 @@ fn run_one(opts: &YcsbOptions, strategy: Strategy) -> Result<YcsbResult, String>
         verified_keys,
         lost_writes,
     })
+}
+
+/// Let the clients hand in their histograms (they stop at `PHASE_STOP`).
+fn wait_for_hand_in(counters: &Counters, clients: usize) {
+    let hand_in = Instant::now();
+    while counters.handed_in.load(Ordering::Acquire) < clients as u64
+        && hand_in.elapsed() < Duration::from_secs(10)
+    {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// The cluster's events since `run_start_ns`, in ms from it.
+fn timed_events(cluster: &Cluster, run_start_ns: u64) -> Vec<TimedEvent> {
+    cluster
+        .events()
+        .snapshot()
+        .into_iter()
+        .filter(|e| e.at_ns >= run_start_ns)
+        .map(|e| TimedEvent {
+            at_ms: e.at_ns.saturating_sub(run_start_ns) as f64 / 1e6,
+            what: describe(&e.kind),
+        })
+        .collect()
 }
 
 fn describe(kind: &EventKind) -> String {
