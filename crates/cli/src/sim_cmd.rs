@@ -8,6 +8,7 @@ use std::sync::Mutex;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
+use rowankv_server::Strategy;
 use rowankv_sim::{run, PlantedBug, RunResult, SimConfig};
 
 #[derive(Args)]
@@ -33,19 +34,27 @@ pub struct SimArgs {
     /// Run without faults.
     #[arg(long)]
     no_faults: bool,
-    /// Run a deliberately broken build: `serve-without-lease`.
+    /// Run a deliberately broken build: `serve-without-lease`,
+    /// `commit-unsettled-tlog-segments` or `abandon-failed-writes`.
     #[arg(long)]
     planted: Option<String>,
+    /// Replicate with this strategy in every seed (default: the seed picks one of
+    /// rowan, rpc, rwrite, batch, share in turn).
+    #[arg(long)]
+    strategy: Option<String>,
     /// Threads running seeds.
     #[arg(long, default_value_t = 2)]
     threads: usize,
 }
 
 pub fn run_cmd(args: SimArgs) -> Result<()> {
-    let planted = match args.planted.as_deref() {
+    let planted: Option<PlantedBug> = match args.planted.as_deref() {
         None => None,
-        Some("serve-without-lease") => Some(PlantedBug::ServeWithoutLease),
-        Some(other) => bail!("unknown planted bug {other:?} (expected serve-without-lease)"),
+        Some(name) => Some(name.parse().map_err(|e: String| anyhow::anyhow!(e))?),
+    };
+    let strategy: Option<Strategy> = match args.strategy.as_deref() {
+        None => None,
+        Some(name) => Some(name.parse().map_err(|e: String| anyhow::anyhow!(e))?),
     };
     if args.history.is_some() && args.seed.is_none() {
         bail!("--history needs --seed (one seed's history)");
@@ -60,6 +69,7 @@ pub fn run_cmd(args: SimArgs) -> Result<()> {
     let config_for = |seed: u64| SimConfig {
         faults: !args.no_faults,
         planted,
+        strategy,
         ..SimConfig::new(seed, args.ops)
     };
     let report = |r: &RunResult| -> Result<()> {
@@ -89,7 +99,8 @@ pub fn run_cmd(args: SimArgs) -> Result<()> {
                 "  replay: rowankv sim --seed {} --ops {}{} --verbose --history seed-{}.jsonl",
                 r.seed,
                 args.ops,
-                planted.map_or(String::new(), |_| " --planted serve-without-lease".into()),
+                planted.map_or(String::new(), |p| format!(" --planted {}", p.name()))
+                    + &strategy.map_or(String::new(), |s| format!(" --strategy {s}")),
                 r.seed
             );
         } else if args.seed.is_some() || done.is_multiple_of(50) {

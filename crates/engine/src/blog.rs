@@ -165,23 +165,38 @@ impl<N: Nic> BackupLog<N> {
     ) -> Result<Self, EngineError> {
         let layout = *engine.layout();
         // Segments of an earlier run were indexed by recovery: see the module doc.
+        // Those a replica's recovery left used wait for digest and commit like any
+        // used segment, in allocation order (the order blocks landed in).
         let segments = engine.segments();
+        let mut recovered_used: Vec<(u64, SegmentId)> = Vec::new();
         for i in 0..layout.segment_count as u32 {
             let seg = SegmentId(i);
             if let Ok(m) = segments.meta(seg) {
-                if m.owner == Owner::Control
-                    && m.state != SegmentState::Committed
-                    && m.state != SegmentState::Free
-                {
+                let log = matches!(m.owner, Owner::Control | Owner::Backup | Owner::Worker);
+                if log && m.state == SegmentState::Used {
+                    recovered_used.push((m.seq, seg));
+                } else if m.owner == Owner::Control && m.state == SegmentState::Using {
                     segments.transition(seg, SegmentState::Committed);
                 }
             }
         }
+        recovered_used.sort_unstable();
+        let queue: VecDeque<UsedSegment> = recovered_used
+            .iter()
+            .enumerate()
+            .map(|(pos, &(_, seg))| UsedSegment {
+                pos: pos as u64,
+                seg,
+                max_ver: BTreeMap::new(),
+                digested_by: 0,
+            })
+            .collect();
+        let queued = queue.len() as u64;
         let shards = engine.config().shard_count as usize;
         Ok(BackupLog {
             receiver: receiver.map(Mutex::new),
             sealed: Mutex::new(VecDeque::new()),
-            used: Mutex::new((VecDeque::new(), 0)),
+            used: Mutex::new((queue, queued)),
             digests: (0..config.digest_count)
                 .map(|_| {
                     Mutex::new(DigestCursor {
@@ -412,6 +427,16 @@ impl<N: Nic> BackupLog<N> {
             !done
         });
         moved
+    }
+
+    /// Raise `shard`'s CommitVer to `version`: this server is the shard's
+    /// primary and every version up to `version` is durable on every replica (its
+    /// own b-log holds entries of the shards it leads too: installed by a
+    /// promotion, or kept from when it was their backup).
+    pub fn note_commit_version(&self, shard: ShardId, version: u64) {
+        if let Some(c) = self.commit_ver.get(shard.0 as usize) {
+            c.fetch_max(version, Ordering::AcqRel);
+        }
     }
 
     /// The CommitVer this server has seen for `shard`.

@@ -47,11 +47,11 @@ use std::cell::{Cell, RefCell};
 use std::collections::{btree_map, BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use parking_lot::Mutex;
 use rowankv_pmem::Pool;
-use rowankv_types::{SegmentId, ShardId, Version};
+use rowankv_types::{Clock, SegmentId, ShardId, SystemClock, Version};
 
 use crate::entry::{self, Assembler, EntryError, Kind};
 use crate::index::{ShardIndex, Upsert};
@@ -75,6 +75,12 @@ pub struct EngineConfig {
     pub clean_live_fraction_max: f64,
     /// Time a cleaned segment waits before it is reused (readers in flight).
     pub clean_grace: Duration,
+    /// The clock the grace period is measured on (a simulator's, in simulation).
+    pub clock: Arc<dyn Clock>,
+    /// A deliberately broken engine, to show that the simulator catches it: a
+    /// full t-log segment is committed at once, although entries in it may still
+    /// wait for their ACKs (so the cleaner may free them). Never set outside tests.
+    pub unsafe_commit_unsettled_tlog_segments: bool,
 }
 
 /// Bound on worker threads: the meta table's owner index is one byte.
@@ -93,6 +99,8 @@ impl Default for EngineConfig {
             keys_per_shard_expected: 1 << 16,
             clean_live_fraction_max: 0.75,
             clean_grace: Duration::from_millis(10),
+            clock: SystemClock::new(),
+            unsafe_commit_unsettled_tlog_segments: false,
         }
     }
 }
@@ -229,8 +237,12 @@ pub struct Engine {
     cleaner_logs: Vec<Mutex<Log>>,
     /// Live bytes per segment (entries an index points to), for cleaning.
     live_bytes: Vec<AtomicU64>,
+    /// Per t-log segment: entries appended by `append_encoded` and not yet settled
+    /// (published or abandoned), plus `TLOG_FILLING` while its t-log still appends
+    /// to it. A full t-log segment is committed only when this reaches zero.
+    unsettled: Vec<AtomicU64>,
     /// Cleaned segments waiting out the grace period.
-    limbo: Mutex<VecDeque<(Instant, SegmentId)>>,
+    limbo: Mutex<VecDeque<(u64, SegmentId)>>,
     /// One cleaning pass at a time per cleaner.
     clean_locks: Vec<Mutex<()>>,
 }
@@ -251,6 +263,18 @@ pub struct CleanReport {
     pub bytes_moved: u64,
     pub segments_freed: usize,
 }
+
+/// What recovery does with the log segments it closes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Closing {
+    /// Commit them (a standalone engine).
+    Commit,
+    /// Leave them used for the backup log to commit (a replica).
+    KeepUsed,
+}
+
+/// The bit of `Engine::unsettled` that says a t-log still appends to the segment.
+const TLOG_FILLING: u64 = 1 << 63;
 
 /// Bytes read first when reading an entry: a ZippyDB-sized entry fits.
 const FIRST_READ_BYTES: usize = 256;
@@ -303,6 +327,7 @@ impl Engine {
                 .map(|i| Mutex::new(log(Owner::Cleaner, i)))
                 .collect(),
             live_bytes: (0..count).map(|_| AtomicU64::new(0)).collect(),
+            unsettled: (0..count).map(|_| AtomicU64::new(0)).collect(),
             limbo: Mutex::new(VecDeque::new()),
             clean_locks: (0..config.cleaners).map(|_| Mutex::new(())).collect(),
             config,
@@ -311,10 +336,37 @@ impl Engine {
         }
     }
 
-    /// Open a formatted pool and recover every index from its logs.
+    /// Open a formatted pool and recover every index from its logs, for a
+    /// standalone engine: every log segment that was being filled, or waited for
+    /// ACKs, is closed and committed (there is no other replica to agree with).
     pub fn open(
         pool: Arc<Pool>,
         config: EngineConfig,
+    ) -> Result<(Engine, RecoveryReport), EngineError> {
+        Self::open_as(pool, config, Closing::Commit)
+    }
+
+    /// Open a formatted pool of a replica (a server of a cluster) and recover
+    /// every index from its logs. Segments that may hold entries some replica
+    /// lacks — a log segment that was being filled, a full t-log segment that
+    /// waited for ACKs, a b-log segment not yet committed — are left *used*
+    /// (Rowan b-log, per-thread b-log and t-log segments alike): a cold start's
+    /// gather reads them, the cleaner leaves them alone, and the backup log
+    /// ([`crate::BackupLog`]) digests and commits them once their shards'
+    /// CommitVer passes them, as it does any used segment. A cleaner's segment
+    /// being filled is committed (it holds copies of committed entries and
+    /// entries assembled from b-log blocks that are themselves still used).
+    pub fn open_replica(
+        pool: Arc<Pool>,
+        config: EngineConfig,
+    ) -> Result<(Engine, RecoveryReport), EngineError> {
+        Self::open_as(pool, config, Closing::KeepUsed)
+    }
+
+    fn open_as(
+        pool: Arc<Pool>,
+        config: EngineConfig,
+        closing: Closing,
     ) -> Result<(Engine, RecoveryReport), EngineError> {
         config.validate()?;
         let (segments, in_use, corrupt) = Segments::open(pool.clone())?;
@@ -349,11 +401,25 @@ impl Engine {
                 .for_each(|addr| engine.account_live(addr, engine.entry_len_at(addr), true));
         }
         // A worker's or the cleaner's segment that was being filled is closed: new
-        // appends go to fresh segments, so a torn tail is never appended after.
+        // appends go to fresh segments, so a torn tail is never appended after. So
+        // is a full t-log segment whose entries were still waiting for their ACKs
+        // (used): they may be on some replicas only.
         for &(seg, meta) in &in_use {
-            if meta.state == SegmentState::Using && meta.owner != Owner::Control {
-                engine.segments.transition(seg, SegmentState::Committed);
+            let filling = meta.state == SegmentState::Using && meta.owner != Owner::Control;
+            let unsettled = meta.state == SegmentState::Used && meta.owner == Owner::Worker;
+            if filling || unsettled {
                 report.closed_segments.push(seg);
+            }
+            let closed = match closing {
+                Closing::Commit => (filling || unsettled).then_some(SegmentState::Committed),
+                Closing::KeepUsed => match (meta.owner, meta.state) {
+                    (Owner::Cleaner, SegmentState::Using) => Some(SegmentState::Committed),
+                    (_, SegmentState::Using) => Some(SegmentState::Used),
+                    _ => None,
+                },
+            };
+            if let Some(state) = closed {
+                engine.segments.transition(seg, state);
             }
         }
         report.closed_segments.sort_unstable();
@@ -395,9 +461,16 @@ impl Engine {
     /// `sink`. An entry whose blocks are contiguous is indexed where it lies; the
     /// blocks of one that landed apart (a b-log, Figure 7) go to `assembler`, and
     /// the assembled entry is written contiguously to the cleaner's log and indexed
-    /// there. A zero header ends the log. A block that does not verify (torn or
-    /// corrupt) is reported and skipped: the walk resyncs at the next 64 B stride
-    /// that holds a verifying block. Returns the skipped places (first of each run).
+    /// there. A zero header ends the log, except in a segment zeroed when it was
+    /// allocated (a b-log's: `Owner::zeroed_on_alloc`), where zeros are only a hole
+    /// (a write that never landed) and the walk goes on to the segment's end. A block
+    /// that does not verify (torn or corrupt) is reported and skipped: the walk
+    /// resyncs at the next 64 B stride that holds a verifying block. So is a block
+    /// the assembler refuses (a duplicate, one that disagrees with its entry's
+    /// earlier blocks) or an assembled entry that cannot be copied at this MTU; where
+    /// the assembler dropped its oldest incomplete entries to make room, that is
+    /// reported at the block that needed it. Returns the skipped places (first of
+    /// each run of blocks that do not verify).
     pub(crate) fn ingest_segment(
         &self,
         seg: SegmentId,
@@ -421,7 +494,10 @@ impl Engine {
                     });
                 }
                 Found::Block { header, payload } => {
-                    if let Some(e) = assembler.add(header, payload)? {
+                    // A refused block is an `Entry` error: the walk reports it here.
+                    let added = assembler.add(header, payload)?;
+                    let dropped = assembler.take_dropped();
+                    if let Some(e) = added {
                         let applied = match self.shards.get(e.shard.0 as usize) {
                             Some(s) => {
                                 let addr = self
@@ -443,11 +519,18 @@ impl Engine {
                             applied,
                         });
                     }
+                    if dropped > 0 {
+                        return Err(EntryError::AssemblerFull { dropped }.into());
+                    }
                 }
             }
             Ok(())
         };
-        self.walk_segment(seg, owns, false, &mut visit)
+        let zeroed = self
+            .segments
+            .meta(seg)
+            .is_ok_and(|m| m.owner.zeroed_on_alloc());
+        self.walk_segment(seg, owns, zeroed, &mut visit)
     }
 
     /// Walk the blocks of `seg` from its start, passing `visit` every Commit record,
@@ -457,8 +540,12 @@ impl Engine {
     /// stride. A zero header ends the log, unless `past_zeros`: then a zero stride
     /// is skipped like a block that does not verify (a remotely filled segment may
     /// hold a hole that a WRITE still in flight at a crash never filled), and the
-    /// walk goes on to the segment's end. Returns the skipped places (first of each
-    /// run of blocks that did not verify; zero runs are not reported).
+    /// walk goes on to the segment's end. `visit` refuses what it is given by
+    /// returning an `EngineError::Entry` (e.g. a block its assembler will not take):
+    /// that place is reported like a block that does not verify, and the walk goes
+    /// on past it; any other error ends the walk. Returns the skipped places (first
+    /// of each run of blocks that did not verify, and every refused place; zero runs
+    /// are not reported).
     fn walk_segment(
         &self,
         seg: SegmentId,
@@ -471,6 +558,20 @@ impl Engine {
         let mut bytes = vec![0u8; size];
         self.pool.read(base, &mut bytes);
         let mut skipped = Vec::new();
+        // What `visit` refuses is reported at `at`; other errors end the walk.
+        fn refused(
+            visited: Result<(), EngineError>,
+            at: usize,
+            skipped: &mut Vec<(usize, String)>,
+        ) -> Result<(), EngineError> {
+            match visited {
+                Err(EngineError::Entry(why)) => {
+                    skipped.push((at, why.to_string()));
+                    Ok(())
+                }
+                other => other,
+            }
+        }
         let mut in_bad_run = false;
         let mut at = 0;
         while at < size {
@@ -497,27 +598,30 @@ impl Engine {
                 continue;
             }
             if header.kind == Kind::Commit {
-                visit(Found::Commit {
+                let visited = visit(Found::Commit {
                     shard: header.shard,
                     version: header.version,
-                })?;
+                });
+                refused(visited, at, &mut skipped)?;
                 at += header.padded_len();
                 continue;
             }
             if header.seq == 0 {
                 if let Ok(e) = entry::parse_entry(&bytes[at..]) {
                     let len = e.encoded_len;
-                    visit(Found::Entry {
+                    let visited = visit(Found::Entry {
                         addr: (base + at) as u64,
                         bytes: &bytes[at..at + len],
                         entry: e,
-                    })?;
+                    });
+                    refused(visited, at, &mut skipped)?;
                     at += len;
                     continue;
                 }
             }
             // A block of an entry whose blocks are not contiguous here.
-            visit(Found::Block { header, payload })?;
+            let visited = visit(Found::Block { header, payload });
+            refused(visited, at, &mut skipped)?;
             at += header.padded_len();
         }
         Ok(skipped)
@@ -585,9 +689,12 @@ impl Engine {
         let mut chosen: BTreeMap<SegmentId, u64> = BTreeMap::new();
         for seg in (0..count as u32).map(SegmentId) {
             if let Ok(m) = self.segments.meta(seg) {
-                if matches!(m.owner, Owner::Control | Owner::Backup)
-                    && matches!(m.state, SegmentState::Using | SegmentState::Used)
-                {
+                let blog = matches!(m.owner, Owner::Control | Owner::Backup)
+                    && matches!(m.state, SegmentState::Using | SegmentState::Used);
+                // A t-log segment whose entries wait for their ACKs (or did, at a
+                // crash): they may be on some replicas only.
+                let unsettled = m.owner == Owner::Worker && m.state == SegmentState::Used;
+                if blog || unsettled {
                     chosen.insert(seg, m.seq);
                 }
             }
@@ -852,6 +959,31 @@ impl Engine {
         self.segments.free_count()
     }
 
+    /// The segments of `owners` in `states`, in allocation order.
+    pub fn segments_in(&self, owners: &[Owner], states: &[SegmentState]) -> Vec<SegmentId> {
+        let mut found: Vec<(u64, SegmentId)> = (0..self.segments.layout().segment_count as u32)
+            .map(SegmentId)
+            .filter_map(|seg| {
+                let m = self.segments.meta(seg).ok()?;
+                (owners.contains(&m.owner) && states.contains(&m.state)).then_some((m.seq, seg))
+            })
+            .collect();
+        found.sort_unstable();
+        found.into_iter().map(|(_, s)| s).collect()
+    }
+
+    /// How many segments are in each (owner, state): what holds the pool's space.
+    /// Corrupt meta words are not counted.
+    pub fn segment_census(&self) -> BTreeMap<(Owner, SegmentState), usize> {
+        let mut census = BTreeMap::new();
+        for seg in (0..self.segments.layout().segment_count as u32).map(SegmentId) {
+            if let Ok(m) = self.segments.meta(seg) {
+                *census.entry((m.owner, m.state)).or_insert(0) += 1;
+            }
+        }
+        census
+    }
+
     fn shard(&self, shard: ShardId) -> Result<&Shard, EngineError> {
         self.shards
             .get(shard.0 as usize)
@@ -1013,19 +1145,26 @@ impl Engine {
         let mut sealed = None;
         if log.segment.is_none() || log.cursor + len > size {
             if let Some(full) = log.segment.take() {
-                if log.owner == Owner::Backup {
-                    self.segments.transition(full, SegmentState::Used);
-                    sealed = Some(full);
-                } else {
-                    // Entries of a t-log segment are acknowledged only once durable
-                    // on every replica, so a full one is committed (§4.2.1).
-                    self.segments.transition(full, SegmentState::Committed);
+                match log.owner {
+                    Owner::Backup => {
+                        self.segments.transition(full, SegmentState::Used);
+                        sealed = Some(full);
+                    }
+                    Owner::Worker if !self.config.unsafe_commit_unsettled_tlog_segments => {
+                        self.seal_tlog_segment(full)
+                    }
+                    // A cleaner's copies are indexed as they are written.
+                    _ => self.segments.transition(full, SegmentState::Committed),
                 }
             }
             let seg = self
                 .segments
                 .alloc(log.owner, log.owner_index)
                 .ok_or(EngineError::OutOfSpace)?;
+            if log.owner == Owner::Worker && !self.config.unsafe_commit_unsettled_tlog_segments {
+                let before = self.unsettled[seg.0 as usize].swap(TLOG_FILLING, Ordering::AcqRel);
+                assert_eq!(before, 0, "{seg:?} was freed with unsettled entries");
+            }
             log.segment = Some(seg);
             log.cursor = 0;
         }
@@ -1075,7 +1214,77 @@ impl Engine {
         let mut log = log.lock();
         log.scratch.clear();
         log.scratch.extend_from_slice(encoded);
-        self.append(&mut log, encoded.len())
+        let (at, _) = self.append_sealing(&mut log, encoded.len())?;
+        // Counted while the log is held, so the segment cannot be sealed between
+        // the append and the count.
+        if !self.config.unsafe_commit_unsettled_tlog_segments {
+            let seg = self.segment_of(at);
+            self.unsettled[seg.0 as usize].fetch_add(1, Ordering::AcqRel);
+        }
+        Ok(at)
+    }
+
+    /// A full t-log segment: *used* while some of its entries wait for their ACKs
+    /// (the cleaner leaves it alone; recovery closes it and a cold start gathers
+    /// it), *committed* once every entry is settled. Entries of a t-log segment are
+    /// acknowledged only once durable on every replica (§4.2.1), so a committed one
+    /// holds nothing a backup may lack.
+    fn seal_tlog_segment(&self, seg: SegmentId) {
+        // Used first: a settle that takes the count to zero after the filling bit
+        // is cleared commits it, and must find it used.
+        self.segments.transition(seg, SegmentState::Used);
+        let before = self.unsettled[seg.0 as usize].fetch_and(!TLOG_FILLING, Ordering::AcqRel);
+        assert!(before & TLOG_FILLING != 0, "{seg:?} sealed twice");
+        if before == TLOG_FILLING {
+            self.segments.transition(seg, SegmentState::Committed);
+        }
+    }
+
+    /// One entry appended by `append_encoded` at `addr` is settled (published or
+    /// abandoned); the last one of a sealed segment commits it.
+    fn settle(&self, addr: u64) {
+        if self.config.unsafe_commit_unsettled_tlog_segments {
+            return;
+        }
+        let seg = self.segment_of(addr);
+        let before = self.unsettled[seg.0 as usize].fetch_sub(1, Ordering::AcqRel);
+        assert!(
+            before & !TLOG_FILLING != 0,
+            "{seg:?}: an entry at {addr} settled twice, or never appended by append_encoded"
+        );
+        if before == 1 {
+            self.segments.transition(seg, SegmentState::Committed);
+        }
+    }
+
+    fn segment_of(&self, addr: u64) -> SegmentId {
+        self.segments
+            .layout()
+            .segment_of(addr as usize)
+            .expect("an address this engine appended")
+    }
+
+    /// The `len` bytes [`Engine::append_encoded`] appended at `addr`, still
+    /// unsettled (to replicate them again). Their segment cannot have been freed:
+    /// it is not committed while they are unsettled.
+    pub fn read_appended(&self, addr: u64, len: usize, out: &mut Vec<u8>) {
+        let seg = self.segment_of(addr);
+        assert!(
+            self.config.unsafe_commit_unsettled_tlog_segments
+                || self.unsettled[seg.0 as usize].load(Ordering::Acquire) & !TLOG_FILLING != 0,
+            "{seg:?} holds no unsettled entry"
+        );
+        out.clear();
+        out.resize(len, 0);
+        self.pool.read(addr as usize, out);
+    }
+
+    /// The entry appended by [`Engine::append_encoded`] at `addr` will never be
+    /// published (its replication failed, or this server stopped leading its
+    /// shard): it no longer holds its t-log segment back from being committed. Its
+    /// bytes stay where they are, unindexed.
+    pub fn abandon(&self, addr: u64) {
+        self.settle(addr);
     }
 
     /// Make the entry at `addr` (of `key`, `version`, `len` encoded bytes) visible
@@ -1095,6 +1304,7 @@ impl Engine {
             .fetch_max(version.0 + 1, Ordering::Relaxed);
         let upsert = self.install(shard, key, addr, version);
         self.note_install(addr, len as u64, upsert);
+        self.settle(addr);
         Ok(!matches!(upsert, Upsert::Stale { .. }))
     }
 
@@ -1259,9 +1469,11 @@ impl Engine {
         let mut report = CleanReport::default();
         {
             let mut limbo = self.limbo.lock();
+            let now_ns = self.config.clock.now_ns();
+            let grace_ns = self.config.clean_grace.as_nanos() as u64;
             while limbo
                 .front()
-                .is_some_and(|(t, _)| t.elapsed() >= self.config.clean_grace)
+                .is_some_and(|(t, _)| now_ns.saturating_sub(*t) >= grace_ns)
             {
                 let (_, seg) = limbo.pop_front().expect("checked");
                 self.segments.release(seg);
@@ -1336,7 +1548,8 @@ impl Engine {
             }
         }
         self.live_bytes[seg.0 as usize].store(0, Ordering::Relaxed);
-        self.limbo.lock().push_back((Instant::now(), seg));
+        let now_ns = self.config.clock.now_ns();
+        self.limbo.lock().push_back((now_ns, seg));
         report.segments_cleaned += 1;
         Ok(())
     }

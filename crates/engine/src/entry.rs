@@ -36,6 +36,8 @@ pub const MTU_BYTES_MAX: usize = 65536;
 pub const FORMAT_V1: u8 = 1;
 /// Bound on the entries an [`Assembler`] holds incomplete at once.
 pub const ASSEMBLER_PENDING_MAX: usize = 4096;
+/// Bound on the payload bytes an [`Assembler`] holds in incomplete entries.
+pub const ASSEMBLER_PENDING_BYTES_MAX: usize = 64 << 20;
 
 const _: () = assert!(MTU_BYTES_MIN == round_up_stride(HEADER_BYTES + KEY_BYTES_MAX));
 const _: () = assert!(MTU_BYTES_MIN.is_multiple_of(STRIDE_BYTES));
@@ -47,6 +49,10 @@ const _: () = assert!(KEY_BYTES_MAX <= u16::MAX as usize);
 const _: () = assert!(BLOCKS_MAX <= u8::MAX as usize);
 // The largest value (at the largest MTU) fits in the `u32` `value_len`.
 const _: () = assert!(value_bytes_max(MTU_BYTES_MAX) <= u32::MAX as usize);
+// Two of the largest entries, interleaved, can be assembled at once: an entry never
+// has to be dropped to make room for itself.
+const _: () =
+    assert!(ASSEMBLER_PENDING_BYTES_MAX >= 2 * BLOCKS_MAX * (MTU_BYTES_MAX - HEADER_BYTES));
 
 /// What an entry records.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -124,9 +130,13 @@ pub enum EntryError {
     /// Not a multiple of 64 in `MTU_BYTES_MIN..=MTU_BYTES_MAX`.
     #[error("bad mtu {0}")]
     BadMtu(usize),
-    /// The [`Assembler`] already holds `ASSEMBLER_PENDING_MAX` incomplete entries.
-    #[error("assembler full: {pending_max} incomplete entries")]
-    AssemblerFull { pending_max: usize },
+    /// An [`Assembler`] was full (`ASSEMBLER_PENDING_MAX` entries or
+    /// `ASSEMBLER_PENDING_BYTES_MAX` payload bytes) and dropped its `dropped` oldest
+    /// incomplete entries to hold a new block. Never returned by
+    /// [`Assembler::add`] (the block was kept): whoever feeds the assembler reports
+    /// it, from [`Assembler::take_dropped`], where that block lies.
+    #[error("assembler full: dropped {dropped} oldest incomplete entries")]
+    AssemblerFull { dropped: usize },
 }
 
 /// The largest value an entry may carry at this MTU: `BLOCKS_MAX` full blocks minus
@@ -522,16 +532,33 @@ struct Pending {
     /// Payload of each block received, indexed by `seq`.
     payloads: Vec<Option<Vec<u8>>>,
     received: usize,
+    /// Payload bytes received.
+    bytes: usize,
+    /// When its first block arrived (the assembler's arrival counter).
+    arrival: u64,
 }
 
 /// Assembles entries whose blocks arrive separately and in any order (the b-log,
 /// seed 000 Figure 7): a multi-packet SRQ may place the blocks of one entry at
 /// non-adjacent offsets. An entry is identified by `<shard, version>` and complete
-/// when all its `cnt` blocks are present. At most `ASSEMBLER_PENDING_MAX` entries
-/// are held incomplete.
+/// when all its `cnt` blocks are present.
+///
+/// Bounded: at most `ASSEMBLER_PENDING_MAX` entries and `ASSEMBLER_PENDING_BYTES_MAX`
+/// payload bytes are held incomplete. A block that would exceed a bound makes room
+/// by dropping the entries whose first block arrived earliest (the blocks of a
+/// live entry land close together; an old incomplete entry is most likely one whose
+/// sender died part way, never acknowledged). Dropped entries are counted for the
+/// caller to report ([`Assembler::take_dropped`]).
 #[derive(Debug, Default)]
 pub struct Assembler {
     pending: BTreeMap<(ShardId, Version), Pending>,
+    /// Pending entries by arrival of their first block, oldest first.
+    arrivals: BTreeMap<u64, (ShardId, Version)>,
+    next_arrival: u64,
+    /// Payload bytes held in pending entries.
+    bytes: usize,
+    /// Entries dropped to make room since the last `take_dropped`.
+    dropped: usize,
 }
 
 impl Assembler {
@@ -544,15 +571,36 @@ impl Assembler {
         self.pending.len()
     }
 
-    /// Drop every incomplete entry.
+    /// Payload bytes held in incomplete entries.
+    pub fn pending_bytes(&self) -> usize {
+        self.bytes
+    }
+
+    /// Drop every incomplete entry (not counted as dropped to make room).
     pub fn clear(&mut self) {
         self.pending.clear();
+        self.arrivals.clear();
+        self.bytes = 0;
+    }
+
+    /// Incomplete entries dropped to make room since the last call; resets the count.
+    pub fn take_dropped(&mut self) -> usize {
+        std::mem::take(&mut self.dropped)
+    }
+
+    fn drop_pending(&mut self, id: (ShardId, Version)) {
+        if let Some(p) = self.pending.remove(&id) {
+            self.arrivals.remove(&p.arrival);
+            self.bytes -= p.bytes;
+        }
     }
 
     /// Add one block (normally from [`parse_block`]; the header is checked again, so
     /// any header is safe). Returns the entry once its last missing block arrives.
     /// A duplicate `seq` or a header that disagrees with the entry's earlier blocks
-    /// is a `BadLength`, and the block is dropped; the entry stays pending.
+    /// is a `BadLength`, and the block is dropped; the entry stays pending. A block
+    /// that does not fit the bounds drops the oldest other entries first (see the
+    /// type's doc); a refused block drops nothing.
     pub fn add(
         &mut self,
         header: BlockHeader,
@@ -578,29 +626,50 @@ impl Assembler {
             }));
         };
         let id = (header.shard, header.version);
-        if !self.pending.contains_key(&id) && self.pending.len() >= ASSEMBLER_PENDING_MAX {
-            return Err(EntryError::AssemblerFull {
-                pending_max: ASSEMBLER_PENDING_MAX,
-            });
+        // Refuse before making room, so a refused block drops nothing.
+        let held = self.pending.get(&id);
+        if let Some(entry) = held {
+            if !same_entry(&entry.header, &header) || entry.capacity != capacity {
+                return Err(EntryError::BadLength(format!(
+                    "block {header:?} disagrees with {:?}",
+                    entry.header
+                )));
+            }
+            if entry.payloads[header.seq as usize].is_some() {
+                return Err(EntryError::BadLength(format!("duplicate block {header:?}")));
+            }
         }
+        let is_new = held.is_none();
+        while (is_new && self.pending.len() >= ASSEMBLER_PENDING_MAX)
+            || self.bytes + payload.len() > ASSEMBLER_PENDING_BYTES_MAX
+        {
+            let oldest = self.arrivals.values().copied().find(|&other| other != id);
+            let Some(oldest) = oldest else {
+                // Unreachable by the bound's const assertion: one entry always fits.
+                return Err(EntryError::BadLength(format!(
+                    "entry {id:?} exceeds the assembler's {ASSEMBLER_PENDING_BYTES_MAX} B"
+                )));
+            };
+            self.drop_pending(oldest);
+            self.dropped = self.dropped.saturating_add(1);
+        }
+        let arrival = self.next_arrival;
         let entry = self.pending.entry(id).or_insert_with(|| Pending {
             header,
             capacity,
             payloads: vec![None; header.cnt as usize],
             received: 0,
+            bytes: 0,
+            arrival,
         });
-        if !same_entry(&entry.header, &header) || entry.capacity != capacity {
-            return Err(EntryError::BadLength(format!(
-                "block {header:?} disagrees with {:?}",
-                entry.header
-            )));
+        if is_new {
+            self.arrivals.insert(arrival, id);
+            self.next_arrival += 1;
         }
-        let slot = &mut entry.payloads[header.seq as usize];
-        if slot.is_some() {
-            return Err(EntryError::BadLength(format!("duplicate block {header:?}")));
-        }
-        *slot = Some(payload.to_vec());
+        entry.payloads[header.seq as usize] = Some(payload.to_vec());
         entry.received += 1;
+        entry.bytes += payload.len();
+        self.bytes += payload.len();
         if entry.received < entry.payloads.len() {
             return Ok(None);
         }
@@ -608,6 +677,8 @@ impl Assembler {
         let Some(done) = self.pending.remove(&id) else {
             unreachable!("entry {id:?} was just updated");
         };
+        self.arrivals.remove(&done.arrival);
+        self.bytes -= done.bytes;
         let key_len = header.key_len as usize;
         let mut blocks = done.payloads.into_iter().flatten();
         let first = blocks.next().unwrap_or_default();
@@ -1065,6 +1136,7 @@ mod tests {
         let mut asm = Assembler::new();
         let mut out = Vec::new();
         let value = pattern(5000, 0);
+        let mut first = Vec::new();
         for v in 0..ASSEMBLER_PENDING_MAX as u64 {
             encode(
                 &mut out,
@@ -1078,7 +1150,15 @@ mod tests {
             .unwrap();
             let (h, p) = parse_block(&out).unwrap();
             assert_eq!(asm.add(h, p), Ok(None));
+            if v == 0 {
+                first = blocks(&out);
+            }
         }
+        assert_eq!(
+            asm.pending_bytes(),
+            ASSEMBLER_PENDING_MAX * (4096 - HEADER_BYTES)
+        );
+        assert_eq!(asm.take_dropped(), 0);
         encode(
             &mut out,
             Kind::Put,
@@ -1090,13 +1170,21 @@ mod tests {
         )
         .unwrap();
         let (h, p) = parse_block(&out).unwrap();
-        assert_eq!(
-            asm.add(h, p),
-            Err(EntryError::AssemblerFull {
-                pending_max: ASSEMBLER_PENDING_MAX
-            })
-        );
-        asm.clear();
+        // Full: the oldest entry (version 0) is dropped to hold the new one.
         assert_eq!(asm.add(h, p), Ok(None));
+        assert_eq!(asm.pending(), ASSEMBLER_PENDING_MAX);
+        assert_eq!(asm.take_dropped(), 1);
+        assert_eq!(asm.take_dropped(), 0);
+        // Its later blocks start it afresh, which drops the next oldest.
+        assert_eq!(asm.add(first[1].0, &first[1].1), Ok(None));
+        assert_eq!(asm.take_dropped(), 1);
+        // A refused block drops nothing.
+        assert!(asm.add(first[1].0, &first[1].1).is_err());
+        assert_eq!(asm.take_dropped(), 0);
+        assert_eq!(asm.pending(), ASSEMBLER_PENDING_MAX);
+        asm.clear();
+        assert_eq!((asm.pending(), asm.pending_bytes()), (0, 0));
+        assert_eq!(asm.add(h, p), Ok(None));
+        assert_eq!(asm.take_dropped(), 0);
     }
 }

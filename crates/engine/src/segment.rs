@@ -11,15 +11,19 @@
 //! crash leaves every word either before or after a transition, never between.
 //!
 //! Transitions (who may make them):
-//! - free → using: allocation (worker t-log, control b-log, cleaner); persisted before
-//!   the first byte is written into the segment;
+//! - free → using: allocation (worker t-log, control b-log, cleaner, per-thread
+//!   b-log); persisted before the first byte is written into the segment; a b-log
+//!   segment (owner control or backup) is zeroed, durably, before that;
 //! - using → committed: a t-log segment is full (its entries are on every replica
 //!   before they are acknowledged); using → used: a b-log segment the NIC has filled;
 //! - used → committed: digest found every shard's MaxVer ≤ CommitVer;
 //! - committed → free: the cleaner copied its live entries (persisted) elsewhere.
 //!
 //! Invariants: a segment is in the DRAM free list iff its word says free; a free
-//! segment's bytes are never trusted (recovery does not read them).
+//! segment's bytes are never trusted (recovery does not read them); a segment whose
+//! word names owner control or backup holds zeros wherever nothing was written into
+//! it since its allocation (`Owner::zeroed_on_alloc`) — no previous occupant's
+//! entries, so a walk may go past a zero stride (a hole) to the segment's end.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -39,7 +43,7 @@ const FORMAT_VERSION: u32 = 1;
 const SUPERBLOCK_COVERED: usize = 40;
 
 /// The state of a segment.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum SegmentState {
     Free = 0,
     Using = 1,
@@ -48,7 +52,7 @@ pub enum SegmentState {
 }
 
 /// The kind of thread that allocated a segment.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Owner {
     None = 0,
     Worker = 1,
@@ -56,6 +60,22 @@ pub enum Owner {
     Cleaner = 3,
     /// A backup's per-thread b-log written by its own CPU (replication by RPC).
     Backup = 4,
+}
+
+impl Owner {
+    /// Whether a segment allocated for this owner is zeroed (durably) before its
+    /// meta word says *using*: the b-logs' segments — Rowan-landed and remote WRITE
+    /// logs (`Control`), per-thread b-logs (`Backup`). Digest reads them to a
+    /// segment's end and takes every entry's version into the segment's MaxVer, so
+    /// it must not meet the previous occupant's entries past the new ones: their
+    /// MaxVer (for a shard this server leads, whose CommitVer never reaches it)
+    /// would keep the segment from ever being committed. t-log and cleaner segments
+    /// are not zeroed (that would be a full media write on the write path): past
+    /// their end, recovery may re-index older entries, which versions decide
+    /// against.
+    pub fn zeroed_on_alloc(self) -> bool {
+        matches!(self, Owner::Control | Owner::Backup)
+    }
 }
 
 /// One decoded meta word.
@@ -71,6 +91,11 @@ pub struct SegmentMeta {
 }
 
 const SEQ_MAX: u64 = (1 << 40) - 1;
+
+/// Bytes read, and if not all zero written with zeros, at a time when a segment is
+/// zeroed on allocation.
+const ZEROING_CHUNK_BYTES: usize = 4096;
+static ZEROS: [u8; ZEROING_CHUNK_BYTES] = [0; ZEROING_CHUNK_BYTES];
 
 impl SegmentMeta {
     pub const FREE: SegmentMeta = SegmentMeta {
@@ -332,9 +357,14 @@ impl Segments {
     }
 
     /// Allocate a free segment for `owner`; its *using* state is durable on return.
+    /// A segment for an owner that `zeroed_on_alloc` is all zeros, durably, before
+    /// its meta word changes (a crash in between leaves it free).
     pub fn alloc(&self, owner: Owner, owner_index: u8) -> Option<SegmentId> {
         assert!(owner != Owner::None);
         let seg = self.free.lock().pop_front()?;
+        if owner.zeroed_on_alloc() {
+            self.zero(seg);
+        }
         let seq = self.next_seq.fetch_add(1, Ordering::Relaxed);
         self.store(
             seg,
@@ -346,6 +376,21 @@ impl Segments {
             },
         );
         Some(seg)
+    }
+
+    /// Zero `seg` durably: non-temporal stores of the chunks that are not zero
+    /// already (a never-used segment of a fresh pool costs reads only), one drain.
+    fn zero(&self, seg: SegmentId) {
+        let base = self.layout.segment_offset(seg);
+        let size = self.layout.segment_size_bytes;
+        let mut chunk = [0u8; ZEROING_CHUNK_BYTES];
+        for at in (base..base + size).step_by(ZEROING_CHUNK_BYTES) {
+            self.pool.read(at, &mut chunk);
+            if chunk != ZEROS {
+                self.pool.nt_copy(at, &ZEROS);
+            }
+        }
+        self.pool.drain(base, size);
     }
 
     /// Move `seg` to `state` (not free: use `release`), durably.

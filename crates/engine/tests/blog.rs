@@ -209,3 +209,201 @@ fn replicated_entries_are_digested_committed_and_survive_power_failure() {
         );
     }
 }
+
+// ---------------------------------------------------------------------------------
+// Segment reuse: a b-log segment that held other entries before must commit once
+// its new entries are committed. Its previous occupant's entries past the new data
+// are not landed data: counted into MaxVer (for shards this server leads, whose
+// CommitVer never moves here) they would pin the segment forever.
+
+/// The shard this server leads in the reuse tests: no CommitVer ever reaches it.
+const LED_SHARD: u16 = 0;
+/// The shard this server backs in the reuse tests.
+const BACKED_SHARD: u16 = 1;
+/// Pool of the reuse tests: a few dozen 16 KiB segments, all soon reused.
+const REUSE_POOL_BYTES: usize = 512 << 10;
+/// Padded size of every entry the reuse tests replicate (a single block).
+const BIG_ENTRY: usize = 1536;
+
+fn reuse_config() -> EngineConfig {
+    EngineConfig {
+        clean_grace: std::time::Duration::ZERO,
+        ..config()
+    }
+}
+
+/// An engine whose every free segment has held a full t-log segment of 64 B
+/// entries of `LED_SHARD` (written here as its primary, then cleaned): whatever
+/// it allocates next is a reused segment with an intact entry at every stride.
+fn engine_with_only_reused_free_segments() -> (Arc<Pool>, Arc<Engine>) {
+    let pool = Pool::anonymous(REUSE_POOL_BYTES, PoolOptions::default()).unwrap();
+    let engine = Arc::new(Engine::create(pool.clone(), reuse_config()).unwrap());
+    let layout = *engine.layout();
+    let all_free_reused = || {
+        (0..layout.segment_count).all(|i| {
+            let meta = pool.read_u64(rowankv_engine::segment::META_OFFSET + 8 * i);
+            let state = rowankv_engine::segment::SegmentMeta::decode(meta)
+                .unwrap()
+                .state;
+            let last_stride = layout.data_offset + (i + 1) * SEGMENT - 64;
+            state != rowankv_engine::SegmentState::Free || pool.read_u64(last_stride) != 0
+        })
+    };
+    let mut i = 0u64;
+    while !all_free_reused() {
+        for _ in 0..256 {
+            // 24 B header + 5 B key + 20 B value: one 64 B stride per entry.
+            let key = format!("key-{}", i % 8).into_bytes();
+            engine
+                .put(0, ShardId(LED_SHARD), &key, &[i as u8; 20])
+                .unwrap();
+            i += 1;
+            if engine.free_segments() < 4 {
+                engine.clean().unwrap();
+            }
+        }
+        assert!(i < 1 << 20, "segments never all reused");
+    }
+    (pool, engine)
+}
+
+fn big_value(key: &[u8]) -> Vec<u8> {
+    vec![0x5A; BIG_ENTRY - entry::HEADER_BYTES - key.len()]
+}
+
+fn encoded(kind: Kind, shard: u16, version: u64, key: &[u8], value: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    entry::encode(
+        &mut out,
+        kind,
+        ShardId(shard),
+        Version(version),
+        key,
+        value,
+        MTU,
+    )
+    .unwrap();
+    out
+}
+
+#[test]
+fn a_reused_blog_segment_commits_once_its_new_entries_are_committed() {
+    let (_pool, engine) = engine_with_only_reused_free_segments();
+    let fabric = LoopbackFabric::new();
+    let blog = BackupLog::start(
+        engine.clone(),
+        fabric.attach(NodeId(0)).unwrap(),
+        BackupLogConfig {
+            posted_segments: 2,
+            grace_ns: GRACE_NS,
+            digest_count: 2,
+            ring_cq_entries: 256,
+        },
+    )
+    .unwrap();
+    let nic = fabric.attach(NodeId(1)).unwrap();
+    let cq = nic.create_cq(CqKind::Bounded { capacity: 64 }).unwrap();
+    let qp = nic.create_qp(&cq, &cq, None, 64).unwrap();
+    qp.connect(blog.accept(qp.addr()).unwrap()).unwrap();
+    let mut primary = Primary {
+        sender: RowanSender::new(qp, MTU),
+        cq,
+        buf: Vec::new(),
+    };
+    let mut now = 0;
+    let mut step = |blog: &BackupLog<_>| {
+        now += GRACE_NS;
+        blog.control_step(now).unwrap().segments_used
+    };
+    let per_segment = SEGMENT / BIG_ENTRY; // 10 entries, then 1 KiB of old tail
+    let put = |primary: &mut Primary, version: u64| {
+        let key = format!("backed-{version}").into_bytes();
+        primary.send(Kind::Put, BACKED_SHARD, version, &key, &big_value(&key));
+    };
+
+    // Segment A: versions 1..=10; version 11 does not fit and starts segment B.
+    for v in 1..=per_segment as u64 + 1 {
+        put(&mut primary, v);
+    }
+    let used: usize = (0..2).map(|_| step(&blog)).sum();
+    assert_eq!(used, 1, "segment A is used once B has started");
+    let a = blog.pending_segments()[0];
+    for d in 0..2 {
+        blog.digest_step(d).unwrap();
+    }
+    assert_eq!(blog.try_commit(), 0, "no CommitVer yet: A must wait");
+
+    // CommitVer of the backed shard covers A's entries; it lands in B, which then
+    // fills with newer entries (not covered) and is used in turn.
+    primary.send(Kind::Commit, BACKED_SHARD, per_segment as u64, &[], &[]);
+    for v in per_segment as u64 + 2..=2 * per_segment as u64 + 1 {
+        put(&mut primary, v);
+    }
+    let used: usize = (0..2).map(|_| step(&blog)).sum();
+    assert_eq!(used, 1, "segment B is used once C has started");
+    for d in 0..2 {
+        blog.digest_step(d).unwrap();
+    }
+    assert_eq!(
+        blog.commit_version(ShardId(BACKED_SHARD)),
+        per_segment as u64
+    );
+    let committed = blog.try_commit();
+    let pending = blog.pending_segments();
+    assert!(
+        committed == 1 && !pending.contains(&a),
+        "reused segment {a:?} is still pending after CommitVer covered its entries \
+         ({committed} committed, pending {pending:?})"
+    );
+    assert_eq!(
+        pending.len(),
+        1,
+        "B waits for its own CommitVer: {pending:?}"
+    );
+    // Every entry of A and B is indexed (the last one is in C, not digested yet).
+    for v in 1..=2 * per_segment as u64 {
+        let key = format!("backed-{v}").into_bytes();
+        let got = engine.get(ShardId(BACKED_SHARD), &key).unwrap();
+        assert_eq!(got.map(|(_, version)| version), Some(Version(v)));
+    }
+}
+
+#[test]
+fn a_reused_per_thread_blog_segment_commits_once_its_new_entries_are_committed() {
+    let (_pool, engine) = engine_with_only_reused_free_segments();
+    let blog = BackupLog::<rowankv_fabric::LoopbackNic>::passive(
+        engine.clone(),
+        BackupLogConfig {
+            digest_count: 2,
+            ..BackupLogConfig::default()
+        },
+    )
+    .unwrap();
+    let per_segment = SEGMENT / BIG_ENTRY; // 10 entries and a CommitVer, then old tail
+    let mut sealed = Vec::new();
+    for v in 1..=per_segment as u64 + 1 {
+        let key = format!("backed-{v}").into_bytes();
+        let put = encoded(Kind::Put, BACKED_SHARD, v, &key, &big_value(&key));
+        sealed.extend(engine.append_backup(0, &put).unwrap());
+        if v == per_segment as u64 {
+            let commit = encoded(Kind::Commit, BACKED_SHARD, v, &[], &[]);
+            sealed.extend(engine.append_backup(0, &commit).unwrap());
+        }
+    }
+    assert_eq!(sealed.len(), 1, "the 11th entry seals the first segment");
+    blog.enqueue_used(sealed[0]);
+    for d in 0..2 {
+        blog.digest_step(d).unwrap();
+    }
+    assert_eq!(
+        blog.commit_version(ShardId(BACKED_SHARD)),
+        per_segment as u64
+    );
+    let committed = blog.try_commit();
+    assert_eq!(
+        committed, 1,
+        "reused segment {:?} is still pending after CommitVer covered its entries",
+        sealed[0]
+    );
+    assert!(blog.pending_segments().is_empty());
+}

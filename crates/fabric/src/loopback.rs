@@ -95,6 +95,11 @@ impl LoopbackFabric {
         }
     }
 
+    /// The clock this fabric measures delays on.
+    pub fn clock(&self) -> Arc<dyn Clock> {
+        self.inner.clock.clone()
+    }
+
     fn node(&self, id: NodeId) -> Option<Arc<NodeInner>> {
         self.inner.nodes.read().get(&id).cloned()
     }

@@ -420,6 +420,10 @@ pub fn build(
                         workers: s.workers,
                         cleaners: s.cleaners,
                         keys_per_shard_expected: config.keys_per_shard_expected,
+                        clock: fabric.clock(),
+                        clean_grace: std::time::Duration::from_nanos(s.clean_grace_ns),
+                        unsafe_commit_unsettled_tlog_segments: s
+                            .unsafe_commit_unsettled_tlog_segments,
                         ..EngineConfig::default()
                     },
                 )
@@ -518,7 +522,7 @@ pub fn build(
                     let mtu = servers[a].engine.config().mtu_bytes;
                     Box::new(RowanReplicator::new(senders, mtu))
                 }
-                Strategy::Rpc => Box::new(RpcReplicator::new(peers)),
+                Strategy::Rpc => Box::new(RpcReplicator::new(peers, s.replicate_timeout())),
                 Strategy::Rwrite | Strategy::Batch | Strategy::Share => {
                     let mut targets = HashMap::new();
                     for b in (0..n).filter(|&b| b != a) {

@@ -55,10 +55,29 @@ pub struct ServerSettings {
     pub control_interval_ns: u64,
     /// Clean role period.
     pub clean_interval_ns: u64,
+    /// Time a cleaned segment waits before it is reused (readers in flight).
+    pub clean_grace_ns: u64,
+    /// A deliberately broken engine for testing the simulator: a full t-log
+    /// segment is committed at once, while its last entries may still wait for
+    /// their ACKs. Never set outside tests.
+    pub unsafe_commit_unsettled_tlog_segments: bool,
     pub batch: BatchConfig,
     pub endpoint: EndpointConfig,
     pub blog: BackupLogConfig,
     pub failover: FailoverSettings,
+    /// How long a `Replicate` RPC (`rpc` strategy) may go unanswered before the
+    /// write it carries fails (the client is told the outcome is unknown).
+    /// `None`: twice the lease, by when a dead backup is out of the
+    /// configuration. See [`ServerSettings::replicate_timeout`].
+    pub replicate_timeout_ns: Option<u64>,
+}
+
+impl ServerSettings {
+    /// The bound on an unanswered `Replicate` RPC, in nanoseconds.
+    pub fn replicate_timeout(&self) -> u64 {
+        self.replicate_timeout_ns
+            .unwrap_or(2 * self.failover.lease_ns)
+    }
 }
 
 /// Leases and failover timers.
@@ -84,6 +103,10 @@ pub struct FailoverSettings {
     /// A deliberately broken server for testing the checker: it serves without
     /// a valid lease. Never set outside tests.
     pub unsafe_serve_without_lease: bool,
+    /// A deliberately broken server for testing the simulator: a write whose
+    /// replication failed is abandoned at once (its version completed, so
+    /// CommitVer passes an entry some replicas lack). Never set outside tests.
+    pub unsafe_abandon_failed_writes: bool,
 }
 
 impl Default for FailoverSettings {
@@ -94,6 +117,7 @@ impl Default for FailoverSettings {
             cm_lease_ns: 800_000_000,
             retry_ns: 5_000_000,
             unsafe_serve_without_lease: false,
+            unsafe_abandon_failed_writes: false,
         }
     }
 }
@@ -108,10 +132,13 @@ impl Default for ServerSettings {
             commit_interval_ns: 15_000_000,
             control_interval_ns: 100_000,
             clean_interval_ns: 20_000_000,
+            clean_grace_ns: 10_000_000,
+            unsafe_commit_unsettled_tlog_segments: false,
             batch: BatchConfig::default(),
             endpoint: EndpointConfig::default(),
             blog: BackupLogConfig::default(),
             failover: FailoverSettings::default(),
+            replicate_timeout_ns: None,
         }
     }
 }

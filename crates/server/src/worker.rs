@@ -33,7 +33,32 @@ use crate::server::{ServerShared, KV_BYTES_MAX};
 
 /// Token of a CommitVer record: its ACK needs no answer.
 const COMMIT_TOKEN: u64 = (1 << 56) - 1;
+/// A write's token: its slot, the index of the replica it went to among the
+/// write's targets, and the slot's generation (so an outcome for a slot since
+/// reused is recognised and dropped).
 const SLOT_BITS: u32 = 24;
+const TARGET_BITS: u32 = 4;
+const GENERATION_BITS: u32 = 27;
+/// Replicas one write goes to, at most (backups and joining backups).
+const TARGETS_MAX: usize = 1 << TARGET_BITS;
+const _: () = assert!(SLOT_BITS + TARGET_BITS + GENERATION_BITS < 56);
+/// A failed write is replicated again after `retry_ns`, doubled per attempt up to
+/// this many times.
+const REPAIR_BACKOFF_DOUBLINGS_MAX: u32 = 6;
+
+fn write_token(slot: u32, target: usize, generation: u32) -> u64 {
+    debug_assert!(target < TARGETS_MAX && generation < 1 << GENERATION_BITS);
+    ((generation as u64) << (SLOT_BITS + TARGET_BITS)) | ((target as u64) << SLOT_BITS) | slot as u64
+}
+
+/// (slot, target index, generation) of a write's token.
+fn split_token(token: u64) -> (u32, usize, u32) {
+    (
+        (token & ((1 << SLOT_BITS) - 1)) as u32,
+        ((token >> SLOT_BITS) & ((1 << TARGET_BITS) - 1)) as usize,
+        (token >> (SLOT_BITS + TARGET_BITS)) as u32,
+    )
+}
 
 struct PendingWrite {
     peer: PeerId,
@@ -43,10 +68,24 @@ struct PendingWrite {
     addr: u64,
     version: Version,
     len: usize,
-    /// The term the write started under (its replicas are that term's).
+    /// The term the write was last sent under (its replicas are that term's).
     term: u64,
+    /// The replicas it was sent to, and which of them have it durably.
+    targets: [NodeId; TARGETS_MAX],
+    target_count: usize,
+    acked: u16,
+    /// Outcomes still to come.
     acks_left: usize,
     failure: Option<String>,
+    /// Times it was replicated again (for the back-off).
+    repairs: u32,
+    /// The client has had its answer (an unknown outcome: replication failed).
+    answered: bool,
+    /// Replication failed and is tried again at this time: the entry may be on
+    /// some replicas only, so it stays in flight (CommitVer does not pass it, and
+    /// a backup's segments holding it stay uncommitted, gathered by any promotion)
+    /// until every replica has it or this server no longer leads its shard.
+    retry_at_ns: Option<u64>,
 }
 
 struct Slot {
@@ -126,6 +165,8 @@ pub struct Worker<N: Nic> {
     slots: Vec<Slot>,
     free: Vec<u32>,
     inflight: usize,
+    /// Writes waiting to be replicated again (`PendingWrite::retry_at_ns`).
+    repairs: usize,
     events: Vec<Event>,
     data: Vec<u8>,
     outcomes: Outcomes,
@@ -159,6 +200,7 @@ impl<N: Nic> Worker<N> {
             slots: Vec::new(),
             free: Vec::new(),
             inflight: 0,
+            repairs: 0,
             events: Vec::with_capacity(64),
             data: Vec::with_capacity(64 * 1024),
             outcomes: Outcomes::default(),
@@ -425,7 +467,12 @@ impl<N: Nic> Worker<N> {
             }
         };
         let generation = self.slots[slot as usize].generation;
-        let token = ((generation as u64) << SLOT_BITS) | slot as u64;
+        let mut targets = [NodeId(0); TARGETS_MAX];
+        let target_count = assignment.write_target_count();
+        assert!(target_count <= TARGETS_MAX, "{target_count} replicas of {shard}");
+        for (t, b) in targets.iter_mut().zip(assignment.write_targets()) {
+            *t = b;
+        }
         self.slots[slot as usize].write = Some(PendingWrite {
             peer,
             request_id,
@@ -435,12 +482,18 @@ impl<N: Nic> Worker<N> {
             version,
             len: self.entry_buf.len(),
             term: config.term.0,
-            acks_left: assignment.write_target_count(),
+            targets,
+            target_count,
+            acked: 0,
+            acks_left: target_count,
             failure: None,
+            repairs: 0,
+            answered: false,
+            retry_at_ns: None,
         });
         self.inflight += 1;
-        if assignment.write_target_count() == 0 {
-            self.finish(slot);
+        if target_count == 0 {
+            self.finish(slot, now_ns);
             return;
         }
         let mut cx = ReplCtx {
@@ -448,21 +501,21 @@ impl<N: Nic> Worker<N> {
             ep: &mut self.ep,
             now_ns,
         };
-        for b in assignment.write_targets() {
+        for (i, &b) in targets[..target_count].iter().enumerate() {
+            let token = write_token(slot, i, generation);
             self.repl.replicate(&mut cx, b, &self.entry_buf, token);
         }
     }
 
     /// An ACK (or failure) of `token`.
-    fn on_outcome(&mut self, token: u64, failure: Option<String>) {
+    fn on_outcome(&mut self, token: u64, failure: Option<String>, now_ns: u64) {
         if token == COMMIT_TOKEN {
             if let Some(why) = failure {
                 tracing::debug!(worker = %self.name, why, "CommitVer record not replicated");
             }
             return;
         }
-        let slot = (token & ((1 << SLOT_BITS) - 1)) as u32;
-        let generation = (token >> SLOT_BITS) as u32;
+        let (slot, target, generation) = split_token(token);
         let Some(s) = self.slots.get_mut(slot as usize) else {
             return;
         };
@@ -472,55 +525,165 @@ impl<N: Nic> Worker<N> {
         let Some(w) = s.write.as_mut() else {
             return;
         };
-        if let Some(why) = failure {
-            self.shared
-                .stats
-                .replication_failures
-                .fetch_add(1, Ordering::Relaxed);
-            w.failure.get_or_insert(why);
+        assert!(target < w.target_count, "an outcome for target {target} of {}", w.target_count);
+        match failure {
+            Some(why) => {
+                tracing::debug!(worker = %self.name, why, version = %w.version, "replication failed");
+                self.shared
+                    .stats
+                    .replication_failures
+                    .fetch_add(1, Ordering::Relaxed);
+                w.failure.get_or_insert(why);
+            }
+            None => w.acked |= 1 << target,
         }
-        w.acks_left = w.acks_left.saturating_sub(1);
+        assert!(w.acks_left > 0, "an outcome of a write with no replication out");
+        w.acks_left -= 1;
         if w.acks_left == 0 {
-            self.finish(slot);
+            self.finish(slot, now_ns);
         }
     }
 
-    fn finish(&mut self, slot: u32) {
+    /// Every replication of the write in `slot` has an outcome.
+    fn finish(&mut self, slot: u32, now_ns: u64) {
         let s = &mut self.slots[slot as usize];
-        let Some(w) = s.write.take() else {
+        let Some(w) = s.write.as_mut() else {
             return;
         };
-        // 31 bits: a token never reaches COMMIT_TOKEN.
-        s.generation = (s.generation + 1) & 0x7fff_ffff;
+        assert_eq!(w.acks_left, 0, "finished with replications out");
+        if w.failure.is_some() && self.shared.settings.failover.unsafe_abandon_failed_writes {
+            let w = s.write.take().expect("checked");
+            self.release_slot(slot);
+            self.shared.engine.abandon(w.addr);
+            self.shared.versions.complete(w.shard, w.version);
+            let detail = format!("replication failed: {}", w.failure.unwrap_or_default());
+            self.reject(w.peer, w.request_id, ErrorCode::Internal, &detail);
+            return;
+        }
+        if let Some(why) = w.failure.take() {
+            // The outcome is unknown to the client: some replicas may hold it. It
+            // is not abandoned (see `retry_at_ns`): a promoted backup that gathered
+            // it from a replica must learn its version, and a replica that has it
+            // must not commit it past the others.
+            if !w.answered {
+                w.answered = true;
+                let (peer, request_id) = (w.peer, w.request_id);
+                let detail = format!("replication failed: {why}");
+                self.reject(peer, request_id, ErrorCode::Internal, &detail);
+            }
+            let w = self.slots[slot as usize].write.as_mut().expect("checked");
+            let pause = self.shared.settings.failover.retry_ns
+                << w.repairs.min(REPAIR_BACKOFF_DOUBLINGS_MAX);
+            w.retry_at_ns = Some(now_ns + pause);
+            self.repairs += 1;
+            return;
+        }
+        let w = s.write.take().expect("checked");
+        self.release_slot(slot);
+        let published = self
+            .shared
+            .engine
+            .publish(w.shard, &w.key, w.addr, w.version, w.len);
+        self.shared.versions.complete(w.shard, w.version);
+        if w.answered {
+            return; // repaired: its client was told the outcome is unknown
+        }
+        match published {
+            Ok(_) => self.respond(
+                w.peer,
+                w.request_id,
+                Response::Ok {
+                    version: w.version.0,
+                },
+            ),
+            Err(e) => self.reject(w.peer, w.request_id, ErrorCode::Internal, &e.to_string()),
+        }
+    }
+
+    fn release_slot(&mut self, slot: u32) {
+        let s = &mut self.slots[slot as usize];
+        assert!(s.write.is_none(), "slot {slot} released while in use");
+        s.generation = (s.generation + 1) & ((1 << GENERATION_BITS) - 1);
         self.free.push(slot);
         self.inflight -= 1;
-        match w.failure {
-            None => {
-                let published = self
-                    .shared
-                    .engine
-                    .publish(w.shard, &w.key, w.addr, w.version, w.len);
+    }
+
+    /// Replicate again the writes whose replication failed, to every write target
+    /// of the current configuration that does not have them yet, once their pause
+    /// is over; a write of a shard this server no longer leads is abandoned (the
+    /// new primary's promotion gathers it from the replicas that have it). Returns
+    /// whether it did anything.
+    fn repair(&mut self, now_ns: u64) -> bool {
+        if self.repairs == 0 {
+            return false;
+        }
+        let config = Arc::clone(&self.config);
+        let mut did = false;
+        for slot in 0..self.slots.len() as u32 {
+            let due = self.slots[slot as usize]
+                .write
+                .as_ref()
+                .is_some_and(|w| w.retry_at_ns.is_some_and(|t| now_ns >= t));
+            if !due {
+                continue;
+            }
+            did = true;
+            self.repairs -= 1;
+            let w = self.slots[slot as usize].write.as_mut().expect("due");
+            w.retry_at_ns = None;
+            let (shard, addr, len) = (w.shard, w.addr, w.len);
+            let Some(assignment) = config
+                .shard(shard)
+                .filter(|a| a.primary == self.shared.node)
+            else {
+                let w = self.slots[slot as usize].write.take().expect("due");
+                self.release_slot(slot);
+                self.shared.engine.abandon(w.addr);
                 self.shared.versions.complete(w.shard, w.version);
-                match published {
-                    Ok(_) => self.respond(
-                        w.peer,
-                        w.request_id,
-                        Response::Ok {
-                            version: w.version.0,
-                        },
-                    ),
-                    Err(e) => {
-                        self.reject(w.peer, w.request_id, ErrorCode::Internal, &e.to_string())
-                    }
+                continue;
+            };
+            // The replicas of the current configuration, and which already have it.
+            let had: Vec<NodeId> = (0..w.target_count)
+                .filter(|&i| w.acked & (1 << i) != 0)
+                .map(|i| w.targets[i])
+                .collect();
+            let count = assignment.write_target_count();
+            assert!(count <= TARGETS_MAX, "{count} replicas of {shard}");
+            w.target_count = count;
+            w.acked = 0;
+            for (i, b) in assignment.write_targets().enumerate() {
+                w.targets[i] = b;
+                if had.contains(&b) {
+                    w.acked |= 1 << i;
                 }
             }
-            Some(why) => {
-                self.shared.versions.complete(w.shard, w.version);
-                // The outcome is unknown to the client: some replicas may hold it.
-                let detail = format!("replication failed: {why}");
-                self.reject(w.peer, w.request_id, ErrorCode::Internal, &detail);
+            let missing: Vec<(usize, NodeId)> = (0..count)
+                .filter(|&i| w.acked & (1 << i) == 0)
+                .map(|i| (i, w.targets[i]))
+                .collect();
+            w.acks_left = missing.len();
+            w.term = config.term.0;
+            w.repairs += 1;
+            tracing::debug!(worker = %self.name, %shard, version = %w.version, ?missing, "replicating a failed write again");
+            if missing.is_empty() {
+                self.finish(slot, now_ns);
+                continue;
+            }
+            self.shared
+                .engine
+                .read_appended(addr, len, &mut self.entry_buf);
+            let generation = self.slots[slot as usize].generation;
+            let mut cx = ReplCtx {
+                env: self.envelope(0),
+                ep: &mut self.ep,
+                now_ns,
+            };
+            for (i, b) in missing {
+                let token = write_token(slot, i, generation);
+                self.repl.replicate(&mut cx, b, &self.entry_buf, token);
             }
         }
+        did
     }
 
     fn handle_replicate(&mut self, peer: PeerId, request_id: u64, sender: NodeId, entries: &[u8]) {
@@ -530,14 +693,15 @@ impl<N: Nic> Worker<N> {
             return;
         }
         // Every block must verify and belong to a shard this server backs up for
-        // the sender, before anything is appended.
+        // the sender — as a backup or a joining one, which takes every new write
+        // too — before anything is appended.
         let config = Arc::clone(&self.config);
         let mut at = 0;
         while at < entries.len() {
             match entry::parse_block(&entries[at..]) {
                 Ok((h, _)) => {
                     let ok = config.shard(h.shard).is_some_and(|s| {
-                        s.primary == sender && s.backups.contains(&self.shared.node)
+                        s.primary == sender && s.write_targets().any(|b| b == self.shared.node)
                     });
                     if !ok {
                         let detail = format!("{} is not backed up here for {sender}", h.shard);
@@ -641,7 +805,15 @@ impl<N: Nic> Worker<N> {
         let mtu = self.shared.engine.config().mtu_bytes;
         let mut did = false;
         for s in config.primary_shards(self.shared.node) {
+            // A shard being promoted or cold-started is not served yet: its
+            // replicas' segments must stay uncommitted until its gather has read
+            // them, so no CommitVer of it goes out (nor is noted here) before then.
+            if !self.shared.shard_ready(s.shard) {
+                continue;
+            }
             let cv = self.shared.versions.commit_version(s.shard);
+            // This server's own logs hold entries of the shard too.
+            self.shared.blog.note_commit_version(s.shard, cv);
             let sent = &mut self.commit_sent[s.shard.0 as usize];
             if cv <= *sent {
                 continue;
@@ -712,6 +884,13 @@ impl<N: Nic> Task for Worker<N> {
                 }
                 Event::SendFailed { peer, status } => {
                     tracing::debug!(worker = %self.name, ?peer, ?status, "send failed");
+                    // Requests outstanding on that connection will not be answered.
+                    let mut cx = ReplCtx {
+                        env: self.envelope(0),
+                        ep: &mut self.ep,
+                        now_ns,
+                    };
+                    self.repl.on_send_failed(&mut cx, peer, &mut self.outcomes);
                 }
             }
         }
@@ -730,11 +909,12 @@ impl<N: Nic> Task for Worker<N> {
         let failed = std::mem::take(&mut self.outcomes.failed);
         did |= !acked.is_empty() || !failed.is_empty();
         for t in &acked {
-            self.on_outcome(*t, None);
+            self.on_outcome(*t, None, now_ns);
         }
         for (t, why) in failed {
-            self.on_outcome(t, Some(why));
+            self.on_outcome(t, Some(why), now_ns);
         }
+        did |= self.repair(now_ns);
         let mut acked = acked;
         acked.clear();
         self.outcomes.acked = acked;

@@ -64,6 +64,10 @@ pub enum ViolationKind {
     /// The linearizability search for a key exceeded its step budget; the
     /// key is neither confirmed nor refuted.
     Inconclusive,
+    /// At the end of a run, with every fault healed and every landed entry
+    /// digested, a backup's index of a shard differs from its primary's: a
+    /// later failover would change what clients read.
+    ReplicasDiverge,
 }
 
 impl fmt::Display for ViolationKind {
@@ -73,6 +77,7 @@ impl fmt::Display for ViolationKind {
             ViolationKind::NotLinearizable => "not linearizable",
             ViolationKind::StaleConfig => "stale config",
             ViolationKind::Inconclusive => "inconclusive",
+            ViolationKind::ReplicasDiverge => "replicas diverge",
         })
     }
 }

@@ -50,6 +50,43 @@ pub enum PlantedBug {
     /// Servers serve without a valid lease (a paused primary answers after the
     /// CM replaced it).
     ServeWithoutLease,
+    /// A full t-log segment is committed at once, although its last entries may
+    /// still wait for their ACKs: the cleaner frees them before they are indexed.
+    CommitUnsettledTlogSegments,
+    /// A write whose replication failed is abandoned at once: CommitVer passes
+    /// an entry some replicas lack, a promotion does not gather it and reuses
+    /// its version.
+    AbandonFailedWrites,
+}
+
+impl PlantedBug {
+    pub const ALL: [PlantedBug; 3] = [
+        PlantedBug::ServeWithoutLease,
+        PlantedBug::CommitUnsettledTlogSegments,
+        PlantedBug::AbandonFailedWrites,
+    ];
+
+    /// The name `rowankv sim --planted` takes.
+    pub fn name(self) -> &'static str {
+        match self {
+            PlantedBug::ServeWithoutLease => "serve-without-lease",
+            PlantedBug::CommitUnsettledTlogSegments => "commit-unsettled-tlog-segments",
+            PlantedBug::AbandonFailedWrites => "abandon-failed-writes",
+        }
+    }
+}
+
+impl std::str::FromStr for PlantedBug {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        PlantedBug::ALL
+            .into_iter()
+            .find(|p| p.name() == s)
+            .ok_or_else(|| {
+                let names: Vec<&str> = PlantedBug::ALL.iter().map(|p| p.name()).collect();
+                format!("unknown planted bug {s:?} (one of {})", names.join(", "))
+            })
+    }
 }
 
 /// What one simulated run does.
@@ -65,6 +102,8 @@ pub struct SimConfig {
     /// Every fault is a stall of the whole machine (a test of failure detection).
     pub stalls_only: bool,
     pub planted: Option<PlantedBug>,
+    /// The replication strategy; `None`: drawn from the seed (all five in turn).
+    pub strategy: Option<Strategy>,
 }
 
 impl SimConfig {
@@ -78,7 +117,21 @@ impl SimConfig {
             faults: true,
             stalls_only: false,
             planted: None,
+            strategy: None,
         }
+    }
+
+    /// The strategy this run replicates with.
+    pub fn strategy(&self) -> Strategy {
+        self.strategy
+            .unwrap_or(Strategy::ALL[(self.seed % Strategy::ALL.len() as u64) as usize])
+    }
+
+    /// Whether this run uses the small-pool profile: 8 KiB segments in a 1 MiB
+    /// pool and a cleaner every millisecond, so t-log and b-log segments fill,
+    /// commit, are cleaned and are reused many times while writes wait for ACKs.
+    pub fn small_segments(&self) -> bool {
+        (self.seed / Strategy::ALL.len() as u64) % 2 == 1
     }
 }
 
@@ -126,20 +179,26 @@ const LEASE_NS: u64 = 20_000_000;
 const OPS_PER_FAULT: f64 = 150.0;
 const CLIENT_TIMEOUT: Duration = Duration::from_millis(120);
 
-fn settings(planted: Option<PlantedBug>) -> ServerSettings {
+fn settings(sim: &SimConfig) -> ServerSettings {
+    let planted = sim.planted;
+    let small = sim.small_segments();
     let mut s = ServerSettings {
         workers: 2,
         cleaners: 1,
         inflight_max: 16,
         commit_interval_ns: 2_000_000,
         control_interval_ns: 100_000,
-        clean_interval_ns: 5_000_000,
+        clean_interval_ns: if small { 1_000_000 } else { 5_000_000 },
+        clean_grace_ns: if small { 200_000 } else { 10_000_000 },
+        unsafe_commit_unsettled_tlog_segments: planted
+            == Some(PlantedBug::CommitUnsettledTlogSegments),
         failover: FailoverSettings {
             lease_ns: LEASE_NS,
             renew_ns: 2_000_000,
             cm_lease_ns: 4 * LEASE_NS,
             retry_ns: 1_000_000,
             unsafe_serve_without_lease: planted == Some(PlantedBug::ServeWithoutLease),
+            unsafe_abandon_failed_writes: planted == Some(PlantedBug::AbandonFailedWrites),
         },
         ..ServerSettings::default()
     };
@@ -155,10 +214,10 @@ fn cluster_config(sim: &SimConfig) -> ClusterConfig {
         servers: sim.servers,
         shards_per_server: 2,
         replication_factor: 3,
-        strategy: Strategy::Rowan,
-        settings: settings(sim.planted),
-        pool_bytes: 24 << 20,
-        segment_bytes: 256 << 10,
+        strategy: sim.strategy(),
+        settings: settings(sim),
+        pool_bytes: if sim.small_segments() { 1 << 20 } else { 24 << 20 },
+        segment_bytes: if sim.small_segments() { 8 << 10 } else { 256 << 10 },
         media_model: None,
         crash_sim: true,
         dir: None,
@@ -201,8 +260,13 @@ struct World {
     faults: FaultCounts,
     fault_log: Vec<String>,
     cm_restart_at: Option<(usize, u64)>,
+    /// A power failure scheduled while a failover is under way.
+    power_failure_at: Option<u64>,
     next_client_node: u32,
     stalls_only: bool,
+    /// Values padded to up to this many bytes, so that logs fill segments fast
+    /// (the small-pool profile); 0: short values.
+    value_pad_max: usize,
 }
 
 impl World {
@@ -235,8 +299,10 @@ impl World {
             faults: FaultCounts::default(),
             fault_log: Vec::new(),
             cm_restart_at: None,
+            power_failure_at: None,
             next_client_node: 0,
             stalls_only: sim.stalls_only,
+            value_pad_max: if sim.small_segments() { 1200 } else { 0 },
         };
         let now = w.clock.now_ns();
         for s in &w.parts.servers {
@@ -359,10 +425,14 @@ impl World {
             if self.clients[ci].current.is_none() && *issued < budget {
                 let key = self.keys[self.rng.gen_range(0..self.keys.len())].clone();
                 let roll: u32 = self.rng.gen_range(0..100);
+                let pad = match self.value_pad_max {
+                    0 => 0,
+                    max => self.rng.gen_range(0..max),
+                };
                 let sc = &mut self.clients[ci];
                 let (kind, client_op, value) = if roll < 45 {
                     sc.next_value += 1;
-                    let v = format!("c{}-{}", sc.id, sc.next_value);
+                    let v = format!("c{}-{}{}", sc.id, sc.next_value, ".".repeat(pad));
                     (
                         OpKind::Put,
                         Op::Put {
@@ -464,6 +534,12 @@ impl World {
                 self.removed += 1;
                 self.faults.crashes += 1;
                 self.log(format!("crash {n}"));
+                // Sometimes the whole cluster loses power while it fails over:
+                // before the CM notices, while it prepares, or mid-promotion.
+                if self.power_failure_at.is_none() && self.rng.gen_bool(0.3) {
+                    let at = now + self.rng.gen_range(0..4 * LEASE_NS);
+                    self.power_failure_at = Some(at);
+                }
             }
             15..=34 => {
                 let n = pick(&mut self.rng, &servers);
@@ -524,7 +600,13 @@ impl World {
                 if a == b {
                     return;
                 }
-                let delay = self.rng.gen_range(20_000..2_000_000);
+                // Some delays hold ACKs for longer than t-log segments take to
+                // fill and be cleaned (the small-pool profile).
+                let delay = if self.rng.gen_bool(0.3) {
+                    self.rng.gen_range(2_000_000..8_000_000)
+                } else {
+                    self.rng.gen_range(20_000..2_000_000)
+                };
                 let d = self.rng.gen_range(LEASE_NS / 10..LEASE_NS);
                 self.parts.fabric.set_delay_ns(a, b, delay);
                 self.links.push((a, b, now + d));
@@ -602,7 +684,7 @@ impl World {
             opts.crash_sim = true;
             let pool = Pool::from_image(&image, opts).expect("a pool from the image");
             let (engine, report) =
-                Engine::open(pool, s.engine.config().clone()).expect("recovering a pool");
+                Engine::open_replica(pool, s.engine.config().clone()).expect("recovering a pool");
             recovered.push(Recovered {
                 node: s.node,
                 engine: Arc::new(engine),
@@ -619,6 +701,7 @@ impl World {
         self.paused.clear();
         self.links.clear();
         self.cm_restart_at = None;
+        self.power_failure_at = None;
         // Keep the client-side view: every operation in flight is of unknown outcome.
         let now = self.now();
         for sc in &mut self.clients {
@@ -687,6 +770,11 @@ impl World {
         let mut ticks = 0u64;
         while issued < budget || self.clients.iter().any(|c| c.current.is_some()) {
             self.heal_due(false);
+            if self.power_failure_at.is_some_and(|t| self.now() >= t) {
+                self.power_failure();
+                self.faults.power_failures += 1;
+                self.log("power failure of every server, during a failover".into());
+            }
             let a = self.step_roles();
             let before = issued;
             let b = self.step_clients(&mut issued, budget);
@@ -708,7 +796,13 @@ impl World {
             return "no configuration".into();
         };
         let s = config.shard_for_key(key.as_bytes());
-        match self.parts.servers.iter().find(|x| x.node == s.primary) {
+        let census: Vec<String> = self
+            .parts
+            .servers
+            .iter()
+            .map(|x| format!("{}: {:?}", x.node, x.engine.segment_census()))
+            .collect();
+        let detail = match self.parts.servers.iter().find(|x| x.node == s.primary) {
             Some(p) => format!(
                 "{} (term {}) primary {} backups {:?} joining {:?}: served {}, server term {}, committed {}, lease {} ns left, stopped {}",
                 s.shard,
@@ -723,7 +817,8 @@ impl World {
                 p.stopped()
             ),
             None => format!("{} primary {} is not running", s.shard, s.primary),
-        }
+        };
+        format!("{detail}; segments {}", census.join("; "))
     }
 
     /// Heal everything, let the cluster settle, read every key back.
@@ -796,11 +891,98 @@ impl World {
     }
 }
 
+impl World {
+    /// Every shard's full replicas against its primary, once every fault is
+    /// healed and the cluster settled: the same keys at the same versions with
+    /// the same bytes. Divergence is a failover away from a lost or resurrected
+    /// write, so it is reported even when no client read has shown it yet.
+    fn replicas_agree(&self) -> Vec<String> {
+        use std::collections::BTreeMap;
+        use rowankv_engine::{entry, Owner, SegmentState};
+        let Ok(config) = self.parts.source.fetch() else {
+            return vec!["no configuration at the end of the run".into()];
+        };
+        let live = |n: NodeId| {
+            self.parts
+                .servers
+                .iter()
+                .find(|s| s.node == n && !s.stopped())
+        };
+        // Digest everything landed, as a quiescent backup does: segments still
+        // being filled are not digested in normal operation.
+        for n in config.members.iter().map(|m| m.node) {
+            let Some(s) = live(n) else { continue };
+            let segs = s.engine.segments_in(
+                &[Owner::Control, Owner::Backup],
+                &[SegmentState::Using, SegmentState::Used],
+            );
+            for seg in segs {
+                let _ = s.blog.digest_now(seg);
+            }
+        }
+        type Index = BTreeMap<Vec<u8>, (u64, Vec<u8>)>;
+        let index_of = |n: NodeId, shard| -> Option<Index> {
+            let s = live(n)?;
+            let mut index = Index::new();
+            s.engine
+                .for_each_indexed_entry(shard, |bytes| {
+                    if let Ok(e) = entry::parse_entry(bytes) {
+                        let value = match e.kind {
+                            entry::Kind::Put => e.value.to_vec(),
+                            _ => b"<deleted>".to_vec(),
+                        };
+                        index.insert(e.key.to_vec(), (e.version.0, value));
+                    }
+                })
+                .ok()?;
+            Some(index)
+        };
+        let mut out = Vec::new();
+        for a in &config.shards {
+            let Some(p) = live(a.primary) else { continue };
+            if !p.shard_ready(a.shard) {
+                continue; // reported by the final reads if it matters
+            }
+            let Some(want) = index_of(a.primary, a.shard) else {
+                continue;
+            };
+            for &b in &a.backups {
+                let Some(got) = index_of(b, a.shard) else {
+                    continue;
+                };
+                let keys: std::collections::BTreeSet<&Vec<u8>> =
+                    want.keys().chain(got.keys()).collect();
+                for k in keys {
+                    let (w, g) = (want.get(k), got.get(k));
+                    if w != g {
+                        let show = |x: Option<&(u64, Vec<u8>)>| {
+                            x.map_or("absent".to_string(), |(v, val)| {
+                                format!("v{v} {:?}", String::from_utf8_lossy(val))
+                            })
+                        };
+                        out.push(format!(
+                            "{} key {:?}: primary {} has {}, backup {b} has {}",
+                            a.shard,
+                            String::from_utf8_lossy(k),
+                            a.primary,
+                            show(w),
+                            show(g)
+                        ));
+                        break;
+                    }
+                }
+            }
+        }
+        out
+    }
+}
+
 /// Run one seed.
 pub fn run(sim: &SimConfig) -> RunResult {
     let mut w = World::new(sim);
     w.run_ops(sim.ops, sim.faults);
     w.read_back();
+    let diverged = w.replicas_agree();
     let commits: Vec<ConfigCommit> = w
         .events
         .commits()
@@ -819,6 +1001,13 @@ pub fn run(sim: &SimConfig) -> RunResult {
             kind: crate::check::ViolationKind::LostWrite,
             key: None,
             detail: u,
+        });
+    }
+    for d in diverged {
+        report.violations.push(crate::check::Violation {
+            kind: crate::check::ViolationKind::ReplicasDiverge,
+            key: None,
+            detail: d,
         });
     }
     let terms = w.parts.source.fetch().map(|c| c.term).unwrap_or(Term(0)).0;

@@ -113,6 +113,9 @@ pub trait Replicator<N: Nic>: Send {
         response: &Response<'_>,
         out: &mut Outcomes,
     );
+    /// A SEND on `peer`'s connection failed: the endpoint reset it, and the
+    /// requests outstanding on it will never be answered.
+    fn on_send_failed(&mut self, _cx: &mut ReplCtx<'_, N>, _peer: PeerId, _out: &mut Outcomes) {}
     /// Timers and queued work (batch timeouts, entries waiting for a segment or a
     /// credit). Returns whether it did anything.
     fn tick(&mut self, cx: &mut ReplCtx<'_, N>, out: &mut Outcomes) -> bool;

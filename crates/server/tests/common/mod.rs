@@ -16,7 +16,7 @@ pub fn recover_power_failure_image(server: &ServerShared<LoopbackNic>) -> Engine
         .image(PowerFailure::DropAll);
     let pool = Pool::from_image(&image, PoolOptions::new(Medium::Emulated, image.len()))
         .expect("a pool from the image");
-    let (engine, _report) = Engine::open(pool, server.engine.config().clone())
+    let (engine, _report) = Engine::open_replica(pool, server.engine.config().clone())
         .unwrap_or_else(|e| panic!("recovering {}'s image: {e}", server.node));
     engine
 }
