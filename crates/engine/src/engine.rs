@@ -77,6 +77,11 @@ pub struct EngineConfig {
     pub clean_grace: Duration,
     /// The clock the grace period is measured on (a simulator's, in simulation).
     pub clock: Arc<dyn Clock>,
+    /// Reuse the most recently freed segment first, rather than the least
+    /// recently freed (which spreads wear and gives readers in flight the most
+    /// time). The simulator sets it so a freed segment is overwritten at once and
+    /// a use of freed bytes shows.
+    pub reuse_newest_first: bool,
     /// A deliberately broken engine, to show that the simulator catches it: a
     /// full t-log segment is committed at once, although entries in it may still
     /// wait for their ACKs (so the cleaner may free them). Never set outside tests.
@@ -100,6 +105,7 @@ impl Default for EngineConfig {
             clean_live_fraction_max: 0.75,
             clean_grace: Duration::from_millis(10),
             clock: SystemClock::new(),
+            reuse_newest_first: false,
             unsafe_commit_unsettled_tlog_segments: false,
         }
     }
@@ -302,6 +308,7 @@ impl Engine {
     }
 
     fn assemble(pool: Arc<Pool>, config: EngineConfig, segments: Segments) -> Engine {
+        segments.set_reuse_newest_first(config.reuse_newest_first);
         let log = |owner, i: usize| Log {
             owner,
             owner_index: i as u8,

@@ -268,6 +268,9 @@ pub struct Segments {
     layout: Layout,
     free: Mutex<VecDeque<SegmentId>>,
     next_seq: AtomicU64,
+    /// Reuse the most recently freed segment first (a simulator's choice, to
+    /// reuse freed segments at once); by default the least recently freed.
+    reuse_newest_first: std::sync::atomic::AtomicBool,
 }
 
 impl Segments {
@@ -288,6 +291,7 @@ impl Segments {
             free: Mutex::new((0..layout.segment_count as u32).map(SegmentId).collect()),
             layout,
             next_seq: AtomicU64::new(1),
+            reuse_newest_first: Default::default(),
         })
     }
 
@@ -327,6 +331,7 @@ impl Segments {
                 layout,
                 free: Mutex::new(free),
                 next_seq: AtomicU64::new(max_seq + 1),
+                reuse_newest_first: Default::default(),
             },
             in_use,
             corrupt,
@@ -411,7 +416,17 @@ impl Segments {
     /// live entry of it durable elsewhere first.
     pub fn release(&self, seg: SegmentId) {
         self.store(seg, SegmentMeta::FREE);
-        self.free.lock().push_back(seg);
+        let mut free = self.free.lock();
+        if self.reuse_newest_first.load(Ordering::Relaxed) {
+            free.push_front(seg);
+        } else {
+            free.push_back(seg);
+        }
+    }
+
+    /// Reuse the most recently freed segment first (see the field).
+    pub fn set_reuse_newest_first(&self, on: bool) {
+        self.reuse_newest_first.store(on, Ordering::Relaxed);
     }
 }
 

@@ -422,6 +422,7 @@ pub fn build(
                         keys_per_shard_expected: config.keys_per_shard_expected,
                         clock: fabric.clock(),
                         clean_grace: std::time::Duration::from_nanos(s.clean_grace_ns),
+                        reuse_newest_first: s.reuse_newest_first,
                         unsafe_commit_unsettled_tlog_segments: s
                             .unsafe_commit_unsettled_tlog_segments,
                         ..EngineConfig::default()

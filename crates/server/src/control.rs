@@ -260,6 +260,10 @@ struct Recovery {
     pages: Vec<Vec<u8>>,
     targets: BTreeMap<NodeId, Target>,
     scattering: bool,
+    /// Installing the union here failed: tried again from this time.
+    install_retry_at_ns: Option<u64>,
+    /// Failed attempts to install the union here (for tests and logs).
+    install_failures: u32,
 }
 
 /// Re-replication of one shard to one joining backup.
@@ -716,6 +720,8 @@ impl<N: Nic> ControlTask<N> {
                     pages: Vec::new(),
                     targets: BTreeMap::new(),
                     scattering: false,
+                    install_retry_at_ns: None,
+                    install_failures: 0,
                 });
             } else {
                 for j in &s.joining {
@@ -835,20 +841,42 @@ impl<N: Nic> ControlTask<N> {
                         }
                     }
                 }
+                if rec.install_retry_at_ns.is_some_and(|t| now_ns < t) {
+                    continue;
+                }
                 let max = self.ep.config().frame_bytes_max - HEADER_BYTES - 2;
                 rec.pages = pack(rec.entries.values().map(|e| e.as_slice()), max);
+                let mut failed = None;
                 for page in &rec.pages {
-                    match self.shared.engine.install_entries(0, page) {
+                    let installed = if self.shared.buggify("control.install-fails") {
+                        Err(rowankv_engine::EngineError::OutOfSpace)
+                    } else {
+                        self.shared.engine.install_entries(0, page)
+                    };
+                    match installed {
                         Ok(r) => {
                             for seg in r.sealed {
                                 self.shared.blog.enqueue_used(seg);
                             }
                         }
                         Err(e) => {
-                            tracing::error!(role = %self.name, %shard, error = %e, "installing the union");
+                            failed = Some(e);
+                            break;
                         }
                     }
                 }
+                if let Some(e) = failed {
+                    // The union is not all here: this server may not serve the
+                    // shard, nor send it on. Installing is idempotent (versions
+                    // decide), so it is tried again, whole, after a pause; the
+                    // shard stays unserved until it succeeds.
+                    tracing::error!(role = %self.name, %shard, error = %e, "installing the union; trying again");
+                    rec.install_retry_at_ns = Some(now_ns + retry);
+                    rec.install_failures += 1;
+                    did = true;
+                    continue;
+                }
+                rec.install_retry_at_ns = None;
                 rec.targets = rec
                     .sources
                     .keys()
@@ -1040,6 +1068,9 @@ impl<N: Nic> Task for ControlTask<N> {
     fn step(&mut self, now_ns: u64) -> Step {
         if self.shared.stopped() {
             return Step::Done;
+        }
+        if self.shared.buggify("control.skip-step") {
+            return Step::Idle;
         }
         let mut did = false;
         if self.rowan.due(now_ns) {

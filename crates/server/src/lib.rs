@@ -23,6 +23,7 @@
 #![forbid(unsafe_code)]
 
 pub mod background;
+pub mod buggify;
 pub mod cluster;
 pub mod cm_role;
 pub mod control;

@@ -57,6 +57,11 @@ pub struct ServerSettings {
     pub clean_interval_ns: u64,
     /// Time a cleaned segment waits before it is reused (readers in flight).
     pub clean_grace_ns: u64,
+    /// Reuse the most recently freed segment first (`EngineConfig::reuse_newest_first`).
+    pub reuse_newest_first: bool,
+    /// Seed of the fault sites in the protocol roles ([`crate::buggify`]); set
+    /// only by the simulator. `None`: every site is off.
+    pub buggify_seed: Option<u64>,
     /// A deliberately broken engine for testing the simulator: a full t-log
     /// segment is committed at once, while its last entries may still wait for
     /// their ACKs. Never set outside tests.
@@ -133,6 +138,8 @@ impl Default for ServerSettings {
             control_interval_ns: 100_000,
             clean_interval_ns: 20_000_000,
             clean_grace_ns: 10_000_000,
+            reuse_newest_first: false,
+            buggify_seed: None,
             unsafe_commit_unsettled_tlog_segments: false,
             batch: BatchConfig::default(),
             endpoint: EndpointConfig::default(),
@@ -186,6 +193,8 @@ pub struct ServerShared<N: Nic> {
     /// Segments granted to remote logs: segment → (sender, log id).
     grants: Mutex<HashMap<u32, (NodeId, u32)>>,
     stopped: AtomicBool,
+    /// Fault sites: random in the simulator, forced by tests, else off.
+    pub buggify: crate::buggify::Buggify,
     /// The server's lease ends here (ns on the cluster's clock).
     lease_until_ns: AtomicU64,
     /// Fault injection: the lease role does nothing until here (a thread that
@@ -234,6 +243,10 @@ impl<N: Nic> ServerShared<N> {
                 AtomicBool::new(!(recovered.is_some() && primary))
             })
             .collect();
+        let buggify = match settings.buggify_seed {
+            Some(seed) => crate::buggify::Buggify::new(seed, node),
+            None => crate::buggify::Buggify::off(),
+        };
         let worker_oldest_term = (0..settings.workers)
             .map(|_| AtomicU64::new(u64::MAX))
             .collect();
@@ -259,6 +272,7 @@ impl<N: Nic> ServerShared<N> {
             cm,
             grants: Mutex::new(HashMap::new()),
             stopped: AtomicBool::new(false),
+            buggify,
         }
     }
 
@@ -411,6 +425,11 @@ impl<N: Nic> ServerShared<N> {
 
     pub fn stopped(&self) -> bool {
         self.stopped.load(Ordering::Acquire)
+    }
+
+    /// Whether fault site `site` fires now (always false outside the simulator).
+    pub fn buggify(&self, site: &'static str) -> bool {
+        self.buggify.fire(site)
     }
 
     pub(crate) fn grant(&self, segment: u32, sender: NodeId, log: u32) {

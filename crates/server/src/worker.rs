@@ -905,6 +905,10 @@ impl<N: Nic> Task for Worker<N> {
             did |= self.repl.tick(&mut cx, &mut self.outcomes);
         }
         did |= self.disseminate_commit_versions(now_ns);
+        if self.shared.buggify("worker.defer-outcomes") {
+            // ACKs and failures wait for a later step (slow ACK processing).
+            return Step::Worked;
+        }
         let acked = std::mem::take(&mut self.outcomes.acked);
         let failed = std::mem::take(&mut self.outcomes.failed);
         did |= !acked.is_empty() || !failed.is_empty();

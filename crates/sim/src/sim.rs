@@ -190,6 +190,8 @@ fn settings(sim: &SimConfig) -> ServerSettings {
         control_interval_ns: 100_000,
         clean_interval_ns: if small { 1_000_000 } else { 5_000_000 },
         clean_grace_ns: if small { 200_000 } else { 10_000_000 },
+        reuse_newest_first: small,
+        buggify_seed: Some(sim.seed),
         unsafe_commit_unsettled_tlog_segments: planted
             == Some(PlantedBug::CommitUnsettledTlogSegments),
         failover: FailoverSettings {
