@@ -33,7 +33,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
-use rowankv_fabric::{Access, MemoryRegion, Nic, QpAddr, RegionMemory};
+use rowankv_fabric::{Access, MemoryRegion, Nic, QpAddr, QueuePair, RegionMemory};
 use rowankv_rowan::{ReceiverConfig, RowanReceiver};
 use rowankv_types::{NodeId, SegmentId, ShardId};
 
@@ -107,6 +107,9 @@ pub struct BackupLog<N: Nic> {
     /// `None`: a passive backup log, fed by remote WRITE logs and per-thread b-logs
     /// (the baselines' replication) rather than by a Rowan receiver.
     receiver: Option<Mutex<RowanReceiver<N>>>,
+    /// This server's ends of the queue pairs remote senders WRITE into its
+    /// granted segments with (the WRITE strategies), until `disconnect`.
+    writers: Mutex<Vec<N::Qp>>,
     /// Segments a remote sender sealed, waiting out the grace period for its WRITEs
     /// still in flight: (sealed at, segment).
     sealed: Mutex<VecDeque<(u64, SegmentId)>>,
@@ -195,6 +198,7 @@ impl<N: Nic> BackupLog<N> {
         let shards = engine.config().shard_count as usize;
         Ok(BackupLog {
             receiver: receiver.map(Mutex::new),
+            writers: Mutex::new(Vec::new()),
             sealed: Mutex::new(VecDeque::new()),
             used: Mutex::new((queue, queued)),
             digests: (0..config.digest_count)
@@ -223,13 +227,33 @@ impl<N: Nic> BackupLog<N> {
             .map_err(|e| EngineError::Config(format!("accepting a sender: {e}")))
     }
 
-    /// Destroy the receiver's queue pairs from `node` (removed from the
-    /// configuration): its replication writes fail from now on and never land.
-    /// Returns how many were closed (0 for a passive backup log).
+    /// Keep `qp`, this server's end of a connection a remote sender WRITEs into
+    /// granted segments through (connected already), so that [`Self::disconnect`]
+    /// can destroy it.
+    pub fn accept_writer(&self, qp: N::Qp) {
+        self.writers.lock().push(qp);
+    }
+
+    /// Destroy the queue pairs from `node` (removed from the configuration) —
+    /// the receiver's and the remote writers' — as RDMA fences a sender: its
+    /// replication SENDs and WRITEs fail from now on and never land, those a
+    /// link delay still holds included. Returns how many were closed.
     pub fn disconnect(&self, node: NodeId) -> usize {
-        self.receiver
+        let received = self
+            .receiver
             .as_ref()
-            .map_or(0, |r| r.lock().disconnect(node))
+            .map_or(0, |r| r.lock().disconnect(node));
+        let mut writers = self.writers.lock();
+        let before = writers.len();
+        writers.retain(|qp| {
+            let from_node = qp.peer().is_some_and(|p| p.node == node);
+            let from_node = from_node && std::env::var_os("ABL_NOFENCE").is_none();
+            if from_node {
+                qp.close();
+            }
+            !from_node
+        });
+        received + before - writers.len()
     }
 
     fn replenish(&self) -> Result<usize, EngineError> {

@@ -41,6 +41,20 @@
 //! `for_each_indexed_entry` passes every indexed entry of a shard (tombstones
 //! included) to copy it to a new backup; `highest_version` is the largest version
 //! seen for a shard.
+//!
+//! Exactly-once retries (RIFL): a write for a client request carries a request
+//! record (client, seq, the client's `first_incomplete`) in its log entry
+//! (`put_with_request`, `delete_with_request`, or `entry::encode_with_request` +
+//! `append_encoded` + `publish_with_request`). Each shard keeps a request table
+//! (`index::RequestTable`: per client, a floor and `seq → version` above it, bounded
+//! by `REQUEST_CLIENTS_MAX` clients and `REQUEST_WINDOW` seqs), fed after the index
+//! install on every path that indexes an entry with a record — write, publish,
+//! recovery (log order), digest, `install_entries` — also for an entry that loses to
+//! a newer version of its key. Copies keep the record (cleaning, assembly,
+//! `uncommitted_entries`, `install_entries` at another MTU). `request_outcome`
+//! answers `Done(version)`, `Stale` or `Unknown`. The table is DRAM: it is rebuilt
+//! from the log, so what it can forget is exactly what the log no longer holds, plus
+//! its bounds — the window is in `docs/engine.md`, "Exactly-once retries".
 
 use std::borrow::Cow;
 use std::cell::{Cell, RefCell};
@@ -51,10 +65,10 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 use rowankv_pmem::Pool;
-use rowankv_types::{Clock, SegmentId, ShardId, SystemClock, Version};
+use rowankv_types::{Clock, RequestId, RequestRecord, SegmentId, ShardId, SystemClock, Version};
 
 use crate::entry::{self, Assembler, EntryError, Kind};
-use crate::index::{ShardIndex, Upsert};
+use crate::index::{RequestOutcome, RequestStats, RequestTable, ShardIndex, Upsert};
 use crate::segment::{Layout, Owner, SegmentState, Segments};
 use crate::EngineError;
 
@@ -217,6 +231,10 @@ struct Shard {
     index: ShardIndex,
     /// The next version to hand out.
     next_version: AtomicU64,
+    /// Outcomes of client requests written to the shard (exactly-once retries):
+    /// fed by every path that indexes an entry with a request record; locked only
+    /// for those.
+    requests: Mutex<RequestTable>,
 }
 
 /// A log this engine appends to: the current segment and the write cursor.
@@ -286,13 +304,18 @@ const TLOG_FILLING: u64 = 1 << 63;
 const FIRST_READ_BYTES: usize = 256;
 
 /// Whether `b` (from an entry's first byte) names `key`, by its unverified header:
-/// a block 0 whose key length and key bytes match.
+/// a block 0 whose key length and key bytes match (the key follows the request
+/// record in an entry that has one).
 fn raw_key_matches(b: &[u8], key: &[u8]) -> bool {
-    b.len() >= entry::HEADER_BYTES + key.len()
+    let Some(&format) = b.get(1) else {
+        return false;
+    };
+    let start = entry::HEADER_BYTES + entry::record_bytes_of_format(format);
+    b.len() >= start + key.len()
         && b[0] != 0
         && b[14] == 0
         && u16::from_le_bytes([b[16], b[17]]) as usize == key.len()
-        && &b[entry::HEADER_BYTES..entry::HEADER_BYTES + key.len()] == key
+        && &b[start..start + key.len()] == key
 }
 
 fn hash_key(key: &[u8]) -> u64 {
@@ -322,6 +345,7 @@ impl Engine {
                 .map(|_| Shard {
                     index: ShardIndex::with_capacity(config.keys_per_shard_expected),
                     next_version: AtomicU64::new(1),
+                    requests: Mutex::new(RequestTable::new()),
                 })
                 .collect(),
             tlogs: (0..config.workers)
@@ -492,6 +516,7 @@ impl Engine {
                     let applied = self.shards.get(e.shard.0 as usize).map(|s| {
                         let r = self.install(s, e.key, addr, e.version);
                         self.note_install(addr, e.encoded_len as u64, r);
+                        self.note_request(s, e.request, e.version);
                         r
                     });
                     sink(Ingested::Entry {
@@ -507,15 +532,13 @@ impl Engine {
                     if let Some(e) = added {
                         let applied = match self.shards.get(e.shard.0 as usize) {
                             Some(s) => {
-                                let addr = self
-                                    .append_copy(0, e.kind, e.shard, e.version, &e.key, &e.value)?;
+                                let addr = self.append_copy(
+                                    0, e.kind, e.shard, e.version, &e.key, &e.value, e.request,
+                                )?;
                                 let r = self.install(s, &e.key, addr, e.version);
-                                let len = entry::encoded_len(
-                                    e.key.len(),
-                                    e.value.len(),
-                                    self.config.mtu_bytes,
-                                );
+                                let len = e.encoded_len(self.config.mtu_bytes);
                                 self.note_install(addr, len as u64, r);
+                                self.note_request(s, e.request, e.version);
                                 Some(r)
                             }
                             None => None,
@@ -634,7 +657,8 @@ impl Engine {
         Ok(skipped)
     }
 
-    /// `entry::encode` of an entry at this engine's MTU, into a fresh vector.
+    /// `entry::encode` of an entry (with its request record, if any) at this
+    /// engine's MTU, into a fresh vector.
     fn encode_owned(
         &self,
         kind: Kind,
@@ -642,15 +666,17 @@ impl Engine {
         version: Version,
         key: &[u8],
         value: &[u8],
+        request: Option<RequestRecord>,
     ) -> Result<Vec<u8>, EngineError> {
         let mut out = Vec::new();
-        entry::encode(
+        entry::encode_inner(
             &mut out,
             kind,
             shard,
             version,
             key,
             value,
+            request,
             self.config.mtu_bytes,
         )?;
         Ok(out)
@@ -723,39 +749,40 @@ impl Engine {
         let mut assembler = Assembler::new();
         let owns = |s: ShardId| shards.contains(&s);
         for (_, seg) in ordered {
-            let mut visit =
-                |f: Found<'_>| -> Result<(), EngineError> {
-                    match f {
-                        Found::Commit { .. } => {}
-                        Found::Entry {
-                            entry: e, bytes, ..
-                        } => {
-                            if let btree_map::Entry::Vacant(v) =
-                                found.entry((e.shard, e.version, e.key.to_vec()))
-                            {
-                                // Written at another MTU than ours: keep the bytes as sent.
-                                let encoded = self
-                                    .encode_owned(e.kind, e.shard, e.version, e.key, &e.value)
-                                    .unwrap_or_else(|_| bytes.to_vec());
-                                v.insert(encoded);
-                            }
+            let mut visit = |f: Found<'_>| -> Result<(), EngineError> {
+                match f {
+                    Found::Commit { .. } => {}
+                    Found::Entry {
+                        entry: e, bytes, ..
+                    } => {
+                        if let btree_map::Entry::Vacant(v) =
+                            found.entry((e.shard, e.version, e.key.to_vec()))
+                        {
+                            // Written at another MTU than ours: keep the bytes as sent.
+                            let encoded = self
+                                .encode_owned(
+                                    e.kind, e.shard, e.version, e.key, &e.value, e.request,
+                                )
+                                .unwrap_or_else(|_| bytes.to_vec());
+                            v.insert(encoded);
                         }
-                        Found::Block { header, payload } => {
-                            // A duplicate or disagreeing block is dropped, like one that
-                            // does not verify.
-                            if let Ok(Some(e)) = assembler.add(header, payload) {
-                                if let btree_map::Entry::Vacant(v) =
-                                    found.entry((e.shard, e.version, e.key.clone()))
-                                {
-                                    v.insert(self.encode_owned(
-                                        e.kind, e.shard, e.version, &e.key, &e.value,
-                                    )?);
-                                }
+                    }
+                    Found::Block { header, payload } => {
+                        // A duplicate or disagreeing block is dropped, like one that
+                        // does not verify.
+                        if let Ok(Some(e)) = assembler.add(header, payload) {
+                            if let btree_map::Entry::Vacant(v) =
+                                found.entry((e.shard, e.version, e.key.clone()))
+                            {
+                                v.insert(self.encode_owned(
+                                    e.kind, e.shard, e.version, &e.key, &e.value, e.request,
+                                )?);
                             }
                         }
                     }
-                    Ok(())
-                };
+                }
+                Ok(())
+            };
             self.walk_segment(seg, &owns, true, &mut visit)?;
         }
         let mut by_shard: BTreeMap<ShardId, Vec<Vec<u8>>> = BTreeMap::new();
@@ -802,12 +829,15 @@ impl Engine {
                 continue;
             }
             self.shard(e.shard)?;
-            let stored: Cow<'_, [u8]> =
-                if e.encoded_len == entry::encoded_len(e.key.len(), e.value.len(), mtu) {
-                    Cow::Borrowed(bytes)
-                } else {
-                    Cow::Owned(self.encode_owned(e.kind, e.shard, e.version, e.key, &e.value)?)
-                };
+            let len_here =
+                entry::encoded_len_for(e.key.len(), e.value.len(), e.request.is_some(), mtu);
+            let stored: Cow<'_, [u8]> = if e.encoded_len == len_here {
+                Cow::Borrowed(bytes)
+            } else {
+                Cow::Owned(
+                    self.encode_owned(e.kind, e.shard, e.version, e.key, &e.value, e.request)?,
+                )
+            };
             if stored.len() > self.config.segment_size_bytes {
                 return Err(EngineError::Config(format!(
                     "an entry of {} B does not fit a {} B segment",
@@ -829,6 +859,8 @@ impl Engine {
                 .fetch_max(e.version.0 + 1, Ordering::Relaxed);
             let current = shard.index.get(hash_key(e.key), |a| self.key_at(a, e.key));
             if current.is_some_and(|a| self.version_at(a) >= e.version.0) {
+                // Superseded, but the write happened: its request is answered.
+                self.note_request(shard, e.request, e.version);
                 report.already += 1;
                 continue;
             }
@@ -841,6 +873,7 @@ impl Engine {
             report.sealed.extend(sealed);
             let upsert = self.install(shard, e.key, addr, e.version);
             self.note_install(addr, stored.len() as u64, upsert);
+            self.note_request(shard, e.request, e.version);
             match upsert {
                 Upsert::Stale { .. } => report.already += 1,
                 _ => report.installed += 1,
@@ -931,7 +964,9 @@ impl Engine {
             .saturating_sub(1))
     }
 
-    /// Write an entry contiguously to a cleaner's log (durable); its address.
+    /// Write an entry (with its request record, if any) contiguously to a
+    /// cleaner's log (durable); its address.
+    #[allow(clippy::too_many_arguments)]
     fn append_copy(
         &self,
         cleaner: usize,
@@ -940,9 +975,10 @@ impl Engine {
         version: Version,
         key: &[u8],
         value: &[u8],
+        request: Option<RequestRecord>,
     ) -> Result<u64, EngineError> {
         let mut log = self.cleaner_logs[cleaner].lock();
-        let n = self.encode_in(&mut log, kind, shard, version, key, value)?;
+        let n = self.encode_in(&mut log, kind, shard, version, key, value, request)?;
         self.append(&mut log, n)
     }
 
@@ -1022,7 +1058,9 @@ impl Engine {
                 "entry at {addr} claims {key_len} B key, {value_len} B value"
             )));
         }
-        let len = entry::encoded_len(key_len, value_len, self.config.mtu_bytes).min(seg_end - addr);
+        let has_request = buf[1] == entry::FORMAT_REQUEST;
+        let len = entry::encoded_len_for(key_len, value_len, has_request, self.config.mtu_bytes)
+            .min(seg_end - addr);
         if len > first {
             buf.resize(len, 0);
             self.pool.read(addr + first, &mut buf[first..]);
@@ -1035,13 +1073,18 @@ impl Engine {
     /// Whether the entry at `addr` is `key`'s. Index items only ever point to
     /// entries that verified when they were installed, so this compares the header's
     /// key length and the key bytes without re-checking the checksum (reads verify).
+    /// One read covers the key whether or not a request record precedes it.
     fn key_at(&self, addr: u64, key: &[u8]) -> bool {
         const INLINE_KEY_BYTES: usize = 64;
-        let len = entry::HEADER_BYTES + key.len();
-        if addr as usize + len > self.pool.len_bytes() {
+        let Some(room) = self.pool.len_bytes().checked_sub(addr as usize) else {
+            return false;
+        };
+        if room < entry::HEADER_BYTES + key.len() {
             return false;
         }
-        let mut inline = [0u8; entry::HEADER_BYTES + INLINE_KEY_BYTES];
+        let len = (entry::HEADER_BYTES + entry::REQUEST_RECORD_BYTES + key.len()).min(room);
+        let mut inline =
+            [0u8; entry::HEADER_BYTES + entry::REQUEST_RECORD_BYTES + INLINE_KEY_BYTES];
         let mut heap = Vec::new();
         let b: &mut [u8] = if len <= inline.len() {
             &mut inline[..len]
@@ -1082,7 +1125,8 @@ impl Engine {
         self.pool.read(addr as usize, &mut head);
         let key_len = u16::from_le_bytes([head[16], head[17]]) as usize;
         let value_len = u32::from_le_bytes(head[18..22].try_into().expect("4 bytes")) as usize;
-        entry::encoded_len(key_len, value_len, self.config.mtu_bytes) as u64
+        let has_request = head[1] == entry::FORMAT_REQUEST;
+        entry::encoded_len_for(key_len, value_len, has_request, self.config.mtu_bytes) as u64
     }
 
     /// Live-byte accounting after an index update of an entry at `addr`.
@@ -1099,6 +1143,30 @@ impl Engine {
         }
     }
 
+    /// The request table's hook: an entry of `version` with `request`'s record is
+    /// indexed in `shard` (or lost to a newer version of its key). A branch and
+    /// nothing else for an entry without a record.
+    #[inline]
+    fn note_request(&self, shard: &Shard, request: Option<RequestRecord>, version: Version) {
+        if let Some(r) = request {
+            shard.requests.lock().record(&r, version);
+        }
+    }
+
+    /// The request record of the entry at `addr`, by its unverified block 0 (for
+    /// a debug check of `publish_with_request`).
+    fn request_at(&self, addr: u64) -> Option<RequestRecord> {
+        let mut b = [0u8; entry::HEADER_BYTES + entry::REQUEST_RECORD_BYTES];
+        if addr as usize + b.len() > self.pool.len_bytes() {
+            return None;
+        }
+        self.pool.read(addr as usize, &mut b);
+        if b[1] != entry::FORMAT_REQUEST {
+            return None;
+        }
+        entry::decode_request(&b[entry::HEADER_BYTES..]).ok()
+    }
+
     fn account_live(&self, addr: u64, len: u64, add: bool) {
         if let Some(seg) = self.segments.layout().segment_of(addr as usize) {
             let counter = &self.live_bytes[seg.0 as usize];
@@ -1113,7 +1181,9 @@ impl Engine {
         }
     }
 
-    /// Encode an entry into `log`'s scratch buffer; returns its length.
+    /// Encode an entry (with `request`'s record, if any) into `log`'s scratch
+    /// buffer; returns its length.
+    #[allow(clippy::too_many_arguments)]
     fn encode_in(
         &self,
         log: &mut Log,
@@ -1122,14 +1192,16 @@ impl Engine {
         version: Version,
         key: &[u8],
         value: &[u8],
+        request: Option<RequestRecord>,
     ) -> Result<usize, EngineError> {
-        entry::encode(
+        entry::encode_inner(
             &mut log.scratch,
             kind,
             shard,
             version,
             key,
             value,
+            request,
             self.config.mtu_bytes,
         )?;
         Ok(log.scratch.len())
@@ -1190,6 +1262,7 @@ impl Engine {
         kind: Kind,
         key: &[u8],
         value: &[u8],
+        request: Option<RequestRecord>,
     ) -> Result<Written, EngineError> {
         let shard = self.shard(shard_id)?;
         let log = self
@@ -1201,18 +1274,22 @@ impl Engine {
         if version > Version::MAX {
             return Err(EngineError::VersionsExhausted(shard_id));
         }
-        let len = self.encode_in(&mut log, kind, shard_id, version, key, value)?;
+        let len = self.encode_in(&mut log, kind, shard_id, version, key, value, request)?;
         let addr = self.append(&mut log, len)?;
         drop(log);
         let upsert = self.install(shard, key, addr, version);
         self.note_install(addr, len as u64, upsert);
+        self.note_request(shard, request, version);
         Ok(Written { version, addr })
     }
 
-    /// Append an encoded entry (from [`entry::encode`], version chosen by the
+    /// Append an encoded entry (from [`entry::encode`], or
+    /// [`entry::encode_with_request`] for a client request; version chosen by the
     /// caller) to worker `worker`'s t-log, durably, without indexing it: a primary
-    /// indexes it with [`Engine::publish`] once every backup has it (§4.1).
-    /// Returns the entry's pool offset.
+    /// indexes it with [`Engine::publish`] (or [`Engine::publish_with_request`],
+    /// which also records the request) once every backup has it (§4.1). Until
+    /// then the request table does not know the request. Returns the entry's pool
+    /// offset.
     pub fn append_encoded(&self, worker: usize, encoded: &[u8]) -> Result<u64, EngineError> {
         let log = self
             .tlogs
@@ -1296,7 +1373,8 @@ impl Engine {
 
     /// Make the entry at `addr` (of `key`, `version`, `len` encoded bytes) visible
     /// in `shard`'s index, version-conditionally; also raises the shard's next
-    /// version past `version`. Returns whether it is now the key's latest.
+    /// version past `version`. Returns whether it is now the key's latest. For an
+    /// entry with a request record, use [`Engine::publish_with_request`].
     pub fn publish(
         &self,
         shard_id: ShardId,
@@ -1305,12 +1383,36 @@ impl Engine {
         version: Version,
         len: usize,
     ) -> Result<bool, EngineError> {
+        self.publish_with_request(shard_id, key, addr, version, len, None)
+    }
+
+    /// [`Engine::publish`] of an entry appended with its request record (bytes
+    /// from [`entry::encode_with_request`]): the caller passes the record it
+    /// encoded (`publish` does not read it back from PM), and the shard's request
+    /// table records `request.id → version` after the index install — also when a
+    /// newer version of the key wins (the write happened). `None`: as `publish`.
+    /// Debug builds check that the entry at `addr` carries exactly `request`.
+    pub fn publish_with_request(
+        &self,
+        shard_id: ShardId,
+        key: &[u8],
+        addr: u64,
+        version: Version,
+        len: usize,
+        request: Option<RequestRecord>,
+    ) -> Result<bool, EngineError> {
+        // (Not under the planted bug, where `addr` may lie in a reused segment.)
+        debug_assert!(
+            self.config.unsafe_commit_unsettled_tlog_segments || self.request_at(addr) == request,
+            "publish of the entry at {addr} with another request record than it carries"
+        );
         let shard = self.shard(shard_id)?;
         shard
             .next_version
             .fetch_max(version.0 + 1, Ordering::Relaxed);
         let upsert = self.install(shard, key, addr, version);
         self.note_install(addr, len as u64, upsert);
+        self.note_request(shard, request, version);
         self.settle(addr);
         Ok(!matches!(upsert, Upsert::Stale { .. }))
     }
@@ -1360,7 +1462,7 @@ impl Engine {
         key: &[u8],
         value: &[u8],
     ) -> Result<Written, EngineError> {
-        self.write(worker, shard, Kind::Put, key, value)
+        self.write(worker, shard, Kind::Put, key, value, None)
     }
 
     /// Delete `key` from `shard` (a tombstone entry); durable on return.
@@ -1370,7 +1472,55 @@ impl Engine {
         shard: ShardId,
         key: &[u8],
     ) -> Result<Written, EngineError> {
-        self.write(worker, shard, Kind::Del, key, &[])
+        self.write(worker, shard, Kind::Del, key, &[], None)
+    }
+
+    /// [`Engine::put`] for a client request: the entry carries `request`'s record
+    /// (format version 2) and, once indexed, the shard's request table answers
+    /// `request.id` with this write's version ([`Engine::request_outcome`]). It
+    /// does not check the table: the caller asks first. A malformed record is an
+    /// error and nothing is written.
+    pub fn put_with_request(
+        &self,
+        worker: usize,
+        shard: ShardId,
+        key: &[u8],
+        value: &[u8],
+        request: RequestRecord,
+    ) -> Result<Written, EngineError> {
+        self.write(worker, shard, Kind::Put, key, value, Some(request))
+    }
+
+    /// [`Engine::delete`] for a client request, as [`Engine::put_with_request`].
+    pub fn delete_with_request(
+        &self,
+        worker: usize,
+        shard: ShardId,
+        key: &[u8],
+        request: RequestRecord,
+    ) -> Result<Written, EngineError> {
+        self.write(worker, shard, Kind::Del, key, &[], Some(request))
+    }
+
+    /// What `shard` knows of client request `id` (exactly-once retries): `Done`
+    /// with the version of the write's entry, `Stale` (below the client's floor:
+    /// answered long ago, never execute it again) or `Unknown`. `Done` is reported
+    /// only once the entry is indexed (durable on this replica, and on every
+    /// replica for a published write). A write appended but not yet published is
+    /// `Unknown`: the caller keeps track of requests in flight. Where a request
+    /// can still be forgotten (and so execute twice): `docs/engine.md`,
+    /// "Exactly-once retries".
+    pub fn request_outcome(
+        &self,
+        shard: ShardId,
+        id: RequestId,
+    ) -> Result<RequestOutcome, EngineError> {
+        Ok(self.shard(shard)?.requests.lock().outcome(id))
+    }
+
+    /// Counters of `shard`'s request table (sizes, evictions).
+    pub fn request_stats(&self, shard: ShardId) -> Result<RequestStats, EngineError> {
+        Ok(self.shard(shard)?.requests.lock().stats())
     }
 
     /// The latest value of `key` in `shard` and its version.
@@ -1547,7 +1697,9 @@ impl Engine {
             if shard.index.get(hash, |a| self.key_at(a, e.key)) != Some(old) {
                 continue; // dead: a newer entry (or a newer copy) is indexed
             }
-            let new = self.append_copy(cleaner, e.kind, e.shard, e.version, e.key, &e.value)?;
+            let new = self.append_copy(
+                cleaner, e.kind, e.shard, e.version, e.key, &e.value, e.request,
+            )?;
             if shard.index.relocate(hash, old, new) {
                 self.account_live(new, len as u64, true);
                 report.entries_moved += 1;

@@ -9,14 +9,23 @@
 //! metadata (kind, shard, version, lengths) plus `seq`/`cnt` and a CRC32C of itself,
 //! so a block can be verified alone, wherever the NIC placed it.
 //!
+//! Format version 2 adds the *request record* (exactly-once retries, RIFL): a PUT or
+//! DEL written for a client request may carry the request's [`RequestRecord`]
+//! (client id, sequence number, the client's `first_incomplete`). Such an entry has
+//! the format byte [`FORMAT_REQUEST`] in every block, and block 0's payload starts
+//! with the 24 B record, before the key ([`encode_with_request`]). An entry without a
+//! record is byte-for-byte a version 1 entry ([`encode`]), so pools written before
+//! version 2 read unchanged.
+//!
 //! Decoders ([`parse_block`], [`parse_entry`], [`read_key`], [`Assembler::add`]) take
-//! bytes from PM or the network: they never panic and never read past their input.
-//! [`encode`] and [`parse_block`] do not allocate.
+//! bytes from PM or the network: they never panic and never read past their input;
+//! a malformed request record is a typed error ([`EntryError::BadRequest`]).
+//! [`encode`], [`encode_with_request`] and [`parse_block`] do not allocate.
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
 
-use rowankv_types::{ShardId, Version};
+use rowankv_types::{RequestId, RequestRecord, ShardId, Version};
 
 /// Alignment of every block: one cache line, the stride of a multi-packet SRQ.
 pub const STRIDE_BYTES: usize = 64;
@@ -32,14 +41,22 @@ pub const MTU_BYTES_DEFAULT: usize = 4096;
 pub const MTU_BYTES_MIN: usize = 1088;
 /// Largest MTU: a block's payload length must fit in the `u16` `payload_len`.
 pub const MTU_BYTES_MAX: usize = 65536;
-/// The `format` byte written by this code.
+/// The `format` byte of an entry without a request record (format version 1, and
+/// every entry version 2 writes without a record).
 pub const FORMAT_V1: u8 = 1;
+/// The `format` byte of an entry that carries a request record (format version 2):
+/// block 0's payload starts with [`REQUEST_RECORD_BYTES`] of record, then the key.
+pub const FORMAT_REQUEST: u8 = 2;
+/// Size of a request record: client `u64`, seq `u64`, first_incomplete `u64`.
+pub const REQUEST_RECORD_BYTES: usize = 24;
 /// Bound on the entries an [`Assembler`] holds incomplete at once.
 pub const ASSEMBLER_PENDING_MAX: usize = 4096;
 /// Bound on the payload bytes an [`Assembler`] holds in incomplete entries.
 pub const ASSEMBLER_PENDING_BYTES_MAX: usize = 64 << 20;
 
 const _: () = assert!(MTU_BYTES_MIN == round_up_stride(HEADER_BYTES + KEY_BYTES_MAX));
+// A request record and the largest key fit block 0 at the smallest MTU.
+const _: () = assert!(HEADER_BYTES + REQUEST_RECORD_BYTES + KEY_BYTES_MAX <= MTU_BYTES_MIN);
 const _: () = assert!(MTU_BYTES_MIN.is_multiple_of(STRIDE_BYTES));
 const _: () = assert!(MTU_BYTES_DEFAULT.is_multiple_of(STRIDE_BYTES));
 const _: () = assert!(MTU_BYTES_MAX.is_multiple_of(STRIDE_BYTES));
@@ -96,12 +113,84 @@ pub struct BlockHeader {
     pub value_len: u32,
     /// Payload bytes in this block.
     pub payload_len: u16,
+    /// The entry carries a request record (format byte [`FORMAT_REQUEST`], same in
+    /// every block): block 0's payload starts with it.
+    pub has_request: bool,
 }
 
 impl BlockHeader {
     /// Bytes this block occupies: header plus payload, rounded up to 64 B.
     pub fn padded_len(&self) -> usize {
         round_up_stride(HEADER_BYTES + self.payload_len as usize)
+    }
+
+    /// Bytes of request record in the entry's payload stream (record ++ key ++
+    /// value): [`REQUEST_RECORD_BYTES`] or 0. In block 0 the key starts here.
+    pub fn record_bytes(&self) -> usize {
+        record_bytes(self.has_request)
+    }
+}
+
+fn record_bytes(has_request: bool) -> usize {
+    if has_request {
+        REQUEST_RECORD_BYTES
+    } else {
+        0
+    }
+}
+
+/// Bytes of request record before the key in block 0 of an entry whose `format`
+/// byte (byte 1 of a block) is `format`: for code that locates the key in raw,
+/// not yet verified bytes. 0 for any byte but [`FORMAT_REQUEST`].
+pub fn record_bytes_of_format(format: u8) -> usize {
+    record_bytes(format == FORMAT_REQUEST)
+}
+
+/// The 24 B on-media form of a request record (little-endian client, seq,
+/// first_incomplete).
+pub fn request_bytes(r: &RequestRecord) -> [u8; REQUEST_RECORD_BYTES] {
+    let mut b = [0u8; REQUEST_RECORD_BYTES];
+    b[0..8].copy_from_slice(&r.id.client.to_le_bytes());
+    b[8..16].copy_from_slice(&r.id.seq.to_le_bytes());
+    b[16..24].copy_from_slice(&r.first_incomplete.to_le_bytes());
+    b
+}
+
+/// Decode and check a request record from the first 24 bytes of `bytes` (block 0's
+/// payload). Malformed (client 0, `first_incomplete > seq`): `BadRequest`; too
+/// short: `Truncated`. Never panics.
+pub fn decode_request(bytes: &[u8]) -> Result<RequestRecord, EntryError> {
+    let Some(b) = bytes.get(..REQUEST_RECORD_BYTES) else {
+        return Err(EntryError::Truncated {
+            need: REQUEST_RECORD_BYTES,
+            have: bytes.len(),
+        });
+    };
+    let word = |i: usize| {
+        let mut w = [0u8; 8];
+        w.copy_from_slice(&b[i..i + 8]);
+        u64::from_le_bytes(w)
+    };
+    let record = RequestRecord {
+        id: RequestId {
+            client: word(0),
+            seq: word(8),
+        },
+        first_incomplete: word(16),
+    };
+    check_request(&record)?;
+    Ok(record)
+}
+
+fn check_request(r: &RequestRecord) -> Result<(), EntryError> {
+    if r.is_valid() {
+        Ok(())
+    } else {
+        Err(EntryError::BadRequest {
+            client: r.id.client,
+            seq: r.id.seq,
+            first_incomplete: r.first_incomplete,
+        })
     }
 }
 
@@ -130,6 +219,15 @@ pub enum EntryError {
     /// Not a multiple of 64 in `MTU_BYTES_MIN..=MTU_BYTES_MAX`.
     #[error("bad mtu {0}")]
     BadMtu(usize),
+    /// A malformed request record (to encode, or read from block 0 of a
+    /// [`FORMAT_REQUEST`] entry): client 0 (no client), or `first_incomplete`
+    /// above the request's own `seq`.
+    #[error("bad request record: client {client}, seq {seq}, first_incomplete {first_incomplete}")]
+    BadRequest {
+        client: u64,
+        seq: u64,
+        first_incomplete: u64,
+    },
     /// An [`Assembler`] was full (`ASSEMBLER_PENDING_MAX` entries or
     /// `ASSEMBLER_PENDING_BYTES_MAX` payload bytes) and dropped its `dropped` oldest
     /// incomplete entries to hold a new block. Never returned by
@@ -145,6 +243,13 @@ pub enum EntryError {
 pub const fn value_bytes_max(mtu_bytes: usize) -> usize {
     assert!(mtu_bytes >= MTU_BYTES_MIN);
     BLOCKS_MAX * (mtu_bytes - HEADER_BYTES) - KEY_BYTES_MAX
+}
+
+/// The largest value an entry with a request record may carry at this MTU:
+/// [`value_bytes_max`] less the record's 24 B (the record, key and value share
+/// `BLOCKS_MAX` blocks).
+pub const fn value_bytes_max_with_request(mtu_bytes: usize) -> usize {
+    value_bytes_max(mtu_bytes) - REQUEST_RECORD_BYTES
 }
 
 const fn round_up_stride(len: usize) -> usize {
@@ -165,9 +270,28 @@ fn blocks_count(total_len: usize, capacity: usize) -> usize {
 ///
 /// Panics if `mtu_bytes` is not a valid MTU (a programmer error).
 pub fn encoded_len(key_len: usize, value_len: usize, mtu_bytes: usize) -> usize {
+    encoded_len_for(key_len, value_len, false, mtu_bytes)
+}
+
+/// Size in bytes of the encoded entry with a request record.
+///
+/// Panics if `mtu_bytes` is not a valid MTU (a programmer error).
+pub fn encoded_len_with_request(key_len: usize, value_len: usize, mtu_bytes: usize) -> usize {
+    encoded_len_for(key_len, value_len, true, mtu_bytes)
+}
+
+/// Size in bytes of the encoded entry, with a request record or without.
+///
+/// Panics if `mtu_bytes` is not a valid MTU (a programmer error).
+pub fn encoded_len_for(
+    key_len: usize,
+    value_len: usize,
+    has_request: bool,
+    mtu_bytes: usize,
+) -> usize {
     assert!(mtu_is_valid(mtu_bytes), "bad mtu {mtu_bytes}");
     let capacity = mtu_bytes - HEADER_BYTES;
-    let total_len = key_len + value_len;
+    let total_len = record_bytes(has_request) + key_len + value_len;
     let cnt = blocks_count(total_len, capacity);
     let last_payload_len = total_len - (cnt - 1) * capacity;
     (cnt - 1) * mtu_bytes + round_up_stride(HEADER_BYTES + last_payload_len)
@@ -185,7 +309,11 @@ fn block_crc(header: &[u8], payload: &[u8]) -> u32 {
 fn header_bytes(h: &BlockHeader) -> [u8; HEADER_BYTES] {
     let mut b = [0u8; HEADER_BYTES];
     b[0] = h.kind as u8;
-    b[1] = FORMAT_V1;
+    b[1] = if h.has_request {
+        FORMAT_REQUEST
+    } else {
+        FORMAT_V1
+    };
     b[2..4].copy_from_slice(&h.shard.0.to_le_bytes());
     b[8..14].copy_from_slice(&h.version.0.to_le_bytes()[..6]);
     b[14] = h.seq;
@@ -196,9 +324,10 @@ fn header_bytes(h: &BlockHeader) -> [u8; HEADER_BYTES] {
     b
 }
 
-/// Encode an entry into `out` (cleared first): contiguous blocks, each padded to
-/// 64 B, none larger than `mtu_bytes`. Returns the number of blocks. Does not
-/// allocate when `out` already has the capacity.
+/// Encode an entry without a request record into `out` (cleared first):
+/// contiguous blocks, each padded to 64 B, none larger than `mtu_bytes`. Returns the
+/// number of blocks. Does not allocate when `out` already has the capacity. The
+/// bytes are those of format version 1.
 pub fn encode(
     out: &mut Vec<u8>,
     kind: Kind,
@@ -206,6 +335,49 @@ pub fn encode(
     version: Version,
     key: &[u8],
     value: &[u8],
+    mtu_bytes: usize,
+) -> Result<usize, EntryError> {
+    encode_inner(out, kind, shard, version, key, value, None, mtu_bytes)
+}
+
+/// As [`encode`], for a PUT or DEL written for a client request: the entry carries
+/// `request` (format byte [`FORMAT_REQUEST`]; block 0's payload starts with the 24 B
+/// record, then the key). Refuses a Commit (`BadLength`), a malformed record
+/// (`BadRequest`: client 0 or `first_incomplete > seq`), and a value above
+/// [`value_bytes_max_with_request`]. Its length is [`encoded_len_with_request`].
+#[allow(clippy::too_many_arguments)]
+pub fn encode_with_request(
+    out: &mut Vec<u8>,
+    kind: Kind,
+    shard: ShardId,
+    version: Version,
+    key: &[u8],
+    value: &[u8],
+    request: RequestRecord,
+    mtu_bytes: usize,
+) -> Result<usize, EntryError> {
+    encode_inner(
+        out,
+        kind,
+        shard,
+        version,
+        key,
+        value,
+        Some(request),
+        mtu_bytes,
+    )
+}
+
+/// [`encode`] or [`encode_with_request`].
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn encode_inner(
+    out: &mut Vec<u8>,
+    kind: Kind,
+    shard: ShardId,
+    version: Version,
+    key: &[u8],
+    value: &[u8],
+    request: Option<RequestRecord>,
     mtu_bytes: usize,
 ) -> Result<usize, EntryError> {
     if !mtu_is_valid(mtu_bytes) {
@@ -217,7 +389,8 @@ pub fn encode(
             max: KEY_BYTES_MAX,
         });
     }
-    let value_max = value_bytes_max(mtu_bytes);
+    let has_request = request.is_some();
+    let value_max = value_bytes_max(mtu_bytes) - record_bytes(has_request);
     if value.len() > value_max {
         return Err(EntryError::ValueTooLarge {
             len: value.len(),
@@ -240,19 +413,34 @@ pub fn encode(
                 "a Commit has no key and no value".into(),
             ));
         }
+        Kind::Commit if has_request => {
+            return Err(EntryError::BadLength(
+                "a Commit has no request record".into(),
+            ));
+        }
         Kind::Del | Kind::Commit => {}
     }
+    let record = match &request {
+        Some(r) => {
+            check_request(r)?;
+            request_bytes(r)
+        }
+        None => [0u8; REQUEST_RECORD_BYTES],
+    };
+    let record = &record[..record_bytes(has_request)];
 
     let capacity = mtu_bytes - HEADER_BYTES;
     let key_len = key.len();
-    let total_len = key_len + value.len();
+    // The payload stream: record ++ key ++ value, cut into blocks of `capacity`.
+    let total_len = record.len() + key_len + value.len();
     let cnt = blocks_count(total_len, capacity);
     assert!(cnt <= BLOCKS_MAX);
+    let len = encoded_len_for(key_len, value.len(), has_request, mtu_bytes);
     out.clear();
-    out.reserve(encoded_len(key_len, value.len(), mtu_bytes));
+    out.reserve(len);
 
     for seq in 0..cnt {
-        // This block carries bytes [begin, end) of the stream key ++ value.
+        // This block carries bytes [begin, end) of the stream.
         let begin = seq * capacity;
         let end = (begin + capacity).min(total_len);
         let header = BlockHeader {
@@ -264,11 +452,19 @@ pub fn encode(
             key_len: key_len as u16,
             value_len: value.len() as u32,
             payload_len: (end - begin) as u16,
+            has_request,
         };
         let start = out.len();
         out.extend_from_slice(&header_bytes(&header));
-        out.extend_from_slice(&key[begin.min(key_len)..end.min(key_len)]);
-        out.extend_from_slice(&value[begin.max(key_len) - key_len..end.max(key_len) - key_len]);
+        let mut piece_start = 0;
+        for piece in [record, key, value] {
+            // The part of [begin, end) that falls in this piece of the stream.
+            let piece_end = piece_start + piece.len();
+            let from = begin.clamp(piece_start, piece_end) - piece_start;
+            let to = end.clamp(piece_start, piece_end) - piece_start;
+            out.extend_from_slice(&piece[from..to]);
+            piece_start = piece_end;
+        }
         let covered_end = out.len();
         let crc = block_crc(
             &out[start..start + HEADER_BYTES],
@@ -278,7 +474,7 @@ pub fn encode(
         out.resize(start + header.padded_len(), 0);
         assert!(header.padded_len() <= mtu_bytes);
     }
-    assert_eq!(out.len(), encoded_len(key_len, value.len(), mtu_bytes));
+    assert_eq!(out.len(), len);
     Ok(cnt)
 }
 
@@ -292,6 +488,7 @@ fn check_header(h: &BlockHeader) -> Result<Option<usize>, EntryError> {
     let key_len = h.key_len as usize;
     let value_len = h.value_len as usize;
     let payload_len = h.payload_len as usize;
+    let record_len = h.record_bytes();
     if cnt == 0 {
         return bad("cnt 0".into());
     }
@@ -312,16 +509,18 @@ fn check_header(h: &BlockHeader) -> Result<Option<usize>, EntryError> {
                 "Commit with key_len {key_len}, value_len {value_len}"
             ));
         }
+        Kind::Commit if h.has_request => return bad("Commit with a request record".into()),
         Kind::Del | Kind::Commit => {}
     }
     if h.padded_len() > MTU_BYTES_MAX {
         return bad(format!("payload_len {payload_len} exceeds the largest mtu"));
     }
-    let total_len = key_len + value_len;
+    // The payload stream: request record (if any) ++ key ++ value.
+    let total_len = record_len + key_len + value_len;
     if cnt == 1 {
         if payload_len != total_len {
             return bad(format!(
-                "single block: payload_len {payload_len} != key+value {total_len}"
+                "single block: payload_len {payload_len} != record+key+value {total_len}"
             ));
         }
         return Ok(None);
@@ -332,7 +531,7 @@ fn check_header(h: &BlockHeader) -> Result<Option<usize>, EntryError> {
     } else {
         if payload_len == 0 || payload_len > total_len {
             return bad(format!(
-                "last block: payload_len {payload_len}, key+value {total_len}"
+                "last block: payload_len {payload_len}, record+key+value {total_len}"
             ));
         }
         let rest = total_len - payload_len;
@@ -351,21 +550,25 @@ fn check_header(h: &BlockHeader) -> Result<Option<usize>, EntryError> {
     if total_len <= (cnt - 1) * capacity || total_len > cnt * capacity {
         return bad(format!("{total_len} bytes in {cnt} blocks of {capacity}"));
     }
-    let value_max = value_bytes_max(mtu_bytes);
+    let value_max = value_bytes_max(mtu_bytes) - record_len;
     if value_len > value_max {
         return Err(EntryError::ValueTooLarge {
             len: value_len,
             max: value_max,
         });
     }
-    // Block 0 holds the whole key; implied by capacity >= MTU_BYTES_MIN - 24 > key_len.
-    assert!(key_len <= capacity);
+    // Block 0 holds the whole record and key; implied by capacity >= MTU_BYTES_MIN -
+    // 24 >= record + key_len (a const assertion).
+    assert!(record_len + key_len <= capacity);
     Ok(Some(capacity))
 }
 
 /// Parse and verify one block at the start of `bytes` (`bytes` may be longer; it
 /// must hold the padded block). Never panics, never reads past `bytes`, never
-/// allocates (except to describe a `BadLength`). The padding is not checked.
+/// allocates (except to describe a `BadLength`). The padding is not checked. The
+/// payload is returned whole: block 0 of an entry with a request record
+/// (`has_request`) starts with the record, which is checked here (`BadRequest`;
+/// [`decode_request`] reads it); the key follows it.
 pub fn parse_block(bytes: &[u8]) -> Result<(BlockHeader, &[u8]), EntryError> {
     if bytes.len() >= 8 && bytes[..8].iter().all(|&b| b == 0) {
         return Err(EntryError::End);
@@ -377,9 +580,11 @@ pub fn parse_block(bytes: &[u8]) -> Result<(BlockHeader, &[u8]), EntryError> {
         });
     };
     let kind = Kind::try_from(b[0])?;
-    if b[1] != FORMAT_V1 {
-        return Err(EntryError::BadFormat(b[1]));
-    }
+    let has_request = match b[1] {
+        FORMAT_V1 => false,
+        FORMAT_REQUEST => true,
+        other => return Err(EntryError::BadFormat(other)),
+    };
     let mut version = [0u8; 8];
     version[..6].copy_from_slice(&b[8..14]);
     let header = BlockHeader {
@@ -391,6 +596,7 @@ pub fn parse_block(bytes: &[u8]) -> Result<(BlockHeader, &[u8]), EntryError> {
         key_len: u16::from_le_bytes([b[16], b[17]]),
         value_len: u32::from_le_bytes([b[18], b[19], b[20], b[21]]),
         payload_len: u16::from_le_bytes([b[22], b[23]]),
+        has_request,
     };
     let padded_len = header.padded_len();
     if bytes.len() < padded_len {
@@ -406,6 +612,9 @@ pub fn parse_block(bytes: &[u8]) -> Result<(BlockHeader, &[u8]), EntryError> {
         return Err(EntryError::ChecksumMismatch { stored, computed });
     }
     check_header(&header)?;
+    if has_request && header.seq == 0 {
+        decode_request(payload)?;
+    }
     Ok((header, payload))
 }
 
@@ -415,6 +624,9 @@ pub struct Entry<'a> {
     pub kind: Kind,
     pub shard: ShardId,
     pub version: Version,
+    /// The request record, if the entry was written for a client request
+    /// (format byte [`FORMAT_REQUEST`]).
+    pub request: Option<RequestRecord>,
     pub key: &'a [u8],
     /// Borrowed when the entry is one block; assembled when it spans several.
     pub value: Cow<'a, [u8]>,
@@ -432,6 +644,7 @@ fn same_entry(first: &BlockHeader, h: &BlockHeader) -> bool {
         && h.cnt == first.cnt
         && h.key_len == first.key_len
         && h.value_len == first.value_len
+        && h.has_request == first.has_request
 }
 
 /// Parse a whole entry whose blocks are contiguous from `bytes[0]` (as in a t-log):
@@ -444,22 +657,30 @@ pub fn parse_entry(bytes: &[u8]) -> Result<Entry<'_>, EntryError> {
             first.seq
         )));
     }
-    let key_len = first.key_len as usize;
-    let key = &payload0[..key_len];
+    // Block 0 verified: it holds the whole record (checked) and key.
+    let request = if first.has_request {
+        Some(decode_request(payload0)?)
+    } else {
+        None
+    };
+    let key_start = first.record_bytes();
+    let key_end = key_start + first.key_len as usize;
+    let key = &payload0[key_start..key_end];
     let mut offset = first.padded_len();
     if first.cnt == 1 {
         return Ok(Entry {
             kind: first.kind,
             shard: first.shard,
             version: first.version,
+            request,
             key,
-            value: Cow::Borrowed(&payload0[key_len..]),
+            value: Cow::Borrowed(&payload0[key_end..]),
             encoded_len: offset,
         });
     }
     // Grow with the bytes actually verified, not with the claimed value_len.
     let mut value = Vec::with_capacity((first.value_len as usize).min(bytes.len()));
-    value.extend_from_slice(&payload0[key_len..]);
+    value.extend_from_slice(&payload0[key_end..]);
     for seq in 1..first.cnt {
         let rest = bytes.get(offset..).unwrap_or(&[]);
         let (h, payload) = parse_block(rest).map_err(|e| match e {
@@ -495,6 +716,7 @@ pub fn parse_entry(bytes: &[u8]) -> Result<Entry<'_>, EntryError> {
         kind: first.kind,
         shard: first.shard,
         version: first.version,
+        request,
         key,
         value: Cow::Owned(value),
         encoded_len: offset,
@@ -502,7 +724,8 @@ pub fn parse_entry(bytes: &[u8]) -> Result<Entry<'_>, EntryError> {
 }
 
 /// The key of the entry at the start of `bytes`, from its verified block 0, without
-/// touching the value's later blocks (for index key comparisons).
+/// touching the value's later blocks (for index key comparisons). An entry's request
+/// record, if any, is in the header's block: [`decode_request`] of the payload.
 pub fn read_key(bytes: &[u8]) -> Result<(BlockHeader, &[u8]), EntryError> {
     let (header, payload) = parse_block(bytes)?;
     if header.seq != 0 {
@@ -511,7 +734,11 @@ pub fn read_key(bytes: &[u8]) -> Result<(BlockHeader, &[u8]), EntryError> {
             header.seq
         )));
     }
-    Ok((header, &payload[..header.key_len as usize]))
+    let key_start = header.record_bytes();
+    Ok((
+        header,
+        &payload[key_start..key_start + header.key_len as usize],
+    ))
 }
 
 /// An entry put together by an [`Assembler`].
@@ -520,8 +747,23 @@ pub struct AssembledEntry {
     pub kind: Kind,
     pub shard: ShardId,
     pub version: Version,
+    /// The request record, if the entry carries one.
+    pub request: Option<RequestRecord>,
     pub key: Vec<u8>,
     pub value: Vec<u8>,
+}
+
+impl AssembledEntry {
+    /// Its length once encoded contiguously at `mtu_bytes` (with its record, if
+    /// any). Panics if `mtu_bytes` is not a valid MTU.
+    pub fn encoded_len(&self, mtu_bytes: usize) -> usize {
+        encoded_len_for(
+            self.key.len(),
+            self.value.len(),
+            self.request.is_some(),
+            mtu_bytes,
+        )
+    }
 }
 
 #[derive(Debug)]
@@ -598,7 +840,8 @@ impl Assembler {
     /// Add one block (normally from [`parse_block`]; the header is checked again, so
     /// any header is safe). Returns the entry once its last missing block arrives.
     /// A duplicate `seq` or a header that disagrees with the entry's earlier blocks
-    /// is a `BadLength`, and the block is dropped; the entry stays pending. A block
+    /// is a `BadLength`, and the block is dropped; the entry stays pending; so is a
+    /// block 0 whose request record is malformed (`BadRequest`). A block
     /// that does not fit the bounds drops the oldest other entries first (see the
     /// type's doc); a refused block drops nothing.
     pub fn add(
@@ -614,15 +857,24 @@ impl Assembler {
                 header.payload_len
             )));
         }
+        // Block 0 of an entry with a record: the record is checked before anything
+        // is held (so a malformed one drops nothing).
+        let request = if header.has_request && header.seq == 0 {
+            Some(decode_request(payload)?)
+        } else {
+            None
+        };
+        let key_start = header.record_bytes();
+        let key_end = key_start + header.key_len as usize;
         let Some(capacity) = capacity else {
             // A single-block entry is complete at once.
-            let key_len = header.key_len as usize;
             return Ok(Some(AssembledEntry {
                 kind: header.kind,
                 shard: header.shard,
                 version: header.version,
-                key: payload[..key_len].to_vec(),
-                value: payload[key_len..].to_vec(),
+                request,
+                key: payload[key_start..key_end].to_vec(),
+                value: payload[key_end..].to_vec(),
             }));
         };
         let id = (header.shard, header.version);
@@ -679,11 +931,16 @@ impl Assembler {
         };
         self.arrivals.remove(&done.arrival);
         self.bytes -= done.bytes;
-        let key_len = header.key_len as usize;
         let mut blocks = done.payloads.into_iter().flatten();
         let first = blocks.next().unwrap_or_default();
+        // Block 0's record was checked when it was added.
+        let request = if header.has_request {
+            Some(decode_request(&first)?)
+        } else {
+            None
+        };
         let mut value = Vec::with_capacity(header.value_len as usize);
-        value.extend_from_slice(&first[key_len..]);
+        value.extend_from_slice(&first[key_end..]);
         for block in blocks {
             value.extend_from_slice(&block);
         }
@@ -693,7 +950,8 @@ impl Assembler {
             kind: header.kind,
             shard: header.shard,
             version: header.version,
-            key: first[..key_len].to_vec(),
+            request,
+            key: first[key_start..key_end].to_vec(),
             value,
         }))
     }

@@ -6,7 +6,8 @@
 //! shard. It never reads PM: every question about the entry behind an address ("is
 //! this the searched key?", "what is its version?") is answered by closures the
 //! caller passes in (the engine reads the log entry). It depends on nothing above
-//! `std` and `parking_lot`, so it can be tested against any model of "PM".
+//! `std`, `parking_lot` and the domain types, so it can be tested against any model
+//! of "PM".
 //!
 //! # Invariants
 //! - One item per key: writers of a bucket chain serialise on that chain's lock
@@ -46,14 +47,31 @@
 //!   reuse; chains never shrink and overflow buckets are never returned.
 //! - The closures run while the chain's stripe lock is held (except in `get`); they
 //!   must not call back into the same index.
+//!
+//! # The request table (exactly-once retries)
+//! [`RequestTable`] is the other per-shard DRAM index: for each client, the
+//! outcomes of its writes to this shard (RIFL's completion records, Lee et al.,
+//! SOSP 2015). The engine feeds it from every log entry that carries a request
+//! record, on every path that indexes one (see `Engine::request_outcome` and
+//! `docs/engine.md`, "Exactly-once retries"); it too never reads PM. Per client it
+//! holds a *floor* — the highest `first_incomplete` seen: every seq below it was
+//! answered to the client — and `seq → version` for the client's writes at or above
+//! the floor. Bounded: at most [`REQUEST_CLIENTS_MAX`] clients (the least recently
+//! active is evicted to admit a new one) and [`REQUEST_WINDOW`] outcomes per client
+//! (the lowest seq is dropped and the floor raised past it). The state reached from
+//! a set of records does not depend on their order, except for which client is
+//! evicted: so a backup that digests the same entries in another order, or a
+//! restart that reads them in log order, answers as the primary did.
 
 #![forbid(unsafe_code)]
 
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::fmt;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::OnceLock;
 
 use parking_lot::{Mutex, MutexGuard};
+use rowankv_types::{RequestId, RequestRecord, Version};
 
 /// Bits of an item that hold the PM address.
 pub const ADDR_BITS: u32 = 48;
@@ -427,6 +445,166 @@ impl<'a> Iterator for Chain<'a> {
     }
 }
 
+/// Most clients one shard's [`RequestTable`] holds; admitting one more evicts the
+/// least recently active (counted in [`RequestStats::clients_evicted`]).
+pub const REQUEST_CLIENTS_MAX: usize = 1024;
+/// Most outcomes one client keeps in one shard's [`RequestTable`]: with one more,
+/// the lowest seq is dropped and the client's floor raised past it (counted in
+/// [`RequestStats::outcomes_evicted`]). A client must keep fewer requests to one
+/// shard unanswered (`seq − first_incomplete`) than this, or its oldest ones may
+/// read as [`RequestOutcome::Stale`] before it learned their outcome.
+pub const REQUEST_WINDOW: usize = 128;
+
+// Worst case per shard: 1024 clients × 128 outcomes × 16 B = 2 MiB.
+const _: () = assert!(REQUEST_CLIENTS_MAX * REQUEST_WINDOW * 16 <= 2 << 20);
+
+/// What a shard knows of a client request ([`RequestTable::outcome`],
+/// `Engine::request_outcome`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RequestOutcome {
+    /// It was executed: its log entry has this version (durable and indexed on
+    /// this replica). Answer the retry with it; do not execute it again.
+    Done(Version),
+    /// Its seq is below the client's floor: the client has had the answer of every
+    /// request below it (or the window dropped it). Must not be executed again;
+    /// its outcome is no longer kept.
+    Stale,
+    /// Not known here: never executed, still in flight (appended, not yet
+    /// published), or forgotten (see the documented window).
+    Unknown,
+}
+
+/// Counters of one shard's [`RequestTable`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RequestStats {
+    /// Clients held now.
+    pub clients: usize,
+    /// Outcomes held now, over every client.
+    pub outcomes: usize,
+    /// Clients evicted (least recently active) to admit another, since start.
+    pub clients_evicted: u64,
+    /// Outcomes dropped because a client had more than [`REQUEST_WINDOW`] above
+    /// its floor, since start.
+    pub outcomes_evicted: u64,
+}
+
+/// One client's part of a [`RequestTable`].
+#[derive(Debug)]
+struct ClientRequests {
+    /// Every seq below it is answered (the highest `first_incomplete` seen, or
+    /// one past a seq the window dropped).
+    floor: u64,
+    /// `(seq, version)` of its writes with `seq >= floor`, sorted by seq; at most
+    /// `REQUEST_WINDOW`.
+    done: VecDeque<(u64, Version)>,
+    /// The table's activity tick of its last record.
+    active: u64,
+}
+
+/// The outcomes of client requests written to one shard (RIFL completion
+/// records), fed with every request record the shard indexes. See the module
+/// doc, "The request table", and `docs/engine.md`.
+#[derive(Debug, Default)]
+pub struct RequestTable {
+    clients: HashMap<u64, ClientRequests>,
+    /// Client by the tick of its last record: the least recently active first.
+    by_activity: BTreeMap<u64, u64>,
+    tick: u64,
+    outcomes: usize,
+    clients_evicted: u64,
+    outcomes_evicted: u64,
+}
+
+impl RequestTable {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The write of `request` has an entry of `version` in this shard (whether or
+    /// not that entry is its key's latest: the write happened). Raises the client's
+    /// floor to `request.first_incomplete`, forgetting outcomes below it, and keeps
+    /// `seq → version` if the seq is not below the floor. Seen twice (the same
+    /// entry from two paths, or a request that executed twice), the lower version
+    /// is kept, so the result does not depend on the order records arrive in. An
+    /// invalid record (client 0) is ignored: decoders refuse it before.
+    pub fn record(&mut self, request: &RequestRecord, version: Version) {
+        if !request.is_valid() {
+            return;
+        }
+        let client = request.id.client;
+        let tick = self.tick;
+        self.tick += 1;
+        if let Some(c) = self.clients.get_mut(&client) {
+            self.by_activity.remove(&c.active);
+            c.active = tick;
+        } else {
+            if self.clients.len() >= REQUEST_CLIENTS_MAX {
+                if let Some((_, evicted)) = self.by_activity.pop_first() {
+                    if let Some(gone) = self.clients.remove(&evicted) {
+                        self.outcomes -= gone.done.len();
+                    }
+                    self.clients_evicted += 1;
+                }
+            }
+            self.clients.insert(
+                client,
+                ClientRequests {
+                    floor: 0,
+                    done: VecDeque::new(),
+                    active: tick,
+                },
+            );
+        }
+        self.by_activity.insert(tick, client);
+        let c = self.clients.get_mut(&client).expect("inserted above");
+        c.floor = c.floor.max(request.first_incomplete);
+        while c.done.front().is_some_and(|&(seq, _)| seq < c.floor) {
+            c.done.pop_front();
+            self.outcomes -= 1;
+        }
+        let seq = request.id.seq;
+        if seq < c.floor {
+            return;
+        }
+        match c.done.binary_search_by_key(&seq, |&(s, _)| s) {
+            Ok(at) => c.done[at].1 = c.done[at].1.min(version),
+            Err(at) => {
+                c.done.insert(at, (seq, version));
+                self.outcomes += 1;
+                if c.done.len() > REQUEST_WINDOW {
+                    let (lowest, _) = c.done.pop_front().expect("over the window");
+                    c.floor = lowest + 1;
+                    self.outcomes -= 1;
+                    self.outcomes_evicted += 1;
+                }
+            }
+        }
+    }
+
+    /// What this shard knows of request `id`.
+    pub fn outcome(&self, id: RequestId) -> RequestOutcome {
+        let Some(c) = self.clients.get(&id.client) else {
+            return RequestOutcome::Unknown;
+        };
+        if id.seq < c.floor {
+            return RequestOutcome::Stale;
+        }
+        match c.done.binary_search_by_key(&id.seq, |&(s, _)| s) {
+            Ok(at) => RequestOutcome::Done(c.done[at].1),
+            Err(_) => RequestOutcome::Unknown,
+        }
+    }
+
+    pub fn stats(&self) -> RequestStats {
+        RequestStats {
+            clients: self.clients.len(),
+            outcomes: self.outcomes,
+            clients_evicted: self.clients_evicted,
+            outcomes_evicted: self.outcomes_evicted,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -708,5 +886,79 @@ mod tests {
         let mut expected: Vec<u64> = model.values().map(|e| e.0).collect();
         expected.sort_unstable();
         assert_eq!(addrs, expected, "seed {SEED}");
+    }
+
+    fn record(table: &mut RequestTable, client: u64, seq: u64, first_incomplete: u64, v: u64) {
+        let r = RequestRecord {
+            id: RequestId { client, seq },
+            first_incomplete,
+        };
+        table.record(&r, Version(v));
+    }
+
+    #[test]
+    fn request_table_answers_the_same_whatever_the_order_of_records() {
+        // A backup digests a primary's entries in another order than it wrote them.
+        let mut rng = ChaCha8Rng::seed_from_u64(0x0dd_0de5);
+        let mut records = Vec::new();
+        for client in 1..=20u64 {
+            let mut first_incomplete = 0;
+            for seq in 0..2 * REQUEST_WINDOW as u64 {
+                if rng.gen_bool(0.1) {
+                    first_incomplete = rng.gen_range(first_incomplete..=seq);
+                }
+                let version = 1 + records.len() as u64;
+                records.push((client, seq, first_incomplete, version));
+                if rng.gen_bool(0.05) {
+                    // The same request executed twice (a duplicate in the window).
+                    records.push((client, seq, first_incomplete, version + 1_000_000));
+                }
+            }
+        }
+        let mut in_order = RequestTable::new();
+        for &(c, q, f, v) in &records {
+            record(&mut in_order, c, q, f, v);
+        }
+        for _ in 0..4 {
+            let mut shuffled = records.clone();
+            for i in (1..shuffled.len()).rev() {
+                shuffled.swap(i, rng.gen_range(0..=i));
+            }
+            let mut table = RequestTable::new();
+            for &(c, q, f, v) in &shuffled {
+                record(&mut table, c, q, f, v);
+            }
+            assert_eq!(table.stats(), in_order.stats());
+            for client in 0..=21u64 {
+                for seq in 0..2 * REQUEST_WINDOW as u64 + 2 {
+                    let id = RequestId { client, seq };
+                    assert_eq!(table.outcome(id), in_order.outcome(id), "{id:?}");
+                }
+            }
+        }
+        // Each client is past the window: only its newest REQUEST_WINDOW are kept,
+        // the first of the duplicates' versions is the answer.
+        let stats = in_order.stats();
+        assert_eq!(stats.clients, 20);
+        assert!(stats.outcomes <= 20 * REQUEST_WINDOW);
+        let last = 2 * REQUEST_WINDOW as u64 - 1;
+        let (_, _, _, v) = records
+            .iter()
+            .find(|r| r.0 == 1 && r.1 == last)
+            .expect("recorded");
+        assert_eq!(
+            in_order.outcome(RequestId {
+                client: 1,
+                seq: last
+            }),
+            RequestOutcome::Done(Version(*v))
+        );
+        assert_eq!(
+            in_order.outcome(RequestId { client: 1, seq: 0 }),
+            RequestOutcome::Stale
+        );
+        // Client 0 is no client: its records are ignored.
+        record(&mut in_order, 0, 5, 0, 9);
+        assert_eq!(in_order.stats(), stats);
     }
 }

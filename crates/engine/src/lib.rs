@@ -11,7 +11,10 @@
 //! - an index item's version never decreases: versions, not arrival order, decide
 //!   which entry is a key's latest;
 //! - nothing read from PM is trusted before its checksum verifies; recovery reports
-//!   and skips what does not verify.
+//!   and skips what does not verify;
+//! - a write's request record (exactly-once retries) is in its log entry, and a
+//!   shard's request table answers it `Done` only once that entry is indexed; every
+//!   path that indexes an entry feeds the table (`Engine::request_outcome`).
 #![forbid(unsafe_code)]
 
 pub mod blog;
@@ -24,6 +27,7 @@ pub use blog::{register_data_area, BackupLog, BackupLogConfig, ControlReport};
 pub use engine::{
     CleanReport, Engine, EngineConfig, InstallReport, RecoveryReport, Written, WORKERS_MAX,
 };
+pub use index::{RequestOutcome, RequestStats, REQUEST_CLIENTS_MAX, REQUEST_WINDOW};
 pub use segment::{Owner, SegmentState};
 
 use rowankv_types::ShardId;

@@ -1,14 +1,18 @@
 //! Fuzzing of the log-entry decoders (`rowankv_engine::entry`) with proptest: they
 //! take bytes from PM and the network, so they must never panic, and a damaged entry
-//! must never decode to content other than what was written.
+//! must never decode to content other than what was written. Entries with and
+//! without a request record (format version 2) are generated; an entry without one
+//! is byte-identical to a format version 1 entry, and a malformed record is refused
+//! with a typed error.
 
 use proptest::prelude::*;
 use proptest::test_runner::Config;
 use rowankv_engine::entry::{
-    encode, encoded_len, parse_block, parse_entry, read_key, Assembler, BlockHeader, EntryError,
-    Kind, HEADER_BYTES, MTU_BYTES_MIN, STRIDE_BYTES,
+    decode_request, encode, encode_with_request, encoded_len, encoded_len_for, parse_block,
+    parse_entry, read_key, Assembler, BlockHeader, EntryError, Kind, FORMAT_REQUEST, FORMAT_V1,
+    HEADER_BYTES, MTU_BYTES_MIN, REQUEST_RECORD_BYTES, STRIDE_BYTES,
 };
-use rowankv_types::{ShardId, Version};
+use rowankv_types::{RequestId, RequestRecord, ShardId, Version};
 
 const CASES: u32 = 2048;
 
@@ -29,25 +33,77 @@ struct Spec {
     version: Version,
     key: Vec<u8>,
     value: Vec<u8>,
+    /// Only on a Put or Del.
+    request: Option<RequestRecord>,
     mtu_bytes: usize,
 }
 
 impl Spec {
     fn encode(&self) -> Vec<u8> {
         let mut out = Vec::new();
-        let cnt = encode(
-            &mut out,
-            self.kind,
-            self.shard,
-            self.version,
-            &self.key,
-            &self.value,
-            self.mtu_bytes,
-        )
+        let cnt = match self.request {
+            None => encode(
+                &mut out,
+                self.kind,
+                self.shard,
+                self.version,
+                &self.key,
+                &self.value,
+                self.mtu_bytes,
+            ),
+            Some(r) => encode_with_request(
+                &mut out,
+                self.kind,
+                self.shard,
+                self.version,
+                &self.key,
+                &self.value,
+                r,
+                self.mtu_bytes,
+            ),
+        }
         .expect("a valid spec encodes");
         assert!(cnt >= 1);
         out
     }
+}
+
+/// Format version 1, written from `docs/format/log-entry.md` independently of the
+/// engine's encoder: what every entry without a request record must still be.
+fn v1_reference_encode(spec: &Spec) -> Vec<u8> {
+    assert!(spec.request.is_none());
+    let capacity = spec.mtu_bytes - HEADER_BYTES;
+    let stream: Vec<u8> = spec.key.iter().chain(&spec.value).copied().collect();
+    let chunks: Vec<&[u8]> = if stream.is_empty() {
+        vec![&[][..]]
+    } else {
+        stream.chunks(capacity).collect()
+    };
+    let mut out = Vec::new();
+    for (seq, chunk) in chunks.iter().enumerate() {
+        let mut b = vec![spec.kind as u8, 1];
+        b.extend_from_slice(&spec.shard.0.to_le_bytes());
+        b.extend_from_slice(&[0; 4]);
+        b.extend_from_slice(&spec.version.0.to_le_bytes()[..6]);
+        b.push(seq as u8);
+        b.push(chunks.len() as u8);
+        b.extend_from_slice(&(spec.key.len() as u16).to_le_bytes());
+        b.extend_from_slice(&(spec.value.len() as u32).to_le_bytes());
+        b.extend_from_slice(&(chunk.len() as u16).to_le_bytes());
+        b.extend_from_slice(chunk);
+        let crc = crc32c::crc32c(&b);
+        b[4..8].copy_from_slice(&crc.to_le_bytes());
+        b.resize(b.len().div_ceil(STRIDE_BYTES) * STRIDE_BYTES, 0);
+        out.extend_from_slice(&b);
+    }
+    out
+}
+
+fn request_strategy() -> impl Strategy<Value = RequestRecord> {
+    (1u64.., any::<u64>(), any::<u64>()).prop_map(|(client, seq, back)| RequestRecord {
+        id: RequestId { client, seq },
+        first_incomplete: seq - back % (seq.saturating_add(1)).max(1),
+    })
 }
 
 fn mtu_strategy() -> impl Strategy<Value = usize> {
@@ -75,9 +131,10 @@ fn spec_strategy() -> impl Strategy<Value = Spec> {
         value_len,
         any::<u8>(),
         mtu_strategy(),
+        proptest::option::weighted(0.5, request_strategy()),
     )
         .prop_map(
-            |(kind, shard, version, mut key, value_len, seed, mtu_bytes)| {
+            |(kind, shard, version, mut key, value_len, seed, mtu_bytes, mut request)| {
                 let mut value: Vec<u8> = (0..value_len)
                     .map(|i| (i as u8).wrapping_mul(151).wrapping_add(seed))
                     .collect();
@@ -87,6 +144,7 @@ fn spec_strategy() -> impl Strategy<Value = Spec> {
                     Kind::Commit => {
                         key.clear();
                         value.clear();
+                        request = None;
                     }
                 }
                 Spec {
@@ -95,6 +153,7 @@ fn spec_strategy() -> impl Strategy<Value = Spec> {
                     version: Version(version),
                     key,
                     value,
+                    request,
                     mtu_bytes,
                 }
             },
@@ -118,7 +177,8 @@ fn blocks(bytes: &[u8]) -> Vec<(BlockHeader, Vec<u8>)> {
 fn checksummed_block(fields: &[u8; HEADER_BYTES], payload: &[u8], pad: usize) -> Vec<u8> {
     let mut b = fields.to_vec();
     b[0] = 1 + b[0] % 3;
-    b[1] = 1;
+    // Format 1 or 2 (a request record expected at the start of block 0's payload).
+    b[1] = 1 + b[1] % 2;
     b[22..24].copy_from_slice(&(payload.len() as u16).to_le_bytes());
     b[4..8].fill(0);
     b.extend_from_slice(payload);
@@ -161,6 +221,10 @@ proptest! {
         if let Ok(e) = parse_entry(&bytes) {
             prop_assert!(e.encoded_len <= bytes.len());
             prop_assert!(e.key.len() <= payload.len());
+            prop_assert_eq!(e.request.is_some(), bytes[1] == FORMAT_REQUEST);
+            if let Some(r) = e.request {
+                prop_assert!(r.is_valid());
+            }
         }
         let _ = read_key(&bytes);
     }
@@ -212,10 +276,18 @@ proptest! {
     #[test]
     fn valid_entries_round_trip(spec in spec_strategy(), order_seed in any::<u64>()) {
         let bytes = spec.encode();
-        prop_assert_eq!(bytes.len(), encoded_len(spec.key.len(), spec.value.len(), spec.mtu_bytes));
+        let has_request = spec.request.is_some();
+        prop_assert_eq!(
+            bytes.len(),
+            encoded_len_for(spec.key.len(), spec.value.len(), has_request, spec.mtu_bytes)
+        );
+        if !has_request {
+            prop_assert_eq!(bytes.len(), encoded_len(spec.key.len(), spec.value.len(), spec.mtu_bytes));
+        }
         prop_assert_eq!(bytes.len() % STRIDE_BYTES, 0);
         let e = parse_entry(&bytes).expect("round trip");
         prop_assert_eq!((e.kind, e.shard, e.version), (spec.kind, spec.shard, spec.version));
+        prop_assert_eq!(e.request, spec.request);
         prop_assert_eq!(e.key, &spec.key[..]);
         prop_assert_eq!(&e.value[..], &spec.value[..]);
         prop_assert_eq!(e.encoded_len, bytes.len());
@@ -229,6 +301,9 @@ proptest! {
         let mut offset = 0;
         for (i, (b, _)) in all.iter().enumerate() {
             prop_assert_eq!(b.seq as usize, i);
+            prop_assert_eq!(b.has_request, has_request);
+            let format = if has_request { FORMAT_REQUEST } else { FORMAT_V1 };
+            prop_assert_eq!(bytes[offset + 1], format);
             prop_assert!(b.padded_len() <= spec.mtu_bytes);
             if i + 1 < all.len() {
                 prop_assert_eq!(b.payload_len as usize, spec.mtu_bytes - HEADER_BYTES);
@@ -255,6 +330,8 @@ proptest! {
         }
         let done = done.expect("complete");
         prop_assert_eq!((done.kind, done.shard, done.version), (spec.kind, spec.shard, spec.version));
+        prop_assert_eq!(done.request, spec.request);
+        prop_assert_eq!(done.encoded_len(spec.mtu_bytes), bytes.len());
         prop_assert_eq!(&done.key, &spec.key);
         prop_assert_eq!(&done.value, &spec.value);
         prop_assert_eq!(asm.pending(), 0);
@@ -276,6 +353,7 @@ proptest! {
         }
         if let Ok(e) = parse_entry(&bytes) {
             prop_assert_eq!((e.kind, e.shard, e.version), (spec.kind, spec.shard, spec.version));
+            prop_assert_eq!(e.request, spec.request);
             prop_assert_eq!(e.key, &spec.key[..]);
             prop_assert_eq!(&e.value[..], &spec.value[..]);
             prop_assert_eq!(e.encoded_len, original.len());
@@ -301,7 +379,7 @@ proptest! {
         junk in proptest::collection::vec(
             (
                 0u8..5, 0u16..3, 0u64..3, any::<u8>(), 0u8..4, 0u16..1100, 0u32..12_000,
-                any::<u16>(), 0usize..4200, any::<bool>(),
+                any::<u16>(), 0usize..4200, any::<bool>(), any::<bool>(),
             ),
             0..24,
         ),
@@ -315,7 +393,9 @@ proptest! {
             spec.version = Version(spec.version.0 % 3);
             feed.extend(blocks(&spec.encode()));
         }
-        for (kind, shard, version, seq, cnt, key_len, value_len, payload_len, len, honest) in junk {
+        for (kind, shard, version, seq, cnt, key_len, value_len, payload_len, len, honest, has_request)
+            in junk
+        {
             let kind = match kind % 3 {
                 0 => Kind::Put,
                 1 => Kind::Del,
@@ -332,6 +412,7 @@ proptest! {
                     key_len,
                     value_len,
                     payload_len,
+                    has_request,
                 },
                 vec![0xA5; len],
             ));
@@ -345,6 +426,7 @@ proptest! {
                 Ok(Some(e)) => {
                     prop_assert_eq!(e.key.len(), h.key_len as usize);
                     prop_assert_eq!(e.value.len(), h.value_len as usize);
+                    prop_assert_eq!(e.request.is_some(), h.has_request);
                 }
                 Ok(None) => {}
                 Err(EntryError::End) => prop_assert!(false, "add never reports End"),
@@ -352,5 +434,75 @@ proptest! {
             }
             prop_assert!(asm.pending() <= feed.len());
         }
+    }
+
+    #[test]
+    fn entries_without_a_record_are_format_1_bytes(spec in spec_strategy()) {
+        let spec = Spec { request: None, ..spec };
+        prop_assert_eq!(spec.encode(), v1_reference_encode(&spec));
+    }
+
+    #[test]
+    fn malformed_records_are_refused_with_a_typed_error(
+        spec in spec_strategy(),
+        request in request_strategy(),
+        client_zero in any::<bool>(),
+        above in 1u64..1000,
+    ) {
+        // A valid entry with a record whose record bytes are then made malformed
+        // (client 0, or first_incomplete above seq) and the block resealed: only
+        // the record check can refuse it.
+        let spec = Spec {
+            kind: if spec.kind == Kind::Commit { Kind::Put } else { spec.kind },
+            request: Some(request),
+            ..spec
+        };
+        let mut bytes = spec.encode();
+        let at = HEADER_BYTES;
+        let (client, first_incomplete) = if client_zero {
+            (0, request.first_incomplete)
+        } else {
+            (request.id.client, request.id.seq.saturating_add(above))
+        };
+        prop_assume!(client == 0 || first_incomplete > request.id.seq);
+        bytes[at..at + 8].copy_from_slice(&client.to_le_bytes());
+        bytes[at + 16..at + 24].copy_from_slice(&first_incomplete.to_le_bytes());
+        let (h, _) = blocks(&spec.encode())[0].clone();
+        let covered_end = HEADER_BYTES + h.payload_len as usize;
+        bytes[4..8].fill(0);
+        let crc = crc32c::crc32c(&bytes[..covered_end]);
+        bytes[4..8].copy_from_slice(&crc.to_le_bytes());
+        let want = || EntryError::BadRequest { client, seq: request.id.seq, first_incomplete };
+        prop_assert_eq!(parse_block(&bytes).map(|_| ()), Err(want()));
+        prop_assert_eq!(parse_entry(&bytes).map(|_| ()), Err(want()));
+        prop_assert_eq!(read_key(&bytes).map(|_| ()), Err(want()));
+        prop_assert_eq!(
+            decode_request(&bytes[at..at + REQUEST_RECORD_BYTES]),
+            Err(want())
+        );
+        // The assembler, handed the header and payload directly, refuses it too
+        // and holds nothing.
+        let payload = &bytes[HEADER_BYTES..covered_end];
+        let mut asm = Assembler::new();
+        prop_assert_eq!(asm.add(h, payload), Err(want()));
+        prop_assert_eq!(asm.pending(), 0);
+        // And the encoder will not write such a record.
+        let bad = RequestRecord {
+            id: RequestId { client, seq: request.id.seq },
+            first_incomplete,
+        };
+        let mut out = Vec::new();
+        let refused = encode_with_request(
+            &mut out,
+            spec.kind,
+            spec.shard,
+            spec.version,
+            &spec.key,
+            &spec.value,
+            bad,
+            spec.mtu_bytes,
+        );
+        let is_bad_request = matches!(refused, Err(EntryError::BadRequest { .. }));
+        prop_assert!(is_bad_request, "encoded a malformed record: {:?}", refused);
     }
 }

@@ -1,8 +1,9 @@
 //! Domain newtypes shared by every RowanKV layer.
 //!
 //! This crate owns the names of the things RowanKV talks about — nodes, shards,
-//! terms, versions, remote keys — and the time seam (`Clock`). It depends on nothing
-//! of RowanKV's and never will: every other crate may depend on it.
+//! terms, versions, remote keys, client request ids — and the time seam (`Clock`).
+//! It depends on nothing of RowanKV's and never will: every other crate may depend
+//! on it.
 //!
 //! Invariant: a domain number never travels as a bare integer across a crate
 //! boundary; it is wrapped in one of these newtypes so that a `ShardId` cannot be
@@ -79,6 +80,83 @@ impl Version {
     pub const MAX: Version = Version((1 << 48) - 1);
 }
 
+/// The identity of one client request, for exactly-once retries (RIFL, Lee et al.,
+/// SOSP 2015): the client that sent it and the sequence number the client gave it.
+///
+/// - `client` names a client *incarnation*, unique in the cluster for as long as
+///   its requests may be retried (the client library draws or is assigned it).
+///   **`client` 0 is reserved: it means "no request id"** and is never a valid
+///   id — an entry, a request table or a wire frame refuses it
+///   ([`RequestId::is_valid`]).
+/// - `seq` is the client's sequence number of the request: a new request takes a
+///   new (larger) number; a retry of a request reuses its id unchanged, through
+///   any connection and to any server.
+///
+/// Travels with a [`RequestRecord`], which adds the client's acknowledgement
+/// floor (`first_incomplete`).
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct RequestId {
+    pub client: u64,
+    pub seq: u64,
+}
+
+impl RequestId {
+    /// The reserved client number: "no request id".
+    pub const NO_CLIENT: u64 = 0;
+
+    /// Whether this id names a client (`client != 0`).
+    pub fn is_valid(&self) -> bool {
+        self.client != Self::NO_CLIENT
+    }
+}
+
+impl fmt::Debug for RequestId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "c{}#{}", self.client, self.seq)
+    }
+}
+
+impl fmt::Display for RequestId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(self, f)
+    }
+}
+
+/// What a write carries for exactly-once retries, and what its log entry records
+/// (`docs/format/log-entry.md`, format version 2): the request's [`RequestId`] and
+/// the client's `first_incomplete`.
+///
+/// `first_incomplete` is RIFL's acknowledgement: the client has received the
+/// answer of every one of its requests with a sequence number below it (it is the
+/// smallest `seq` of the client still waiting for an answer, this request's own or
+/// an older one). So a server may forget those requests' outcomes, and must treat
+/// any of them arriving again (a delayed packet, a stale retry) as already answered:
+/// never execute it again. Valid records have `first_incomplete <= id.seq` (this
+/// request is itself incomplete when it is sent) and a valid `id`
+/// ([`RequestRecord::is_valid`]). A client sends a non-decreasing `first_incomplete`.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct RequestRecord {
+    pub id: RequestId,
+    pub first_incomplete: u64,
+}
+
+impl RequestRecord {
+    /// `client 0` is invalid, and so is `first_incomplete > id.seq`.
+    pub fn is_valid(&self) -> bool {
+        self.id.is_valid() && self.first_incomplete <= self.id.seq
+    }
+}
+
+impl fmt::Debug for RequestRecord {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{:?}(first_incomplete {})",
+            self.id, self.first_incomplete
+        )
+    }
+}
+
 /// The time seam: everything that reads time goes through a `Clock`, so that a
 /// simulator can drive time from a seed.
 pub trait Clock: Send + Sync + fmt::Debug {
@@ -145,5 +223,28 @@ mod tests {
         assert_eq!(format!("{}", NodeId(3)), "n3");
         assert_eq!(format!("{:?}", Rkey(7)), "rkey7");
         assert_eq!(Version::MAX.0, 0xFFFF_FFFF_FFFF);
+    }
+
+    #[test]
+    fn request_ids_need_a_client_and_records_an_incomplete_seq() {
+        let id = RequestId { client: 9, seq: 5 };
+        assert!(id.is_valid());
+        assert_eq!(format!("{id}"), "c9#5");
+        assert!(!RequestId { client: 0, seq: 5 }.is_valid());
+        let ok = RequestRecord {
+            id,
+            first_incomplete: 5,
+        };
+        assert!(ok.is_valid());
+        assert!(!RequestRecord {
+            first_incomplete: 6,
+            ..ok
+        }
+        .is_valid());
+        assert!(!RequestRecord {
+            id: RequestId { client: 0, seq: 5 },
+            first_incomplete: 0,
+        }
+        .is_valid());
     }
 }

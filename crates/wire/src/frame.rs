@@ -26,8 +26,8 @@
 //! | type                | code | body                                                                  |
 //! | ------------------- | ---- | --------------------------------------------------------------------- |
 //! | `Get`               | 1    | `key_len u16, key`                                                    |
-//! | `Put`               | 2    | `key_len u16, value_len u32, key, value`                              |
-//! | `Del`               | 3    | `key_len u16, key`                                                    |
+//! | `Put`               | 2    | `request` (24 B, below), `key_len u16, value_len u32, key, value`     |
+//! | `Del`               | 3    | `request` (24 B), `key_len u16, key`                                  |
 //! | `Replicate`         | 4    | encoded log entries: the whole body, non-empty, a multiple of 64 B    |
 //! | `GrantSegment`      | 5    | `log u32, has_sealed u8 (0 or 1), sealed u32 (0 when has_sealed = 0)` |
 //! | `Ping`              | 6    | empty                                                                 |
@@ -48,6 +48,12 @@
 //! | 4      | `Error`    | `code u8, term u64 (the server's term), detail_len u16, detail (UTF-8)` |
 //! | 5      | `Entries`  | `next u32, more u8 (0 or 1), then encoded log entries (multiple of 64 B)` |
 //!
+//! A write's `request` is the client's request record (exactly-once retries,
+//! RIFL-style): `client u64, seq u64, first_incomplete u64`. All zeros: none (the
+//! write is executed each time it arrives). Otherwise `client` is not 0 and
+//! `first_incomplete ≤ seq`; the server stores the record in the write's log entry
+//! and answers a request it already executed with that execution's outcome.
+//!
 //! # Invariants
 //!
 //! - Encoding is canonical: every frame [`decode`] accepts re-encodes to the same
@@ -64,15 +70,16 @@
 //!
 //! - 1: the first version (the failover messages, types 7–12 and `Entries`, came
 //!   before any deployment and did not change the version).
+//! - 2: `Put` and `Del` carry a request record; error code 12 (`Duplicate`).
 
 use std::fmt;
 
-use rowankv_types::{NodeId, ShardId, Term};
+use rowankv_types::{NodeId, RequestId, RequestRecord, ShardId, Term};
 
 /// The first two bytes of every frame.
 pub const MAGIC: [u8; 2] = *b"RK";
 /// The frame format this build reads and writes.
-pub const WIRE_VERSION: u8 = 1;
+pub const WIRE_VERSION: u8 = 2;
 /// Size of the fixed header.
 pub const HEADER_BYTES: usize = 40;
 /// Default bound on a whole frame (header and body): the RPC receive buffer size.
@@ -83,10 +90,14 @@ pub const KEY_BYTES_MAX: usize = 1024;
 /// must fit one block inside one frame of `FRAME_BYTES_MAX_DEFAULT` less this
 /// header, so that every replication strategy — RPC included — carries it whole.
 /// The server checks this against the engine's entry format at compile time.
-pub const KV_BYTES_MAX: usize = (FRAME_BYTES_MAX_DEFAULT - HEADER_BYTES) / 64 * 64 - 24;
+pub const KV_BYTES_MAX: usize =
+    (FRAME_BYTES_MAX_DEFAULT - HEADER_BYTES) / 64 * 64 - 24 - REQUEST_BYTES;
 
-/// Fixed bytes of a Put body before the key: key_len u16, value_len u32.
-const PUT_FIXED_BYTES: usize = 2 + 4;
+/// Bytes of a write's request record, on the wire and in its log entry.
+pub const REQUEST_BYTES: usize = 24;
+
+/// Fixed bytes of a Put body before the key: request, key_len u16, value_len u32.
+const PUT_FIXED_BYTES: usize = REQUEST_BYTES + 2 + 4;
 /// Fixed bytes of a Get or Del body before the key: key_len u16.
 const KEY_FIXED_BYTES: usize = 2;
 /// Fixed bytes of a GrantSegment body: log u32, has_sealed u8, sealed u32.
@@ -195,9 +206,12 @@ pub enum Body<'a> {
     Put {
         key: &'a [u8],
         value: &'a [u8],
+        /// The client's request record; `None`: executed each time it arrives.
+        request: Option<RequestRecord>,
     },
     Del {
         key: &'a [u8],
+        request: Option<RequestRecord>,
     },
     /// One or more encoded log entries, replicated by RPC: non-empty, a multiple of 64 B.
     Replicate {
@@ -272,11 +286,17 @@ impl Body<'_> {
             Ok(())
         }
         Ok(match self {
-            Body::Get { key } | Body::Del { key } => {
+            Body::Get { key } => {
                 check_key(key)?;
                 KEY_FIXED_BYTES + key.len()
             }
-            Body::Put { key, value } => {
+            Body::Del { key, request } => {
+                check_key(key)?;
+                check_request(request)?;
+                REQUEST_BYTES + KEY_FIXED_BYTES + key.len()
+            }
+            Body::Put { key, value, request } => {
+                check_request(request)?;
                 check_key(key)?;
                 // Saturating: an absurd value length must end in TooLarge, not overflow.
                 (PUT_FIXED_BYTES + key.len()).saturating_add(value.len())
@@ -386,6 +406,9 @@ pub enum ErrorCode {
     /// The sender is not a member of the configuration (a server removed by
     /// failover), or the receiver is not the active configuration manager.
     NotMember = 11,
+    /// A write's request id is below its client's acknowledged floor: the client
+    /// had its answer long ago, and the request is not executed again.
+    Duplicate = 12,
 }
 
 impl ErrorCode {
@@ -402,6 +425,7 @@ impl ErrorCode {
             9 => ErrorCode::WrongCluster,
             10 => ErrorCode::Internal,
             11 => ErrorCode::NotMember,
+            12 => ErrorCode::Duplicate,
             _ => return None,
         })
     }
@@ -421,6 +445,7 @@ impl fmt::Display for ErrorCode {
             ErrorCode::WrongCluster => "wrong cluster",
             ErrorCode::Internal => "internal error",
             ErrorCode::NotMember => "not a member",
+            ErrorCode::Duplicate => "duplicate request",
         })
     }
 }
@@ -451,6 +476,12 @@ pub enum FrameError {
     KeyTooLarge { len: usize },
     #[error("bad field length: {0}")]
     FieldLength(String),
+    #[error("bad request record: client {client}, seq {seq}, first_incomplete {first_incomplete} (client 0 only with all zeros; first_incomplete at most seq)")]
+    BadRequest {
+        client: u64,
+        seq: u64,
+        first_incomplete: u64,
+    },
     #[error("{0} trailing bytes after the end of the body")]
     TrailingBytes(usize),
     #[error("unknown error code {0} in an error response")]
@@ -511,11 +542,21 @@ pub fn encode(
     assert_eq!(out.len(), HEADER_BYTES);
 
     match body {
-        Body::Get { key } | Body::Del { key } => {
+        Body::Get { key } => {
             put_u16(out, key.len());
             out.extend_from_slice(key);
         }
-        Body::Put { key, value } => {
+        Body::Del { key, request } => {
+            put_request(out, request);
+            put_u16(out, key.len());
+            out.extend_from_slice(key);
+        }
+        Body::Put {
+            key,
+            value,
+            request,
+        } => {
+            put_request(out, request);
             put_u16(out, key.len());
             put_u32(out, value.len());
             out.extend_from_slice(key);
@@ -663,18 +704,24 @@ fn decode_body(msg_type: MsgType, bytes: &[u8]) -> Result<Body<'_>, FrameError> 
         }
         MsgType::Del => {
             let mut r = Reader::new(bytes, "del");
+            let request = r.request()?;
             let key = r.key()?;
             r.finish()?;
-            Body::Del { key }
+            Body::Del { key, request }
         }
         MsgType::Put => {
             let mut r = Reader::new(bytes, "put");
+            let request = r.request()?;
             let key_len = r.key_len()?;
             let value_len = r.u32("value_len")? as usize;
             let key = r.take(key_len, "key")?;
             let value = r.take(value_len, "value")?;
             r.finish()?;
-            Body::Put { key, value }
+            Body::Put {
+                key,
+                value,
+                request,
+            }
         }
         MsgType::Replicate => {
             check_entries(bytes, "replicate")?;
@@ -803,6 +850,27 @@ fn decode_response(bytes: &[u8]) -> Result<Response<'_>, FrameError> {
     Ok(response)
 }
 
+/// A request record as the wire carries it: all zeros for none.
+fn put_request(out: &mut Vec<u8>, request: &Option<RequestRecord>) {
+    let (client, seq, first) = request.map_or((0, 0, 0), |r| {
+        (r.id.client, r.id.seq, r.first_incomplete)
+    });
+    out.extend_from_slice(&client.to_le_bytes());
+    out.extend_from_slice(&seq.to_le_bytes());
+    out.extend_from_slice(&first.to_le_bytes());
+}
+
+fn check_request(request: &Option<RequestRecord>) -> Result<(), FrameError> {
+    match request {
+        Some(r) if !r.is_valid() => Err(FrameError::BadRequest {
+            client: r.id.client,
+            seq: r.id.seq,
+            first_incomplete: r.first_incomplete,
+        }),
+        _ => Ok(()),
+    }
+}
+
 /// A bounds-checked cursor over a body; every shortfall names the message and field.
 struct Reader<'a> {
     bytes: &'a [u8],
@@ -847,6 +915,22 @@ impl<'a> Reader<'a> {
 
     fn u64(&mut self, field: &'static str) -> Result<u64, FrameError> {
         self.array(field).map(u64::from_le_bytes)
+    }
+
+    /// A write's request record (all zeros: none).
+    fn request(&mut self) -> Result<Option<RequestRecord>, FrameError> {
+        let client = self.u64("request client")?;
+        let seq = self.u64("request seq")?;
+        let first_incomplete = self.u64("request first_incomplete")?;
+        if client == 0 && seq == 0 && first_incomplete == 0 {
+            return Ok(None);
+        }
+        let record = RequestRecord {
+            id: RequestId { client, seq },
+            first_incomplete,
+        };
+        check_request(&Some(record))?;
+        Ok(Some(record))
     }
 
     fn key_len(&mut self) -> Result<usize, FrameError> {

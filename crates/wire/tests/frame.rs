@@ -2,7 +2,7 @@
 //! decoder with arbitrary, truncated and mutated input.
 
 use proptest::prelude::*;
-use rowankv_types::{NodeId, ShardId, Term};
+use rowankv_types::{NodeId, RequestId, RequestRecord, ShardId, Term};
 use rowankv_wire::frame::{
     decode, decode_header, encode, put_value_bytes_max, value_response_bytes_max, Body, Envelope,
     ErrorCode, FrameError, MsgType, Response, FRAME_BYTES_MAX_DEFAULT, HEADER_BYTES, KEY_BYTES_MAX,
@@ -27,11 +27,21 @@ fn encoded(body: &Body<'_>) -> Vec<u8> {
     out
 }
 
+/// No request record: the 24 zero bytes a Put or Del body starts with.
+const NO_REQUEST: [u8; 24] = [0; 24];
+
+/// `NO_REQUEST` then `rest`: a hand-built Put or Del body.
+fn write_body(rest: &[u8]) -> Vec<u8> {
+    let mut b = NO_REQUEST.to_vec();
+    b.extend_from_slice(rest);
+    b
+}
+
 /// A frame built by hand, independently of the encoder: the header layout spelled out.
 fn raw_frame(msg_type: u8, body: &[u8]) -> Vec<u8> {
     let mut f = Vec::new();
     f.extend_from_slice(b"RK");
-    f.push(1);
+    f.push(2);
     f.push(msg_type);
     f.extend_from_slice(&(body.len() as u32).to_le_bytes());
     f.extend_from_slice(&11u64.to_le_bytes()); // cluster_id
@@ -63,12 +73,35 @@ fn samples(entries: &[u8]) -> Vec<Body<'_>> {
         Body::Put {
             key: b"user:42",
             value: b"hello, world",
+            request: None,
         },
         Body::Put {
             key: b"",
             value: b"",
+            request: None,
         },
-        Body::Del { key: b"user:42" },
+        Body::Del { key: b"user:42", request: None },
+        Body::Put {
+            key: b"user:42",
+            value: b"once",
+            request: Some(RequestRecord {
+                id: RequestId {
+                    client: 0xfeed_beef,
+                    seq: 17,
+                },
+                first_incomplete: 12,
+            }),
+        },
+        Body::Del {
+            key: b"user:42",
+            request: Some(RequestRecord {
+                id: RequestId {
+                    client: u64::MAX,
+                    seq: u64::MAX,
+                },
+                first_incomplete: u64::MAX,
+            }),
+        },
         Body::Replicate { entries },
         Body::GrantSegment {
             log: 3,
@@ -158,8 +191,8 @@ fn every_body_and_response_round_trips() {
 
 #[test]
 fn every_error_code_round_trips() {
-    for b in 1..=11 {
-        let code = ErrorCode::from_u8(b).expect("codes 1..=11 exist");
+    for b in 1..=12 {
+        let code = ErrorCode::from_u8(b).expect("codes 1..=12 exist");
         let body = Body::Response(Response::Error {
             code,
             term: Term(3),
@@ -169,7 +202,7 @@ fn every_error_code_round_trips() {
         assert!(!code.to_string().is_empty());
     }
     assert_eq!(ErrorCode::from_u8(0), None);
-    assert_eq!(ErrorCode::from_u8(12), None);
+    assert_eq!(ErrorCode::from_u8(13), None);
 }
 
 #[test]
@@ -203,17 +236,19 @@ fn put_frame_has_the_documented_layout() {
     let bytes = encoded(&Body::Put {
         key: b"ab",
         value: b"xyz",
+        request: None,
     });
     let mut expected = Vec::new();
     expected.extend_from_slice(&MAGIC);
     expected.push(WIRE_VERSION);
     expected.push(2);
-    expected.extend_from_slice(&11u32.to_le_bytes()); // 2 + 4 + 2 + 3
+    expected.extend_from_slice(&35u32.to_le_bytes()); // 24 + 2 + 4 + 2 + 3
     expected.extend_from_slice(&0xC1A5_7E20_0000_0001u64.to_le_bytes());
     expected.extend_from_slice(&7u64.to_le_bytes());
     expected.extend_from_slice(&0x0102_0304_0506_0708u64.to_le_bytes());
     expected.extend_from_slice(&3u32.to_le_bytes());
     expected.extend_from_slice(&[0; 4]);
+    expected.extend_from_slice(&[0; 24]); // no request record
     expected.extend_from_slice(&2u16.to_le_bytes());
     expected.extend_from_slice(&3u32.to_le_bytes());
     expected.extend_from_slice(b"ab");
@@ -248,9 +283,9 @@ fn grant_segment_and_error_have_the_documented_layout() {
 
 #[test]
 fn hand_built_frames_decode() {
-    let bytes = raw_frame(3, &[1, 0, b'k']);
+    let bytes = raw_frame(3, &write_body(&[1, 0, b'k']));
     let frame = decode(&bytes).unwrap();
-    assert_eq!(frame.body, Body::Del { key: b"k" });
+    assert_eq!(frame.body, Body::Del { key: b"k", request: None });
     assert_eq!(frame.header.cluster_id, 11);
     assert_eq!(frame.header.term, Term(5));
     assert_eq!(frame.header.request_id, 99);
@@ -270,6 +305,7 @@ fn encode_reuses_the_buffer_it_is_given() {
         &Body::Put {
             key: b"12345678",
             value: &value,
+            request: None,
         },
         MAX,
     )
@@ -313,8 +349,11 @@ fn bad_magic_is_rejected() {
 #[test]
 fn bad_version_is_rejected() {
     let mut bytes = encoded(&Body::Ping);
-    bytes[2] = 2;
-    assert_eq!(decode(&bytes), Err(FrameError::BadVersion(2)));
+    // Version 1 (writes without request records) is no longer spoken.
+    bytes[2] = 1;
+    assert_eq!(decode(&bytes), Err(FrameError::BadVersion(1)));
+    bytes[2] = 3;
+    assert_eq!(decode(&bytes), Err(FrameError::BadVersion(3)));
 }
 
 #[test]
@@ -366,7 +405,7 @@ fn trailing_bytes_in_a_body_are_rejected() {
         decode(&raw_frame(6, &[0, 0])),
         Err(FrameError::TrailingBytes(2))
     );
-    let mut put = vec![1, 0, 1, 0, 0, 0, b'k', b'v'];
+    let mut put = write_body(&[1, 0, 1, 0, 0, 0, b'k', b'v']);
     put.extend_from_slice(b"extra");
     assert_eq!(
         decode(&raw_frame(2, &put)),
@@ -393,7 +432,7 @@ fn lengths_pointing_past_the_end_are_rejected() {
     let err = decode(&raw_frame(1, &[5])).unwrap_err();
     assert!(matches!(err, FrameError::FieldLength(_)), "{err:?}");
     // Put: value_len u32::MAX.
-    let mut put = vec![1, 0];
+    let mut put = write_body(&[1, 0]);
     put.extend_from_slice(&u32::MAX.to_le_bytes());
     put.push(b'k');
     let err = decode(&raw_frame(2, &put)).unwrap_err();
@@ -431,7 +470,7 @@ fn oversized_key_is_rejected_on_both_sides() {
     );
     // The declared length alone is refused, before looking for the bytes.
     assert_eq!(
-        decode(&raw_frame(3, &u16::MAX.to_le_bytes())),
+        decode(&raw_frame(3, &write_body(&u16::MAX.to_le_bytes()))),
         Err(FrameError::KeyTooLarge {
             len: u16::MAX as usize
         })
@@ -439,10 +478,11 @@ fn oversized_key_is_rejected_on_both_sides() {
     let mut out = Vec::new();
     for body in [
         Body::Get { key: &key },
-        Body::Del { key: &key },
+        Body::Del { key: &key, request: None },
         Body::Put {
             key: &key,
             value: b"",
+            request: None,
         },
     ] {
         assert_eq!(
@@ -479,7 +519,7 @@ fn unknown_status_is_rejected() {
 
 #[test]
 fn unknown_error_code_is_rejected() {
-    for code in [0u8, 12, 0xFF] {
+    for code in [0u8, 13, 0xFF] {
         assert_eq!(
             decode(&raw_frame(0x80, &error_body(code, b""))),
             Err(FrameError::BadErrorCode(code))
@@ -552,12 +592,13 @@ fn too_large_frames_are_refused_by_encode() {
             &env(),
             &Body::Put {
                 key: b"k",
-                value: &value
+                value: &value,
+                request: None,
             },
             MAX
         ),
         Err(FrameError::TooLarge {
-            len: HEADER_BYTES + 6 + 1 + MAX,
+            len: HEADER_BYTES + 30 + 1 + MAX,
             max: MAX
         })
     );
@@ -592,6 +633,7 @@ fn put_value_bytes_max_is_an_exact_boundary() {
             let fits = Body::Put {
                 key: &key,
                 value: &value[..max],
+                request: None,
             };
             assert_eq!(
                 encode(&mut out, &env(), &fits, frame_bytes_max),
@@ -601,6 +643,7 @@ fn put_value_bytes_max_is_an_exact_boundary() {
             let one_more = Body::Put {
                 key: &key,
                 value: &value,
+                request: None,
             };
             assert_eq!(
                 encode(&mut out, &env(), &one_more, frame_bytes_max),
@@ -747,9 +790,9 @@ proptest! {
     fn put_get_del_round_trip(env in envelope(), (key, value) in key_and_value()) {
         let mut out = Vec::new();
         for body in [
-            Body::Put { key: &key, value: &value },
+            Body::Put { key: &key, value: &value, request: None },
             Body::Get { key: &key },
-            Body::Del { key: &key },
+            Body::Del { key: &key, request: None },
         ] {
             encode(&mut out, &env, &body, MAX).unwrap();
             let frame = decode(&out).unwrap();
@@ -843,7 +886,7 @@ proptest! {
         cut in any::<prop::sample::Index>(),
     ) {
         let mut out = Vec::new();
-        encode(&mut out, &env, &Body::Put { key: &key, value: &value }, MAX).unwrap();
+        encode(&mut out, &env, &Body::Put { key: &key, value: &value, request: None }, MAX).unwrap();
         let len = cut.index(out.len());
         prop_assert!(decode(&out[..len]).is_err());
     }
@@ -854,7 +897,7 @@ proptest! {
         flips in proptest::collection::vec((any::<prop::sample::Index>(), any::<u8>()), 1..8),
     ) {
         let mut out = Vec::new();
-        encode(&mut out, &env(), &Body::Put { key: &key, value: &value }, MAX).unwrap();
+        encode(&mut out, &env(), &Body::Put { key: &key, value: &value, request: None }, MAX).unwrap();
         for (at, byte) in flips {
             let i = at.index(out.len());
             out[i] = byte;
@@ -881,4 +924,50 @@ fn failover_bodies_refuse_bad_lengths_and_flags() {
     assert!(decode(&raw_frame(0x80, &body)).is_err(), "more = 2");
     // NotMember is a known error code.
     assert_eq!(ErrorCode::from_u8(11), Some(ErrorCode::NotMember));
+}
+
+/// A request record must be all zeros (none) or name a client, with
+/// `first_incomplete` at most `seq`; anything else is refused by the decoder and
+/// by the encoder, with the fields it found.
+#[test]
+fn a_malformed_request_record_is_refused() {
+    let good = Body::Put {
+        key: b"k",
+        value: b"v",
+        request: Some(RequestRecord {
+            id: RequestId { client: 9, seq: 5 },
+            first_incomplete: 5,
+        }),
+    };
+    let mut out = Vec::new();
+    encode(&mut out, &env(), &good, MAX).unwrap();
+    // The record sits right after the header: client, seq, first_incomplete.
+    let at = rowankv_wire::frame::HEADER_BYTES;
+    for (client, seq, first) in [(0u64, 5u64, 0u64), (0, 0, 1), (9, 5, 6), (9, 0, 1)] {
+        let mut bad = out.clone();
+        bad[at..at + 8].copy_from_slice(&client.to_le_bytes());
+        bad[at + 8..at + 16].copy_from_slice(&seq.to_le_bytes());
+        bad[at + 16..at + 24].copy_from_slice(&first.to_le_bytes());
+        assert_eq!(
+            decode(&bad).map(|f| f.body),
+            Err(FrameError::BadRequest {
+                client,
+                seq,
+                first_incomplete: first
+            }),
+            "record ({client}, {seq}, {first})"
+        );
+        let body = Body::Put {
+            key: b"k",
+            value: b"v",
+            request: Some(RequestRecord {
+                id: RequestId { client, seq },
+                first_incomplete: first,
+            }),
+        };
+        assert!(matches!(
+            encode(&mut out.clone(), &env(), &body, MAX),
+            Err(FrameError::BadRequest { .. })
+        ));
+    }
 }
