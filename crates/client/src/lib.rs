@@ -10,11 +10,23 @@
 //! `Blocked` or `NotMember` changed nothing at the server, so it is sent again
 //! after refreshing the configuration: at once for a term or routing refusal (up
 //! to `retries_max` times), after a growing pause for a server that is blocked or
-//! busy (during a failover, until the operation's deadline). An operation that
-//! times out is *not* retried: its outcome is unknown (a write may or may not
-//! have been applied) and it is reported as [`ClientError::Timeout`]. An
-//! `Internal` error on a write, and an operation whose connection failed, are
-//! also of unknown outcome ([`ClientError::is_unknown`]).
+//! busy (during a failover, until the operation's deadline).
+//!
+//! Exactly-once writes (RIFL-style): every PUT and DEL carries a request record —
+//! this client's id, the operation's sequence number and the lowest sequence
+//! number whose outcome the client does not know yet. The server keeps the record
+//! in the write's log entry (so it survives failover with the write) and answers
+//! a request it already executed with that execution's version instead of
+//! executing it again. So a write whose outcome is unknown — no answer within
+//! `attempt_timeout`, an `Internal` error, a connection that failed with it
+//! outstanding — is sent again, with the same record, until the operation's
+//! deadline. Only then is it reported of unknown outcome ([`ClientError::is_unknown`],
+//! [`Completed::request`]): the application may send it again later, through
+//! this client or another one on a new connection, with [`Client::resubmit`]
+//! and the same request id, and it is still executed at most once. The client
+//! keeps the sequence numbers of such unresolved writes out of its floor (at most
+//! `UNRESOLVED_MAX`, the oldest given up first) so the servers keep their
+//! outcomes; see `docs/cluster.md` for the servers' table and its window.
 //!
 //! Time is read from the configured [`Clock`], so a simulation drives timeouts.
 #![forbid(unsafe_code)]
@@ -24,7 +36,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use rowankv_fabric::Nic;
-use rowankv_types::{Clock, NodeId, SystemClock, Term};
+use rowankv_types::{Clock, NodeId, RequestId, RequestRecord, SystemClock, Term};
 use rowankv_wire::config::{Config, ConfigSource};
 use rowankv_wire::directory::{ConnectError, Directory};
 use rowankv_wire::endpoint::{Endpoint, EndpointConfig, Event, PeerId, SendError};
@@ -47,6 +59,12 @@ pub struct ClientConfig {
     /// most 32 times this).
     pub backoff: Duration,
     pub clock: Arc<dyn Clock>,
+    /// An attempt not answered within this is sent again (same request record:
+    /// a write is executed at most once); the operation gives up at `timeout`.
+    pub attempt_timeout: Duration,
+    /// This client's id in request records; `None`: a random one. Two clients
+    /// must never share an id while both submit operations.
+    pub client_id: Option<u64>,
 }
 
 impl Default for ClientConfig {
@@ -60,6 +78,8 @@ impl Default for ClientConfig {
             endpoint: EndpointConfig::default(),
             backoff: Duration::from_micros(250),
             clock: SystemClock::new(),
+            attempt_timeout: Duration::from_millis(500),
+            client_id: None,
         }
     }
 }
@@ -89,6 +109,8 @@ pub enum ClientError {
     Config(String),
     #[error("the connection to {0} failed with the operation outstanding: the outcome is unknown")]
     ConnectionLost(NodeId),
+    #[error("an earlier attempt may have been applied, and the last one ended with: {0}")]
+    Unknown(String),
 }
 
 impl ClientError {
@@ -98,8 +120,9 @@ impl ClientError {
             self,
             ClientError::Timeout(_)
                 | ClientError::ConnectionLost(_)
+                | ClientError::Unknown(_)
                 | ClientError::Server {
-                    code: ErrorCode::Internal,
+                    code: ErrorCode::Internal | ErrorCode::Duplicate,
                     ..
                 }
         )
@@ -144,11 +167,26 @@ pub struct Completed {
     pub latency: Duration,
     /// The term of the configuration the answering server held (0: no answer).
     pub term: Term,
+    /// A write's request id: to send it again with [`Client::resubmit`] if its
+    /// outcome is unknown.
+    pub request: Option<RequestId>,
 }
+
+/// Unresolved writes (unknown outcome) whose sequence numbers a client keeps
+/// below its floor, at most.
+pub const UNRESOLVED_MAX: usize = 1024;
 
 struct Pending {
     id: OpId,
     op: Op,
+    /// A write's request id (its record's floor is taken when it is sent).
+    request: Option<RequestId>,
+    /// When the current attempt was sent.
+    sent_ns: u64,
+    /// An earlier attempt of this write may have been applied (it went
+    /// unanswered, or failed with an unknown outcome): a later refusal does not
+    /// make the outcome certain.
+    maybe_applied: bool,
     submitted_ns: u64,
     /// The operation times out here.
     deadline_ns: u64,
@@ -170,6 +208,13 @@ pub struct Client<N: Nic> {
     servers: HashMap<NodeId, PeerId>,
     next_id: u64,
     next_request: u64,
+    /// This client's id in request records.
+    client_id: u64,
+    next_seq: u64,
+    /// Sequence numbers of this client's writes whose outcome it does not know:
+    /// in flight, or unresolved (reported unknown, not yet resolved).
+    open_seqs: std::collections::BTreeSet<u64>,
+    unresolved: VecDeque<u64>,
     /// By request id.
     pending: HashMap<u64, Pending>,
     /// Waiting for a credit or a retry.
@@ -195,7 +240,15 @@ impl<N: Nic> Client<N> {
         let node = nic.node();
         let ep = Endpoint::new(nic, config.endpoint.clone())
             .map_err(|e| ClientError::Connect(e.to_string()))?;
+        let client_id = config.client_id.unwrap_or_else(random_client_id);
+        if client_id == RequestId::NO_CLIENT {
+            return Err(ClientError::Config("client id 0 is reserved".into()));
+        }
         Ok(Client {
+            client_id,
+            next_seq: 1,
+            open_seqs: Default::default(),
+            unresolved: VecDeque::new(),
             config,
             node,
             source,
@@ -364,6 +417,40 @@ impl<N: Nic> Client<N> {
         if self.inflight >= self.config.inflight_max {
             return Err(ClientError::Busy(self.inflight));
         }
+        let request = (!matches!(op, Op::Get { .. })).then(|| {
+            let seq = self.next_seq;
+            self.next_seq += 1;
+            self.open_seqs.insert(seq);
+            RequestId {
+                client: self.client_id,
+                seq,
+            }
+        });
+        Ok(self.start(op, request))
+    }
+
+    /// Send again a write whose outcome was reported unknown, with its request
+    /// id (from [`Completed::request`], of this client or of another one, on
+    /// another connection): it is executed at most once over all its attempts.
+    pub fn resubmit(&mut self, op: Op, request: RequestId) -> Result<OpId, ClientError> {
+        Self::check(&op)?;
+        if matches!(op, Op::Get { .. }) || !request.is_valid() {
+            return Err(ClientError::Config(format!(
+                "resubmit takes a write and the request id it was sent with, not {request:?}"
+            )));
+        }
+        if self.inflight >= self.config.inflight_max {
+            return Err(ClientError::Busy(self.inflight));
+        }
+        Ok(self.start(op, Some(request)))
+    }
+
+    /// This client's id in request records.
+    pub fn client_id(&self) -> u64 {
+        self.client_id
+    }
+
+    fn start(&mut self, op: Op, request: Option<RequestId>) -> OpId {
         let id = OpId(self.next_id);
         self.next_id += 1;
         let now = self.config.clock.now_ns();
@@ -371,6 +458,9 @@ impl<N: Nic> Client<N> {
         let p = Pending {
             id,
             op,
+            request,
+            sent_ns: now,
+            maybe_applied: false,
             submitted_ns: now,
             deadline_ns: now + self.config.timeout.as_nanos() as u64,
             not_before_ns: 0,
@@ -382,7 +472,22 @@ impl<N: Nic> Client<N> {
         } else {
             self.queued.push_back(p);
         }
-        Ok(id)
+        id
+    }
+
+    /// The record a write is sent with now: its floor is the lowest sequence
+    /// number of this client whose outcome it does not know (a write of another
+    /// client's id, resubmitted here, raises no floor).
+    fn record(&self, id: RequestId) -> RequestRecord {
+        let first_incomplete = if id.client == self.client_id {
+            self.open_seqs.first().copied().unwrap_or(id.seq).min(id.seq)
+        } else {
+            0
+        };
+        RequestRecord {
+            id,
+            first_incomplete,
+        }
     }
 
     /// Send one attempt, or queue it: for want of the server's credit (returns
@@ -412,15 +517,21 @@ impl<N: Nic> Client<N> {
             request_id,
             sender: self.node,
         };
+        let request = p.request.map(|r| self.record(r));
         let body = match &p.op {
             Op::Get { key } => Body::Get { key },
-            Op::Put { key, value } => Body::Put { key, value },
-            Op::Del { key } => Body::Del { key },
+            Op::Put { key, value } => Body::Put {
+                key,
+                value,
+                request,
+            },
+            Op::Del { key } => Body::Del { key, request },
         };
         match self.ep.request(peer, &env, &body) {
             Ok(()) => {
                 self.next_request += 1;
                 p.sent_to = Some(peer);
+                p.sent_ns = self.config.clock.now_ns();
                 self.pending.insert(request_id, p);
                 false
             }
@@ -449,13 +560,47 @@ impl<N: Nic> Client<N> {
 
     fn complete(&mut self, p: Pending, result: Result<Output, ClientError>, term: Term) {
         self.inflight -= 1;
+        let result = match result {
+            Err(e) if p.maybe_applied && !e.is_unknown() && !matches!(p.op, Op::Get { .. }) => {
+                Err(ClientError::Unknown(e.to_string()))
+            }
+            r => r,
+        };
         let now = self.config.clock.now_ns();
+        if let Some(r) = p.request.filter(|r| r.client == self.client_id) {
+            let unknown = result.as_ref().is_err_and(|e| e.is_unknown());
+            if unknown {
+                // Kept out of the floor so the servers keep its outcome for a
+                // resubmit; the oldest unresolved write is given up past the bound.
+                if !self.unresolved.contains(&r.seq) {
+                    self.unresolved.push_back(r.seq);
+                }
+                if self.unresolved.len() > UNRESOLVED_MAX {
+                    if let Some(old) = self.unresolved.pop_front() {
+                        self.open_seqs.remove(&old);
+                    }
+                }
+            } else {
+                self.open_seqs.remove(&r.seq);
+                self.unresolved.retain(|&s| s != r.seq);
+            }
+        }
         self.done.push(Completed {
             id: p.id,
             result,
             latency: Duration::from_nanos(now.saturating_sub(p.submitted_ns)),
             term,
+            request: p.request,
         });
+    }
+
+    /// Give up on knowing the outcome of this client's write `request` (reported
+    /// unknown): its sequence number no longer holds the floor down.
+    pub fn resolve(&mut self, request: RequestId) {
+        if request.client == self.client_id {
+            self.unresolved.retain(|&s| s != request.seq);
+            self.open_seqs.remove(&request.seq);
+        }
     }
 
     /// Make progress: read answers, resend refused operations, expire timed-out
@@ -466,7 +611,9 @@ impl<N: Nic> Client<N> {
         let _ = self.ep.poll(&mut events, &mut data);
         for ev in &events {
             match *ev {
-                Event::Message { start, len, .. } => self.on_message(&data[start..start + len]),
+                Event::Message { peer, start, len } => {
+                    self.on_message(peer, &data[start..start + len])
+                }
                 Event::SendFailed { peer, .. } => self.connection_failed(peer),
                 Event::Owner(_) => {}
             }
@@ -487,6 +634,30 @@ impl<N: Nic> Client<N> {
             }
             if self.send(p) {
                 break; // still no credit
+            }
+        }
+        // Attempts unanswered for `attempt_timeout`: sent again (a write with
+        // its request record, so it is executed at most once), after looking
+        // for a newer configuration (the server may have been replaced).
+        let attempt_ns = self.config.attempt_timeout.as_nanos() as u64;
+        let mut stale: Vec<u64> = self
+            .pending
+            .iter()
+            .filter(|(_, p)| now < p.deadline_ns && now >= p.sent_ns.saturating_add(attempt_ns))
+            .map(|(&r, _)| r)
+            .collect();
+        if !stale.is_empty() {
+            stale.sort_unstable();
+            let _ = self.refresh();
+            for r in stale {
+                let mut p = self.pending.remove(&r).expect("listed");
+                if let Some(peer) = p.sent_to.take() {
+                    self.ep.forget(peer);
+                }
+                p.attempts += 1;
+                p.not_before_ns = 0;
+                p.maybe_applied = true;
+                self.queued.push_back(p);
             }
         }
         // Timeouts.
@@ -515,8 +686,8 @@ impl<N: Nic> Client<N> {
                 self.queued.drain(..).partition(|p| now >= p.deadline_ns);
             self.queued = keep.into();
             for p in expired {
-                // Never sent, or refused each time: certainly not applied, unless
-                // an earlier attempt's outcome was unknown (none is resent then).
+                // Waiting to be sent again: an earlier attempt may have been
+                // applied, so the outcome is reported unknown (a timeout).
                 let t = self.config.timeout;
                 self.complete(p, Err(ClientError::Timeout(t)), Term(0));
             }
@@ -547,15 +718,29 @@ impl<N: Nic> Client<N> {
             .map(|(&r, _)| r)
             .collect();
         lost.sort_unstable();
-        for r in lost {
-            let p = self.pending.remove(&r).expect("listed");
-            self.ep.forget(peer);
-            self.complete(p, Err(ClientError::ConnectionLost(node)), Term(0));
-        }
         let _ = self.refresh();
+        let now = self.config.clock.now_ns();
+        for r in lost {
+            let mut p = self.pending.remove(&r).expect("listed");
+            self.ep.forget(peer);
+            // Sent again until its deadline: a read changes nothing, a write
+            // carries its request record and is executed at most once.
+            if now < p.deadline_ns {
+                p.sent_to = None;
+                p.maybe_applied = true;
+                self.retry_later(p);
+            } else {
+                self.complete(p, Err(ClientError::ConnectionLost(node)), Term(0));
+            }
+        }
     }
 
-    fn on_message(&mut self, bytes: &[u8]) {
+    /// An answer from `peer`. Taken only if it comes from the node the request
+    /// was sent to, on the connection it was sent on: the header's sender must
+    /// be the connection's remote node (as an RC connection authenticates it),
+    /// and that connection the request's. Anything else is dropped, and the
+    /// request waits for its real answer.
+    fn on_message(&mut self, peer: PeerId, bytes: &[u8]) {
         let Ok(f) = frame::decode(bytes) else {
             return;
         };
@@ -563,8 +748,21 @@ impl<N: Nic> Client<N> {
             return;
         };
         let term = f.header.term;
+        let from = self.ep.remote(peer).map(|a| a.node);
+        if from != Some(f.header.sender) {
+            tracing::debug!(sender = %f.header.sender, ?from, "an answer in another node's name, dropped");
+            return;
+        }
+        match self.pending.get(&f.header.request_id) {
+            None => return, // late answer to an operation that timed out
+            Some(p) if p.sent_to != Some(peer) => {
+                tracing::debug!(sender = %f.header.sender, "an answer from a node not asked, dropped");
+                return;
+            }
+            Some(_) => {}
+        }
         let Some(mut p) = self.pending.remove(&f.header.request_id) else {
-            return; // late answer to an operation that timed out
+            return;
         };
         let result = match r {
             Response::Ok { version } => Ok(Output::Written { version }),
@@ -579,15 +777,19 @@ impl<N: Nic> Client<N> {
             }),
             Response::Error { code, term, detail } => {
                 let routing = matches!(code, ErrorCode::StaleTerm | ErrorCode::NotPrimary);
+                // An internal error leaves a write's outcome unknown: with its
+                // request record it is asked again, and answered with the
+                // outcome once the server knows it.
                 let waiting = matches!(
                     code,
                     ErrorCode::Busy | ErrorCode::Blocked | ErrorCode::NotMember
-                );
+                ) || (code == ErrorCode::Internal && p.request.is_some());
                 let now = self.config.clock.now_ns();
                 if (routing && p.attempts < self.config.retries_max)
                     || (waiting && now < p.deadline_ns)
                 {
                     p.attempts += 1;
+                    p.maybe_applied |= code == ErrorCode::Internal;
                     // A busy server is not a configuration matter.
                     if code != ErrorCode::Busy {
                         let _ = self.refresh();
@@ -683,4 +885,22 @@ impl<N: Nic> Client<N> {
     pub fn server_peer(&self, server: NodeId) -> Option<PeerId> {
         self.servers.get(&server).copied()
     }
+}
+
+/// A client id no other client is likely to hold: 64 bits from the standard
+/// library's randomly keyed hasher (seeded from the operating system), mixed
+/// with the time and a process-wide counter. Never 0.
+fn random_client_id() -> u64 {
+    use std::collections::hash_map::RandomState;
+    use std::hash::{BuildHasher, Hasher};
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let mut h = RandomState::new().build_hasher();
+    h.write_u64(COUNTER.fetch_add(1, Ordering::Relaxed));
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos()),
+    );
+    h.finish().max(1)
 }

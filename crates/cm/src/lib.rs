@@ -32,6 +32,8 @@ pub mod manager;
 pub mod plan;
 pub mod store;
 
-pub use manager::{ActiveLease, CmError, ConfigManager, StoreSource, CM_LEASE_KEY, CONFIG_KEY};
+pub use manager::{
+    ActiveLease, CmError, ConfigManager, StoreSource, CM_LEASE_KEY, COMMITTED_KEY, CONFIG_KEY,
+};
 pub use plan::{plan_failover, plan_ready};
 pub use store::{CoordStore, EmbeddedStore, Guard, LeaseId, Revision, StoreError};

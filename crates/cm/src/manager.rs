@@ -26,6 +26,12 @@ use crate::store::{CoordStore, Guard, LeaseId, Revision, StoreError};
 pub const CONFIG_KEY: &str = "/rowankv/config";
 /// The key the active configuration manager holds with its lease.
 pub const CM_LEASE_KEY: &str = "/rowankv/cm/active";
+/// The highest term known committed (every member of it prepared it, and the
+/// servers it removed lost their leases), as the decimal term. Written by the
+/// CM that commits, before it sends `Commit`; a CM that starts or takes over
+/// reads what is committed here, never the term under [`CONFIG_KEY`], which may
+/// be stored and not yet committed.
+pub const COMMITTED_KEY: &str = "/rowankv/committed";
 
 /// How many times `bootstrap` and `acquire_active` re-read after losing a race to
 /// another manager before giving up: one re-read always settles a race in which
@@ -122,7 +128,13 @@ impl ConfigManager {
                 return Ok(ConfigManager::with(store, stored, revision));
             }
             match store.put_if(CONFIG_KEY, &initial.to_json(), 0, None) {
-                Ok(revision) => return Ok(ConfigManager::with(store, initial, revision)),
+                Ok(revision) => {
+                    // The first configuration is committed by definition: every
+                    // server starts with it.
+                    let manager = ConfigManager::with(store, initial, revision);
+                    manager.raise_committed(manager.current().term, None)?;
+                    return Ok(manager);
+                }
                 // Another manager bootstrapped first: read what it stored.
                 Err(StoreError::Conflict { .. }) => continue,
                 Err(e) => return Err(e.into()),
@@ -252,6 +264,76 @@ impl ConfigManager {
             revision,
         };
         Ok(stored)
+    }
+
+    /// The highest term recorded committed under [`COMMITTED_KEY`] (`Term(0)`:
+    /// none recorded — a store written before the key existed).
+    pub fn committed_term(&self) -> Result<Term, CmError> {
+        Ok(self.read_committed()?.0)
+    }
+
+    fn read_committed(&self) -> Result<(Term, Revision), CmError> {
+        match self.store.get(COMMITTED_KEY)? {
+            None => Ok((Term(0), 0)),
+            Some((bytes, revision)) => {
+                let term = std::str::from_utf8(&bytes)
+                    .ok()
+                    .and_then(|t| t.parse::<u64>().ok())
+                    .ok_or_else(|| {
+                        CmError::Invalid(format!("the term stored under {COMMITTED_KEY}"))
+                    })?;
+                Ok((Term(term), revision))
+            }
+        }
+    }
+
+    /// Record `term` as committed, while `active` still holds [`CM_LEASE_KEY`]
+    /// (checked by the store in the same step, as for `commit_as`). The record
+    /// only moves forward: an older term changes nothing.
+    pub fn record_committed(&self, active: &ActiveLease, term: Term) -> Result<(), CmError> {
+        self.raise_committed(term, Some(active))
+    }
+
+    fn raise_committed(&self, term: Term, fence: Option<&ActiveLease>) -> Result<(), CmError> {
+        for _ in 0..RACE_ATTEMPTS_MAX {
+            let (stored, revision) = self.read_committed()?;
+            if stored >= term {
+                return Ok(());
+            }
+            let value = term.0.to_string();
+            let written = match fence {
+                None => self
+                    .store
+                    .put_if(COMMITTED_KEY, value.as_bytes(), revision, None),
+                Some(active) => {
+                    let guard = Guard {
+                        key: CM_LEASE_KEY.to_owned(),
+                        revision: active.revision,
+                    };
+                    self.store.put_if_guarded(
+                        &guard,
+                        COMMITTED_KEY,
+                        value.as_bytes(),
+                        revision,
+                        None,
+                    )
+                }
+            };
+            match (written, fence) {
+                (Ok(_), _) => return Ok(()),
+                (Err(StoreError::Conflict { key, .. }), Some(active)) if key == CM_LEASE_KEY => {
+                    return Err(CmError::LeaseLost {
+                        holder: active.holder.clone(),
+                    })
+                }
+                // Another writer moved the record: read it again.
+                (Err(StoreError::Conflict { .. }), _) => continue,
+                (Err(e), _) => return Err(e.into()),
+            }
+        }
+        Err(CmError::Conflict(format!(
+            "{COMMITTED_KEY} kept changing while raising it"
+        )))
     }
 
     /// The coordination store this manager writes to.

@@ -18,6 +18,20 @@
 //! - concurrent DMA and CPU access to the same bytes is allowed, as on hardware: the
 //!   reader sees old or new bytes, never a fault. Upper layers use checksums and
 //!   versions, not locks, to tell complete data from incomplete.
+//!
+//! Hardware assumption (written down because the language does not grant it):
+//! `dma_write`/`dma_read` are plain raw-pointer copies, and they may race with the
+//! 8-byte atomics and with other copies on the same bytes. In Rust's abstract
+//! memory model a non-atomic access racing any other access to the same byte is a
+//! data race, hence undefined behaviour (Miri would report it). We rely instead on
+//! the hardware model of the targets we build for (x86-64, AArch64), where such a
+//! race yields, for each byte, its old or its new value, an aligned 8-byte store
+//! is never torn, and nothing else happens — exactly what a NIC's DMA racing a CPU
+//! gives. The copies are out-of-line calls (`copy_nonoverlapping` on buffers the
+//! compiler cannot see into), so no load is elided or invented across them. The
+//! alternative — copying word by word with relaxed atomics — is sound in the
+//! language model but stops the compiler from vectorising the copy of a 4 MiB
+//! segment; it is the fallback should a target without these guarantees be added.
 
 use std::cell::UnsafeCell;
 use std::sync::atomic::{AtomicU64, Ordering};

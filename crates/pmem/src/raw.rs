@@ -13,6 +13,14 @@
 //!   versions, as on hardware);
 //! - flushes and fences do not change memory contents; they only order and write
 //!   back, so they are sound on any in-bounds address.
+//!
+//! Hardware assumption: a raw copy may race with an 8-byte atomic or another copy
+//! on the same bytes (a NIC landing a write while a digest thread reads, a reader
+//! racing the cleaner). The language's memory model calls that a data race; this
+//! crate relies on the hardware model of x86-64 and AArch64 instead — each byte
+//! reads as its old or new value, aligned 8-byte stores are not torn — which is
+//! what DMA racing a CPU gives on real PM. See `rowankv_fabric::memory` for the
+//! same assumption on the NIC side and the word-by-word atomic fallback.
 
 use std::fs::File;
 use std::io;

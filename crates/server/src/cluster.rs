@@ -125,7 +125,9 @@ pub struct Parts {
     /// Per CM: set to crash it.
     pub cm_crash: Vec<(NodeId, Arc<AtomicBool>)>,
     pub events: Arc<EventLog>,
-    /// The backups' ends of remote-log connections, and their completion queues.
+    /// The backups' ends of remote-log connections (none: each backup's log
+    /// holds its own, see `BackupLog::accept_writer`), and their completion
+    /// queues.
     pub passive: (
         Vec<<LoopbackNic as Nic>::Qp>,
         Vec<Option<<LoopbackNic as Nic>::Cq>>,
@@ -461,6 +463,7 @@ pub fn build(
             source.clone(),
             open,
             events.clone(),
+            fabric.clock(),
         )));
         nics.push(nic);
     }
@@ -485,7 +488,6 @@ pub fn build(
         })
         .collect();
     let qp_depth = 4 * s.inflight_max + 64;
-    let mut passive_qps = Vec::new();
     let mut repls: Vec<Vec<Box<dyn Replicator<LoopbackNic>>>> = Vec::new();
     for a in 0..n {
         let mut row: Vec<Box<dyn Replicator<LoopbackNic>>> = Vec::new();
@@ -536,8 +538,10 @@ pub fn build(
                             .map_err(err("passive QP"))?;
                         qp.connect(target.addr()).map_err(err("connect"))?;
                         target.connect(qp.addr()).map_err(err("connect"))?;
-                        // The backup's end lives as long as the cluster.
-                        passive_qps.push(target);
+                        // The backup's end is the backup log's: destroyed when
+                        // the backup adopts a configuration without this server
+                        // (its fence against a removed primary's WRITEs).
+                        servers[b].blog.accept_writer(target);
                         let node = nodes[b];
                         targets.insert(
                             node,
@@ -554,12 +558,20 @@ pub fn build(
                                 .into_iter()
                                 .map(|(node, t)| (node, (shared_logs[a][&node].clone(), t)))
                                 .collect();
-                            Box::new(ShareReplicator::new(logs))
+                            Box::new(ShareReplicator::new(logs, s.replicate_timeout()))
                         }
-                        Strategy::Batch => {
-                            Box::new(RwriteReplicator::new(w as u32, targets, Some(s.batch)))
-                        }
-                        _ => Box::new(RwriteReplicator::new(w as u32, targets, None)),
+                        Strategy::Batch => Box::new(RwriteReplicator::new(
+                            w as u32,
+                            targets,
+                            Some(s.batch),
+                            s.replicate_timeout(),
+                        )),
+                        _ => Box::new(RwriteReplicator::new(
+                            w as u32,
+                            targets,
+                            None,
+                            s.replicate_timeout(),
+                        )),
                     }
                 }
             };
@@ -618,7 +630,7 @@ pub fn build(
     let mut cm_crash = Vec::new();
     for &cm in &cm_nodes {
         let nic = fabric.attach(cm).map_err(err("attaching a CM"))?;
-        let (task, crashed) = new_cm(cm, nic, &directory, &store, &events, s)?;
+        let (task, crashed) = new_cm(cm, nic, &directory, &store, &events, s, fabric.clock())?;
         cm_crash.push((cm, crashed));
         tasks.push((Owner::Cm(cm), task));
     }
@@ -632,7 +644,7 @@ pub fn build(
         tasks,
         cm_crash,
         events,
-        passive: (passive_qps, passive_cqs),
+        passive: (Vec::new(), passive_cqs),
     })
 }
 
@@ -651,6 +663,7 @@ pub fn cm_task(
         &parts.store,
         &parts.events,
         settings,
+        parts.fabric.clock(),
     )
 }
 
@@ -661,6 +674,7 @@ fn new_cm(
     store: &Arc<dyn CoordStore>,
     events: &Arc<EventLog>,
     settings: &ServerSettings,
+    clock: Arc<dyn Clock>,
 ) -> Result<(Box<dyn Task>, Arc<AtomicBool>), ClusterError> {
     let ep = Endpoint::new(nic, settings.endpoint.clone()).map_err(err("endpoint"))?;
     let acceptor = directory.register(node, CM_PORT);
@@ -675,6 +689,7 @@ fn new_cm(
         directory.clone(),
         events.clone(),
         crashed.clone(),
+        clock,
     );
     Ok((Box::new(task), crashed))
 }

@@ -9,10 +9,12 @@
 //! half done completes (CM failover, as FaRM does it).
 //!
 //! The active CM:
-//! - grants leases: a server's `Lease` request is answered with the highest
-//!   committed term; the CM notes the time it *received* it, and grants only
-//!   while its own lease outlives the server's, so that no server lease it
-//!   granted survives it;
+//! - grants leases: a member's `Lease` request (of this cluster, on the
+//!   member's own connection) is answered with the highest committed term; the
+//!   CM notes the time it *handled* it, read from the clock then (not the
+//!   step's start, which may precede the server's send), and grants only while
+//!   its own lease outlives the server's by the lease margin, so that no server
+//!   lease it granted survives it;
 //! - suspects a member when `lease_ns` passed since its last grant — not
 //!   counting time in which the CM itself did not run (a stall of its machine,
 //!   `CmTask::discount_stall`) — and confirms the suspicion with a probe
@@ -22,13 +24,21 @@
 //!   period without renewing since, is declared failed. The CM then plans
 //!   the next configuration ([`plan_failover`]) and stores it with `commit_as`
 //!   (phase 1), sends `Prepare` to every member left until each has answered,
-//!   waits until the failed servers' leases have expired, then sends `Commit`;
-//! - on `Ready` from a primary, makes the joining backup a full one
-//!   ([`plan_ready`]) through the same round (nothing to wait for).
+//!   waits until the failed servers' leases (and the lease margin) have
+//!   expired, records the term committed in the store
+//!   ([`ConfigManager::record_committed`]), then sends `Commit`. A member that
+//!   refuses a `Prepare` because it holds a later stored term has the round
+//!   moved on to that term;
+//! - on `Ready` from a shard's primary, in the CM's current term, makes the
+//!   joining backup a full one ([`plan_ready`]) through the same round (nothing
+//!   to wait for). A `Ready` from anyone else, or in another term, is refused.
 //!
 //! A CM that starts as standby gives every member a full lease period from the
 //! moment it becomes active before it declares anyone failed: the old CM's
-//! grants have expired by then, and live servers have had time to renew.
+//! grants have expired by then, and live servers have had time to renew. It
+//! answers leases with the term recorded committed in the store — never the
+//! stored configuration's term, which may not be committed — until its own
+//! round of the stored term commits.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -36,7 +46,7 @@ use std::sync::Arc;
 
 use rowankv_cm::{plan_failover, plan_ready, ActiveLease, ConfigManager};
 use rowankv_fabric::Nic;
-use rowankv_types::{NodeId, ShardId, Term};
+use rowankv_types::{Clock, NodeId, ShardId, Term};
 use rowankv_wire::directory::{Acceptor, Directory};
 use rowankv_wire::endpoint::{Endpoint, Event, PeerId, SendError};
 use rowankv_wire::frame::{self, Body, Envelope, ErrorCode, Response};
@@ -98,9 +108,14 @@ pub struct CmTask<N: Nic> {
     /// expiry is final.
     rescued: BTreeSet<NodeId>,
     round: Option<Round>,
-    /// The highest term whose commit was sent.
+    /// The highest term known committed: recorded in the store by whichever
+    /// CM committed it, or committed here.
     committed: Term,
-    ready: BTreeSet<(ShardId, NodeId)>,
+    /// Joining backups reported copied: (shard, backup) → the primary that
+    /// reported it.
+    ready: BTreeMap<(ShardId, NodeId), NodeId>,
+    /// The cluster's clock: a lease is stamped when its request is handled.
+    clock: Arc<dyn Clock>,
     next_request: u64,
     /// Outstanding `Prepare`s: id → (peer, node, term).
     pending: BTreeMap<u64, (PeerId, NodeId, Term)>,
@@ -122,8 +137,11 @@ impl<N: Nic> CmTask<N> {
         directory: Directory,
         events: Arc<EventLog>,
         crashed: Arc<AtomicBool>,
+        clock: Arc<dyn Clock>,
     ) -> Self {
-        let committed = manager.current().term;
+        // Not `manager.current().term`: the stored configuration may be one
+        // whose round a crashed CM left unfinished.
+        let committed = manager.committed_term().unwrap_or(Term(0));
         CmTask {
             name: format!("cm{}", node.0),
             node,
@@ -146,7 +164,8 @@ impl<N: Nic> CmTask<N> {
             rescued: BTreeSet::new(),
             round: None,
             committed,
-            ready: BTreeSet::new(),
+            ready: BTreeMap::new(),
+            clock,
             next_request: 1,
             pending: BTreeMap::new(),
             evs: Vec::new(),
@@ -196,6 +215,11 @@ impl<N: Nic> CmTask<N> {
             let _ = lease.release();
             return false;
         };
+        // What the previous CMs committed meanwhile (a failed read keeps ours:
+        // it only ever lags behind the truth).
+        if let Ok(t) = self.manager.committed_term() {
+            self.committed = self.committed.max(t);
+        }
         self.active = Some(lease);
         self.active_until_ns = now_ns + self.settings.cm_lease_ns;
         self.granted = config.members.iter().map(|m| (m.node, now_ns)).collect();
@@ -364,9 +388,10 @@ impl<N: Nic> CmTask<N> {
                 .record(now_ns, EventKind::ServerFailed { node: d });
             self.failed.insert(d);
         }
+        let margin = self.settings.lease_margin();
         let not_before = dead
             .iter()
-            .map(|d| self.granted.get(d).copied().unwrap_or(0) + lease)
+            .map(|d| self.granted.get(d).copied().unwrap_or(0) + lease + margin)
             .max()
             .unwrap_or(now_ns)
             .max(self.round.as_ref().map_or(0, |r| r.not_before_ns));
@@ -407,8 +432,13 @@ impl<N: Nic> CmTask<N> {
         let Some(active) = &self.active else {
             return false;
         };
-        while let Some((shard, node)) = self.ready.pop_first() {
+        while let Some(((shard, node), primary)) = self.ready.pop_first() {
             let config = self.manager.current();
+            // The copy is the primary's: a shard that changed primary since
+            // needs the new one's report.
+            if config.shard(shard).map(|s| s.primary) != Some(primary) {
+                continue;
+            }
             let Some(next) = plan_ready(&config, shard, node) else {
                 continue;
             };
@@ -462,6 +492,15 @@ impl<N: Nic> CmTask<N> {
         }
         let round = self.round.as_ref().expect("checked");
         if round.waiting.is_empty() && now_ns >= round.not_before_ns {
+            // Recorded first: a CM that takes over must find it committed only
+            // once it is, and every commit sent is recorded.
+            let Some(active) = &self.active else {
+                return did;
+            };
+            if let Err(e) = self.manager.record_committed(active, term) {
+                tracing::warn!(cm = %self.name, error = %e, %term, "recording the commit");
+                return did;
+            }
             let config = self.manager.current();
             for m in &config.members {
                 if let Some(peer) =
@@ -488,10 +527,28 @@ impl<N: Nic> CmTask<N> {
             return;
         };
         let h = f.header;
+        // The header's sender must be the node the connection comes from (the
+        // queue pair's remote node, as an RC connection authenticates it).
         if self.ep.remote(peer).map(|a| a.node) != Some(h.sender) {
             return;
         }
+        let cluster_id = self.manager.current().cluster_id;
+        if h.cluster_id != cluster_id && !matches!(f.body, Body::Response(_)) {
+            let term = self.manager.current().term;
+            self.respond(
+                peer,
+                h.request_id,
+                Response::Error {
+                    code: ErrorCode::WrongCluster,
+                    term,
+                    detail: "another cluster",
+                },
+            );
+            return;
+        }
         match f.body {
+            // A lease request's term is not checked: a server that missed a
+            // configuration learns the committed term from the answer.
             Body::Lease => {
                 let config = self.manager.current();
                 let Some(_) = &self.active else {
@@ -520,17 +577,40 @@ impl<N: Nic> CmTask<N> {
                     );
                     return;
                 }
-                // Grant only a lease that ends before ours does.
-                if now_ns + self.settings.lease_ns > self.active_until_ns {
+                // Stamped now, on the clock: the step began before this request
+                // was read, perhaps before it was sent, and the server's lease
+                // runs from its send. Granted only if it ends, with the margin,
+                // before our own lease does.
+                let now = self.clock.now_ns().max(now_ns);
+                let margin = self.settings.lease_margin();
+                if now + self.settings.lease_ns + margin > self.active_until_ns {
                     return;
                 }
-                self.granted.insert(h.sender, now_ns);
+                self.granted.insert(h.sender, now);
                 self.rescued.remove(&h.sender);
                 let committed = self.committed.0;
                 self.respond(peer, h.request_id, Response::Ok { version: committed });
             }
             Body::Ready { shard, node } => {
-                self.ready.insert((shard, node));
+                let config = self.manager.current();
+                let refusal = if self.active.is_none() {
+                    Some((ErrorCode::Blocked, "a standby CM"))
+                } else if h.term != config.term {
+                    Some((ErrorCode::StaleTerm, "copied in another term than the CM's"))
+                } else if config.shard(shard).map(|s| s.primary) != Some(h.sender) {
+                    Some((
+                        ErrorCode::NotPrimary,
+                        "only the shard's primary reports a copy",
+                    ))
+                } else {
+                    None
+                };
+                if let Some((code, detail)) = refusal {
+                    let term = config.term;
+                    self.respond(peer, h.request_id, Response::Error { code, term, detail });
+                    return;
+                }
+                self.ready.insert((shard, node), h.sender);
                 self.respond(peer, h.request_id, Response::Ok { version: 0 });
             }
             Body::Response(r) => {
@@ -550,12 +630,36 @@ impl<N: Nic> CmTask<N> {
                     }
                     return;
                 }
-                if let Some((_, node, term)) = self.pending.remove(&h.request_id) {
-                    if let (Response::Ok { version }, Some(round)) = (r, &mut self.round) {
-                        if round.term == term && version >= term.0 {
-                            round.waiting.remove(&node);
+                // Only on the connection the Prepare went out on.
+                if self.pending.get(&h.request_id).map(|(p, ..)| *p) != Some(peer) {
+                    return;
+                }
+                let Some((_, node, term)) = self.pending.remove(&h.request_id) else {
+                    return;
+                };
+                let Some(round) = &mut self.round else {
+                    return;
+                };
+                match r {
+                    Response::Ok { version } if round.term == term && version >= term.0 => {
+                        round.waiting.remove(&node);
+                    }
+                    // The member holds a later configuration than this round's
+                    // (stored since, by an operator or another CM) and refuses to
+                    // prepare an older one: prepare and commit the stored one
+                    // instead, still waiting as long as this round had to.
+                    Response::Error {
+                        code: ErrorCode::StaleTerm,
+                        term: held,
+                        ..
+                    } if round.term == term && held > term => {
+                        let not_before = round.not_before_ns;
+                        match self.manager.reload() {
+                            Ok(c) if c.term > term => self.start_round(c.term, not_before),
+                            _ => {}
                         }
                     }
+                    _ => {}
                 }
             }
             _ => {

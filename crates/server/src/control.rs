@@ -408,7 +408,33 @@ impl<N: Nic> ControlTask<N> {
             );
             return;
         }
+        // Only a CM prepares, commits or probes (`read_frame` made sure the
+        // header's sender is the node the connection comes from).
+        if matches!(
+            f.body,
+            Body::Prepare { .. } | Body::Commit { .. } | Body::Ping
+        ) && !self.cms.contains(&h.sender)
+        {
+            let detail = format!("{} is not a CM of this cluster", h.sender);
+            self.reject(peer, h.request_id, ErrorCode::NotMember, &detail);
+            return;
+        }
         match f.body {
+            Body::Prepare { term } | Body::Commit { term }
+                if term < self.shared.term() || h.term < self.shared.term() =>
+            {
+                // A deposed CM's round, or one delayed on the way: the server
+                // already adopted a later configuration. Refused before anything
+                // is fetched or unblocked. (A CM's header carries the term of
+                // the round too.)
+                let detail = format!(
+                    "{:?} of term {term} (header term {}), this server holds {}",
+                    f.body.msg_type(),
+                    h.term,
+                    self.shared.term()
+                );
+                self.reject(peer, h.request_id, ErrorCode::StaleTerm, &detail);
+            }
             Body::Prepare { term } => {
                 let held = self.shared.refresh_config().term;
                 if held >= term {
@@ -424,7 +450,8 @@ impl<N: Nic> ControlTask<N> {
                 self.respond(peer, h.request_id, Response::Ok { version: held.0 });
             }
             // The CM asks whether a server whose lease it saw expire is alive;
-            // answering changes nothing here.
+            // answering changes nothing here, so any term will do: a CM that
+            // just took over may hold a term this server has not adopted yet.
             Body::Ping => {
                 let held = self.shared.term();
                 self.respond(peer, h.request_id, Response::Ok { version: held.0 });

@@ -3,6 +3,8 @@
 //! takes the commit times from it to check that no server answered with a
 //! configuration older than one already committed.
 
+use std::collections::VecDeque;
+
 use parking_lot::Mutex;
 use rowankv_types::{NodeId, ShardId, Term};
 
@@ -40,10 +42,26 @@ pub struct Event {
     pub kind: EventKind,
 }
 
-/// Events in the order they were recorded.
+/// Events kept, at most: the oldest are dropped first (a long-lived server's
+/// timeline must not grow without bound).
+pub const EVENTS_MAX: usize = 1 << 16;
+/// Configuration commits kept, at most (one per term).
+pub const COMMITS_MAX: usize = 1 << 16;
+
+/// The newest events, in the order they were recorded.
 #[derive(Debug, Default)]
 pub struct EventLog {
-    events: Mutex<Vec<Event>>,
+    inner: Mutex<Inner>,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    events: VecDeque<Event>,
+    /// Events dropped to keep `EVENTS_MAX`.
+    dropped: u64,
+    /// Commit times, kept apart so that a checker sees every one of them even
+    /// after their events were dropped: (term, ns).
+    commits: VecDeque<(Term, u64)>,
 }
 
 impl EventLog {
@@ -53,23 +71,52 @@ impl EventLog {
 
     pub fn record(&self, at_ns: u64, kind: EventKind) {
         tracing::info!(at_ns, ?kind, "failover event");
-        self.events.lock().push(Event { at_ns, kind });
+        let mut inner = self.inner.lock();
+        if let EventKind::ConfigCommitted { term } = kind {
+            if inner.commits.len() == COMMITS_MAX {
+                inner.commits.pop_front();
+            }
+            inner.commits.push_back((term, at_ns));
+        }
+        if inner.events.len() == EVENTS_MAX {
+            inner.events.pop_front();
+            inner.dropped += 1;
+        }
+        inner.events.push_back(Event { at_ns, kind });
     }
 
-    /// Every event so far.
+    /// The events kept (the newest `EVENTS_MAX`).
     pub fn snapshot(&self) -> Vec<Event> {
-        self.events.lock().clone()
+        self.inner.lock().events.iter().cloned().collect()
     }
 
-    /// Times at which configurations were committed: (term, ns).
+    /// Events dropped so far to stay within `EVENTS_MAX`.
+    pub fn dropped(&self) -> u64 {
+        self.inner.lock().dropped
+    }
+
+    /// Times at which configurations were committed: (term, ns), the newest
+    /// `COMMITS_MAX`.
     pub fn commits(&self) -> Vec<(Term, u64)> {
-        self.events
-            .lock()
-            .iter()
-            .filter_map(|e| match e.kind {
-                EventKind::ConfigCommitted { term } => Some((term, e.at_ns)),
-                _ => None,
-            })
-            .collect()
+        self.inner.lock().commits.iter().copied().collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_log_keeps_the_newest_events_and_every_recent_commit() {
+        let log = EventLog::new();
+        for i in 0..(EVENTS_MAX as u64 + 10) {
+            log.record(i, EventKind::ServerFailed { node: NodeId(1) });
+        }
+        log.record(7, EventKind::ConfigCommitted { term: Term(2) });
+        let events = log.snapshot();
+        assert_eq!(events.len(), EVENTS_MAX);
+        assert_eq!(log.dropped(), 11);
+        assert_eq!(events.first().unwrap().at_ns, 11, "the oldest were dropped");
+        assert_eq!(log.commits(), vec![(Term(2), 7)]);
     }
 }

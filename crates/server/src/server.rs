@@ -4,15 +4,19 @@
 //!
 //! # When a server answers (seed 000 §4.5)
 //! A client request is served only while all of these hold ([`ServerShared::admit`]):
-//! - the server's lease with the CM is valid: it expires `lease_ns` after the
-//!   server *sent* the renewal the CM granted, so it ends no later than the CM
-//!   believes, and the CM waits for that before a new configuration takes effect;
+//! - the server's lease with the CM is valid, and stays valid for the lease
+//!   margin ([`FailoverSettings::lease_margin`]) beyond now: it expires
+//!   `lease_ns` after the server *sent* the renewal the CM granted, so it ends
+//!   no later than the CM believes, and the CM waits for that (and the margin)
+//!   before a new configuration takes effect. A worker checks it on the
+//!   server's clock when a request arrives, and a GET again after reading the
+//!   value, right before it answers ([`ServerShared::lease_refusal`]);
 //! - the configuration it holds is committed (every server acknowledged it);
 //!   between adopting a configuration and its commit the server blocks;
 //! - the key's shard is served here: a promoted primary serves a shard only once
 //!   promotion made every replica agree and built its index.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -23,7 +27,10 @@ use rowankv_wire::frame::ErrorCode;
 
 use crate::events::EventLog;
 use rowankv_fabric::Nic;
-use rowankv_types::{NodeId, ShardId, Term};
+use rowankv_types::{Clock, NodeId, RequestId, ShardId, Term};
+
+/// Stripes of the set of requests in flight (one lock each).
+const REQUEST_STRIPES: usize = 64;
 use rowankv_wire::config::{Config, ConfigSource};
 use rowankv_wire::endpoint::EndpointConfig;
 use rowankv_wire::frame::{self, HEADER_BYTES};
@@ -33,13 +40,16 @@ use crate::version::VersionBook;
 
 pub use rowankv_wire::frame::KV_BYTES_MAX;
 
-// The wire's bound is the entry format's: one block of one RPC frame.
+// The wire's bound is the entry format's: one block of one RPC frame, request
+// record included.
 const _: () = assert!(
     KV_BYTES_MAX
         == (frame::FRAME_BYTES_MAX_DEFAULT - HEADER_BYTES) / entry::STRIDE_BYTES
             * entry::STRIDE_BYTES
             - entry::HEADER_BYTES
+            - entry::REQUEST_RECORD_BYTES
 );
+const _: () = assert!(frame::REQUEST_BYTES == entry::REQUEST_RECORD_BYTES);
 
 /// A server's thread counts and timers.
 #[derive(Clone, Debug)]
@@ -105,13 +115,37 @@ pub struct FailoverSettings {
     pub cm_lease_ns: u64,
     /// Resend period of unanswered control messages (prepare, gather, install).
     pub retry_ns: u64,
+    /// How long before its lease ends a server stops answering, and how much
+    /// longer than a lease the CM counts on a grant (`None`: a tenth of
+    /// `lease_ns`; see [`FailoverSettings::lease_margin`]). It must stay below
+    /// `lease_ns`.
+    pub lease_margin_ns: Option<u64>,
     /// A deliberately broken server for testing the checker: it serves without
     /// a valid lease. Never set outside tests.
     pub unsafe_serve_without_lease: bool,
+    /// A deliberately broken server for testing the simulator: it executes every
+    /// write that arrives, ignoring request records (no exactly-once retries).
+    /// Never set outside tests.
+    pub unsafe_ignore_request_ids: bool,
     /// A deliberately broken server for testing the simulator: a write whose
     /// replication failed is abandoned at once (its version completed, so
     /// CommitVer passes an entry some replicas lack). Never set outside tests.
     pub unsafe_abandon_failed_writes: bool,
+}
+
+impl FailoverSettings {
+    /// The lease margin, in nanoseconds (`docs/failover.md`, "Leases"). A server
+    /// stops answering this long before its lease ends on its own clock, and
+    /// the CM counts a grant as live this long after the lease ends on its
+    /// clock, and grants only leases that end this long before its own CM lease
+    /// does. It absorbs what the lease arithmetic does not see: the two clocks
+    /// running at different rates (a drift rate bound of ρ needs a margin of
+    /// about ρ × `lease_ns` on each side; the default tenth of the lease
+    /// allows 10 %, far beyond the 200 ppm of ordinary crystals), and the time
+    /// between a role reading its clock and acting on it.
+    pub fn lease_margin(&self) -> u64 {
+        self.lease_margin_ns.unwrap_or(self.lease_ns / 10)
+    }
 }
 
 impl Default for FailoverSettings {
@@ -121,8 +155,10 @@ impl Default for FailoverSettings {
             renew_ns: 20_000_000,
             cm_lease_ns: 800_000_000,
             retry_ns: 5_000_000,
+            lease_margin_ns: None,
             unsafe_serve_without_lease: false,
             unsafe_abandon_failed_writes: false,
+            unsafe_ignore_request_ids: false,
         }
     }
 }
@@ -195,6 +231,10 @@ pub struct ServerShared<N: Nic> {
     stopped: AtomicBool,
     /// Fault sites: random in the simulator, forced by tests, else off.
     pub buggify: crate::buggify::Buggify,
+    /// Writes with a request record in flight here (appended, not yet published
+    /// or abandoned), striped by hash: a duplicate that arrives meanwhile is
+    /// answered `Busy` and retried by its client, never executed a second time.
+    requests_in_flight: Vec<Mutex<HashSet<(ShardId, RequestId)>>>,
     /// The server's lease ends here (ns on the cluster's clock).
     lease_until_ns: AtomicU64,
     /// Fault injection: the lease role does nothing until here (a thread that
@@ -214,6 +254,9 @@ pub struct ServerShared<N: Nic> {
     /// was last recovered: their entries may be missing on other replicas.
     pub recovered_open: Vec<SegmentId>,
     pub events: Arc<EventLog>,
+    /// The cluster's clock (the one the roles are stepped on): leases are
+    /// checked against it when a request is answered.
+    clock: Arc<dyn Clock>,
 }
 
 impl<N: Nic> ServerShared<N> {
@@ -232,6 +275,7 @@ impl<N: Nic> ServerShared<N> {
         cm: Arc<dyn ConfigSource>,
         recovered: Option<Vec<SegmentId>>,
         events: Arc<EventLog>,
+        clock: Arc<dyn Clock>,
     ) -> Self {
         let shards = engine.config().shard_count;
         let versions = VersionBook::new(
@@ -260,6 +304,7 @@ impl<N: Nic> ServerShared<N> {
             worker_oldest_term,
             recovered_open: recovered.unwrap_or_default(),
             events,
+            clock,
             node,
             engine,
             blog,
@@ -273,6 +318,9 @@ impl<N: Nic> ServerShared<N> {
             grants: Mutex::new(HashMap::new()),
             stopped: AtomicBool::new(false),
             buggify,
+            requests_in_flight: (0..REQUEST_STRIPES)
+                .map(|_| Mutex::new(HashSet::new()))
+                .collect(),
         }
     }
 
@@ -282,7 +330,8 @@ impl<N: Nic> ServerShared<N> {
 
     /// Changes whenever the configuration is replaced.
     pub fn config_epoch(&self) -> u64 {
-        self.config_epoch.load(Ordering::Acquire)
+        // Sequentially consistent: see `note_write_started`.
+        self.config_epoch.load(Ordering::SeqCst)
     }
 
     pub fn term(&self) -> Term {
@@ -307,6 +356,21 @@ impl<N: Nic> ServerShared<N> {
         if next.term <= cur.term {
             return false;
         }
+        // The engine's shard count is fixed when its pool is formatted (resharding
+        // moves ranges, never adds shards to an engine): a configuration with
+        // another count cannot be served here, and adopting it would index past
+        // every per-shard table.
+        let engine_shards = self.shard_ready.len();
+        if next.shards.len() != engine_shards {
+            tracing::error!(
+                server = %self.node,
+                term = %next.term,
+                shards = next.shards.len(),
+                engine_shards,
+                "refusing a configuration whose shard count differs from the engine's"
+            );
+            return false;
+        }
         for m in &cur.members {
             if next.member(m.node).is_none() && m.node != self.node {
                 let closed = self.blog.disconnect(m.node);
@@ -320,11 +384,16 @@ impl<N: Nic> ServerShared<N> {
             }
         }
         *cur = next;
-        self.config_epoch.fetch_add(1, Ordering::Release);
+        self.config_epoch.fetch_add(1, Ordering::SeqCst);
         true
     }
 
-    /// Why a client request must not be served now, if it must not.
+    /// The time now on the cluster's clock.
+    pub fn now_ns(&self) -> u64 {
+        self.clock.now_ns()
+    }
+
+    /// Why a client request must not be served at `now_ns`, if it must not.
     pub fn admit(&self, now_ns: u64, term: Term) -> Option<(ErrorCode, &'static str)> {
         if self.evicted.load(Ordering::Acquire) {
             return Some((
@@ -332,13 +401,29 @@ impl<N: Nic> ServerShared<N> {
                 "this server was removed from the cluster",
             ));
         }
-        if now_ns >= self.lease_until_ns.load(Ordering::Acquire)
-            && !self.settings.failover.unsafe_serve_without_lease
-        {
-            return Some((ErrorCode::Blocked, "lease expired"));
+        if let Some(why) = self.lease_refusal(now_ns) {
+            return Some(why);
         }
         if self.committed_term.load(Ordering::Acquire) < term.0 {
             return Some((ErrorCode::Blocked, "configuration not committed yet"));
+        }
+        None
+    }
+
+    /// Why nothing may be answered at `now_ns` for want of a lease, if so: the
+    /// lease has ended, or ends within the margin
+    /// ([`FailoverSettings::lease_margin`]).
+    pub fn lease_refusal(&self, now_ns: u64) -> Option<(ErrorCode, &'static str)> {
+        let f = &self.settings.failover;
+        if f.unsafe_serve_without_lease {
+            return None;
+        }
+        let until = self.lease_until_ns.load(Ordering::Acquire);
+        if now_ns >= until {
+            return Some((ErrorCode::Blocked, "lease expired"));
+        }
+        if now_ns + f.lease_margin() >= until {
+            return Some((ErrorCode::Blocked, "lease ends within the margin"));
         }
         None
     }
@@ -411,11 +496,24 @@ impl<N: Nic> ServerShared<N> {
         }
     }
 
+    /// A worker is about to start a write under a configuration of `term` or
+    /// later: counted among its writes in flight before it reads the
+    /// configuration the write will use. With `writes_since` this is a Dekker
+    /// pair (sequentially consistent on both sides, with the configuration epoch
+    /// between): either the worker's fresh read of the configuration sees the
+    /// term a copy waits for — and the write goes to the joining backup too — or
+    /// the copy sees this announcement and waits for the write.
+    pub(crate) fn note_write_started(&self, worker: usize, term: u64) {
+        if let Some(t) = self.worker_oldest_term.get(worker) {
+            t.fetch_min(term, Ordering::SeqCst);
+        }
+    }
+
     /// Whether every write in flight started under `term` or later.
     pub(crate) fn writes_since(&self, term: Term) -> bool {
         self.worker_oldest_term
             .iter()
-            .all(|t| t.load(Ordering::Acquire) >= term.0)
+            .all(|t| t.load(Ordering::SeqCst) >= term.0)
     }
 
     /// Stop every role (a clean stop, or a crash in tests).
@@ -425,6 +523,26 @@ impl<N: Nic> ServerShared<N> {
 
     pub fn stopped(&self) -> bool {
         self.stopped.load(Ordering::Acquire)
+    }
+
+    fn request_stripe(&self, shard: ShardId, id: RequestId) -> &Mutex<HashSet<(ShardId, RequestId)>> {
+        let h = id
+            .client
+            .wrapping_mul(0x9E37_79B9_7F4A_7C15)
+            .wrapping_add(id.seq)
+            .wrapping_add(u64::from(shard.0) << 48);
+        &self.requests_in_flight[(h % REQUEST_STRIPES as u64) as usize]
+    }
+
+    /// Mark request `id` of `shard` in flight here; false if it already is.
+    pub(crate) fn start_request(&self, shard: ShardId, id: RequestId) -> bool {
+        self.request_stripe(shard, id).lock().insert((shard, id))
+    }
+
+    /// Request `id` of `shard` is published or abandoned here.
+    pub(crate) fn end_request(&self, shard: ShardId, id: RequestId) {
+        let removed = self.request_stripe(shard, id).lock().remove(&(shard, id));
+        assert!(removed, "{id:?} of {shard} ended without being started");
     }
 
     /// Whether fault site `site` fires now (always false outside the simulator).

@@ -19,9 +19,9 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use rowankv_engine::entry::{self, Kind};
-use rowankv_engine::EngineError;
+use rowankv_engine::{EngineError, RequestOutcome};
 use rowankv_fabric::Nic;
-use rowankv_types::{NodeId, SegmentId, ShardId, Version};
+use rowankv_types::{NodeId, RequestRecord, SegmentId, ShardId, Version};
 use rowankv_wire::config::Config;
 use rowankv_wire::directory::Acceptor;
 use rowankv_wire::endpoint::{Endpoint, Event, PeerId};
@@ -68,6 +68,8 @@ struct PendingWrite {
     addr: u64,
     version: Version,
     len: usize,
+    /// The client's request record (carried in the entry).
+    request: Option<RequestRecord>,
     /// The term the write was last sent under (its replicas are that term's).
     term: u64,
     /// The replicas it was sent to, and which of them have it durably.
@@ -288,6 +290,13 @@ impl<N: Nic> Worker<N> {
             self.reject(peer, h.request_id, ErrorCode::WrongCluster, &detail);
             return;
         }
+        // A write is counted in flight under the term it may use before the
+        // configuration is read again (`ServerShared::note_write_started`), so a
+        // re-replication copy either waits for it or it goes to the new backup.
+        if matches!(f.body, Body::Put { .. } | Body::Del { .. }) {
+            self.shared
+                .note_write_started(self.index, self.config.term.0);
+        }
         // The server may have adopted a newer term since this step began.
         self.sync_config();
         if h.term > self.config.term {
@@ -303,17 +312,24 @@ impl<N: Nic> Worker<N> {
             f.body,
             Body::Get { .. } | Body::Put { .. } | Body::Del { .. }
         ) {
-            if let Some((code, why)) = self.shared.admit(now_ns, self.config.term) {
+            // On the clock now, not at the step's start: earlier messages of
+            // this step may have taken a while.
+            let now = self.shared.now_ns();
+            if let Some((code, why)) = self.shared.admit(now, self.config.term) {
                 self.reject(peer, h.request_id, code, why);
                 return;
             }
         }
         match f.body {
             Body::Get { key } => self.handle_get(peer, h.request_id, key),
-            Body::Put { key, value } => {
-                self.handle_write(peer, h.request_id, Kind::Put, key, value, now_ns)
+            Body::Put {
+                key,
+                value,
+                request,
+            } => self.handle_write(peer, h.request_id, Kind::Put, key, value, request, now_ns),
+            Body::Del { key, request } => {
+                self.handle_write(peer, h.request_id, Kind::Del, key, &[], request, now_ns)
             }
-            Body::Del { key } => self.handle_write(peer, h.request_id, Kind::Del, key, &[], now_ns),
             Body::Replicate { entries } => {
                 self.handle_replicate(peer, h.request_id, h.sender, entries)
             }
@@ -359,7 +375,16 @@ impl<N: Nic> Worker<N> {
         };
         self.shared.stats.gets.fetch_add(1, Ordering::Relaxed);
         let mut value = std::mem::take(&mut self.value_buf);
-        match self.shared.engine.get_into(shard, key, &mut value) {
+        let read = self.shared.engine.get_into(shard, key, &mut value);
+        // The value was read under a lease only if the lease (and its margin)
+        // still holds now, after the read: checked on the clock right before
+        // answering, so no delay since admission goes unaccounted.
+        if let Some((code, why)) = self.shared.lease_refusal(self.shared.now_ns()) {
+            self.value_buf = value;
+            self.reject(peer, request_id, code, why);
+            return;
+        }
+        match read {
             Ok(Some(version)) => {
                 if value.len() > frame::value_response_bytes_max(self.ep.config().frame_bytes_max) {
                     self.reject(
@@ -385,6 +410,7 @@ impl<N: Nic> Worker<N> {
         self.value_buf = value;
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn handle_write(
         &mut self,
         peer: PeerId,
@@ -392,6 +418,7 @@ impl<N: Nic> Worker<N> {
         kind: Kind,
         key: &[u8],
         value: &[u8],
+        request: Option<RequestRecord>,
         now_ns: u64,
     ) {
         let Some(shard) = self.primary_shard(peer, request_id, key) else {
@@ -421,7 +448,45 @@ impl<N: Nic> Worker<N> {
             );
             return;
         }
+        // Exactly once: a request already executed is answered with its outcome,
+        // one in flight here is answered Busy (its client asks again later).
+        let request = request.filter(|_| !self.shared.settings.failover.unsafe_ignore_request_ids);
+        if let Some(r) = request {
+            // Marked in flight before the table is read: a duplicate on another
+            // worker then either finds it in flight or, once it is published (the
+            // table is written before the mark is taken off), finds it done.
+            if !self.shared.start_request(shard, r.id) {
+                self.reject(peer, request_id, ErrorCode::Busy, "the same request is in flight");
+                return;
+            }
+            let refused = match self.shared.engine.request_outcome(shard, r.id) {
+                Ok(RequestOutcome::Unknown) => None,
+                Ok(RequestOutcome::Done(version)) => {
+                    self.respond(peer, request_id, Response::Ok { version: version.0 });
+                    Some(())
+                }
+                Ok(RequestOutcome::Stale) => {
+                    let detail = format!(
+                        "request {} of client {:#x} was answered before (below the client's floor)",
+                        r.id.seq, r.id.client
+                    );
+                    self.reject(peer, request_id, ErrorCode::Duplicate, &detail);
+                    Some(())
+                }
+                Err(e) => {
+                    self.reject(peer, request_id, ErrorCode::Internal, &e.to_string());
+                    Some(())
+                }
+            };
+            if refused.is_some() {
+                self.shared.end_request(shard, r.id);
+                return;
+            }
+        }
         let Some(version) = self.shared.versions.allocate(shard) else {
+            if let Some(r) = request {
+                self.shared.end_request(shard, r.id);
+            }
             self.reject(
                 peer,
                 request_id,
@@ -431,8 +496,24 @@ impl<N: Nic> Worker<N> {
             return;
         };
         let mtu = self.shared.engine.config().mtu_bytes;
-        if let Err(e) = entry::encode(&mut self.entry_buf, kind, shard, version, key, value, mtu) {
+        let encoded = match request {
+            Some(r) => entry::encode_with_request(
+                &mut self.entry_buf,
+                kind,
+                shard,
+                version,
+                key,
+                value,
+                r,
+                mtu,
+            ),
+            None => entry::encode(&mut self.entry_buf, kind, shard, version, key, value, mtu),
+        };
+        if let Err(e) = encoded {
             self.shared.versions.complete(shard, version);
+            if let Some(r) = request {
+                self.shared.end_request(shard, r.id);
+            }
             self.reject(peer, request_id, ErrorCode::Malformed, &e.to_string());
             return;
         }
@@ -444,6 +525,9 @@ impl<N: Nic> Worker<N> {
             Ok(a) => a,
             Err(e) => {
                 self.shared.versions.complete(shard, version);
+                if let Some(r) = request {
+                    self.shared.end_request(shard, r.id);
+                }
                 let code = match e {
                     EngineError::OutOfSpace => ErrorCode::OutOfSpace,
                     _ => ErrorCode::Internal,
@@ -481,6 +565,7 @@ impl<N: Nic> Worker<N> {
             addr,
             version,
             len: self.entry_buf.len(),
+            request,
             term: config.term.0,
             targets,
             target_count,
@@ -556,6 +641,9 @@ impl<N: Nic> Worker<N> {
             self.release_slot(slot);
             self.shared.engine.abandon(w.addr);
             self.shared.versions.complete(w.shard, w.version);
+            if let Some(r) = w.request {
+                self.shared.end_request(w.shard, r.id);
+            }
             let detail = format!("replication failed: {}", w.failure.unwrap_or_default());
             self.reject(w.peer, w.request_id, ErrorCode::Internal, &detail);
             return;
@@ -580,11 +668,14 @@ impl<N: Nic> Worker<N> {
         }
         let w = s.write.take().expect("checked");
         self.release_slot(slot);
-        let published = self
-            .shared
-            .engine
-            .publish(w.shard, &w.key, w.addr, w.version, w.len);
+        let published = self.shared.engine.publish_with_request(
+            w.shard, &w.key, w.addr, w.version, w.len, w.request,
+        );
         self.shared.versions.complete(w.shard, w.version);
+        // After the table has its outcome (see `handle_write`).
+        if let Some(r) = w.request {
+            self.shared.end_request(w.shard, r.id);
+        }
         if w.answered {
             return; // repaired: its client was told the outcome is unknown
         }
@@ -640,6 +731,9 @@ impl<N: Nic> Worker<N> {
                 self.release_slot(slot);
                 self.shared.engine.abandon(w.addr);
                 self.shared.versions.complete(w.shard, w.version);
+                if let Some(r) = w.request {
+                    self.shared.end_request(w.shard, r.id);
+                }
                 continue;
             };
             // The replicas of the current configuration, and which already have it.
@@ -768,12 +862,14 @@ impl<N: Nic> Worker<N> {
             return;
         }
         if let Some(seg) = sealed {
-            if !self.shared.seal_grant(seg, sender, log) {
-                let detail = format!("segment {seg} was not granted to log {log} of {sender}");
-                self.reject(peer, request_id, ErrorCode::Malformed, &detail);
-                return;
+            // A segment not granted to this log (any more) was sealed before: a
+            // sender sends a seal again when it lost the answer to the first.
+            // Sealing is refused to anyone else.
+            if self.shared.seal_grant(seg, sender, log) {
+                self.shared.blog.enqueue_sealed(SegmentId(seg), now_ns);
+            } else {
+                tracing::debug!(worker = %self.name, seg, %sender, log, "a seal of a segment not granted to the log, ignored");
             }
-            self.shared.blog.enqueue_sealed(SegmentId(seg), now_ns);
         }
         match self.shared.engine.alloc_remote_segment() {
             Ok((seg, offset)) => {

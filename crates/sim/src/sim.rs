@@ -39,7 +39,7 @@ use rowankv_server::{
     build, ClusterConfig, EventKind, EventLog, FailoverSettings, Owner, Parts, Placement,
     Recovered, ServerSettings, Step, Strategy, Task, CLIENT_NODE_BASE,
 };
-use rowankv_types::{Clock, ManualClock, NodeId, Term};
+use rowankv_types::{Clock, ManualClock, NodeId, RequestId, Term};
 
 use crate::check::{check, ConfigCommit, Report};
 use crate::history::{History, OpKind, Operation, Status};
@@ -57,13 +57,17 @@ pub enum PlantedBug {
     /// an entry some replicas lack, a promotion does not gather it and reuses
     /// its version.
     AbandonFailedWrites,
+    /// Servers execute every write that arrives, ignoring request records: a
+    /// write delayed past its client's retry executes again, later.
+    IgnoreRequestIds,
 }
 
 impl PlantedBug {
-    pub const ALL: [PlantedBug; 3] = [
+    pub const ALL: [PlantedBug; 4] = [
         PlantedBug::ServeWithoutLease,
         PlantedBug::CommitUnsettledTlogSegments,
         PlantedBug::AbandonFailedWrites,
+        PlantedBug::IgnoreRequestIds,
     ];
 
     /// The name `rowankv sim --planted` takes.
@@ -72,6 +76,7 @@ impl PlantedBug {
             PlantedBug::ServeWithoutLease => "serve-without-lease",
             PlantedBug::CommitUnsettledTlogSegments => "commit-unsettled-tlog-segments",
             PlantedBug::AbandonFailedWrites => "abandon-failed-writes",
+            PlantedBug::IgnoreRequestIds => "ignore-request-ids",
         }
     }
 }
@@ -147,6 +152,8 @@ pub struct FaultCounts {
     pub power_failures: u32,
     /// The whole machine stopped (no role, no client runs) while time went on.
     pub stalls: u32,
+    /// Writes of unknown outcome sent again through a new client's connection.
+    pub client_retries: u32,
 }
 
 impl FaultCounts {
@@ -159,6 +166,7 @@ impl FaultCounts {
             + self.cm_crashes
             + self.power_failures
             + self.stalls
+            + self.client_retries
     }
 }
 
@@ -178,6 +186,8 @@ const LEASE_NS: u64 = 20_000_000;
 /// Faults come at about one per this many client operations.
 const OPS_PER_FAULT: f64 = 150.0;
 const CLIENT_TIMEOUT: Duration = Duration::from_millis(120);
+/// A client sends an unanswered attempt again after this (same request record).
+const CLIENT_ATTEMPT_TIMEOUT: Duration = Duration::from_millis(30);
 
 fn settings(sim: &SimConfig) -> ServerSettings {
     let planted = sim.planted;
@@ -199,8 +209,10 @@ fn settings(sim: &SimConfig) -> ServerSettings {
             renew_ns: 2_000_000,
             cm_lease_ns: 4 * LEASE_NS,
             retry_ns: 1_000_000,
+            lease_margin_ns: None,
             unsafe_serve_without_lease: planted == Some(PlantedBug::ServeWithoutLease),
             unsafe_abandon_failed_writes: planted == Some(PlantedBug::AbandonFailedWrites),
+            unsafe_ignore_request_ids: planted == Some(PlantedBug::IgnoreRequestIds),
         },
         ..ServerSettings::default()
     };
@@ -265,6 +277,11 @@ struct World {
     /// A power failure scheduled while a failover is under way.
     power_failure_at: Option<u64>,
     next_client_node: u32,
+    /// Client ids handed out (request records): never reused in a run.
+    next_client_id: u64,
+    /// Clients replaced by a new connection, kept so that what they sent is
+    /// still delivered (a delayed write arrives after its retry).
+    retired: Vec<Client<LoopbackNic>>,
     stalls_only: bool,
     /// Values padded to up to this many bytes, so that logs fill segments fast
     /// (the small-pool profile); 0: short values.
@@ -303,6 +320,8 @@ impl World {
             cm_restart_at: None,
             power_failure_at: None,
             next_client_node: 0,
+            next_client_id: 0,
+            retired: Vec::new(),
             stalls_only: sim.stalls_only,
             value_pad_max: if sim.small_segments() { 1200 } else { 0 },
         };
@@ -324,6 +343,8 @@ impl World {
     fn connect_client(&mut self, id: u32) -> SimClient {
         let node = NodeId(CLIENT_NODE_BASE + self.next_client_node);
         self.next_client_node += 1;
+        self.next_client_id += 1;
+        let client_id = self.next_client_id;
         let nic = self.parts.fabric.attach(node).expect("attaching a client");
         let now = self.now();
         let tasks = &mut self.tasks;
@@ -347,6 +368,10 @@ impl World {
                 worker_hint: id as usize,
                 backoff: Duration::from_micros(200),
                 clock: self.clock.clone(),
+                attempt_timeout: CLIENT_ATTEMPT_TIMEOUT,
+                // Never reused in a run, across reconnections and cold starts:
+                // the servers' request tables outlive a client.
+                client_id: Some(client_id),
                 ..ClientConfig::default()
             },
             &mut pump,
@@ -394,9 +419,20 @@ impl World {
         let now = self.now();
         let mut did = false;
         let mut out = Vec::new();
+        // A new client connects to every member at once (as a simulated client
+        // must): only while every member runs.
+        let reachable = self.members().iter().all(|n| {
+            !self.paused.iter().any(|p| p.node == *n)
+                && self
+                    .parts
+                    .servers
+                    .iter()
+                    .any(|s| s.node == *n && !s.stopped())
+        });
         for ci in 0..self.clients.len() {
             out.clear();
             self.clients[ci].client.poll(&mut out);
+            let mut retry = None;
             for c in out.drain(..) {
                 did = true;
                 let sc = &mut self.clients[ci];
@@ -404,6 +440,15 @@ impl World {
                     continue;
                 };
                 debug_assert_eq!(id, c.id);
+                // A write of unknown outcome is sent again, as an application
+                // would, through a new connection of a new client, with its
+                // request id: one operation in the history, from its first call.
+                if let (Err(e), Some(request)) = (&c.result, c.request) {
+                    if e.is_unknown() && reachable && self.rng.gen_bool(0.5) {
+                        retry = Some((op, request));
+                        continue;
+                    }
+                }
                 op.ret = now;
                 op.term = c.term.0;
                 match (&c.result, op.op) {
@@ -423,6 +468,10 @@ impl World {
                     op.term = 0;
                 }
                 self.history.push(op);
+            }
+            if let Some((op, request)) = retry {
+                self.retry_through_a_new_connection(ci, op, request);
+                did = true;
             }
             if self.clients[ci].current.is_none() && *issued < budget {
                 let key = self.keys[self.rng.gen_range(0..self.keys.len())].clone();
@@ -482,6 +531,40 @@ impl World {
             }
         }
         did
+    }
+
+    /// Client `ci`'s write `op` ended with an unknown outcome: replace the client
+    /// by a new one on a new connection (the old one is kept, so what it sent
+    /// still arrives) and send the write again with `request`.
+    fn retry_through_a_new_connection(&mut self, ci: usize, op: Operation, request: RequestId) {
+        let id = self.clients[ci].id;
+        let fresh = self.connect_client(id);
+        let old = std::mem::replace(&mut self.clients[ci].client, fresh.client);
+        self.retired.push(old);
+        let client_op = match op.op {
+            OpKind::Put => Op::Put {
+                key: op.key.clone().into_bytes(),
+                value: op.value.clone().unwrap_or_default().into_bytes(),
+            },
+            _ => Op::Del {
+                key: op.key.clone().into_bytes(),
+            },
+        };
+        self.faults.client_retries += 1;
+        let sc = &mut self.clients[ci];
+        match sc.client.resubmit(client_op, request) {
+            Ok(new_id) => sc.current = Some((new_id, op)),
+            Err(e) => {
+                // Not sent again (a programming error in the simulator): its
+                // outcome stays unknown.
+                self.fault_log.push(format!("a retry was not submitted: {e}"));
+                let mut op = op;
+                op.ret = self.clock.now_ns();
+                op.status = Status::Unknown;
+                op.term = 0;
+                self.history.push(op);
+            }
+        }
     }
 
     fn advance(&mut self, busy: bool) {
@@ -602,9 +685,13 @@ impl World {
                 if a == b {
                     return;
                 }
+                let to_client = b.0 >= CLIENT_NODE_BASE;
                 // Some delays hold ACKs for longer than t-log segments take to
-                // fill and be cleaned (the small-pool profile).
-                let delay = if self.rng.gen_bool(0.3) {
+                // fill and be cleaned (the small-pool profile); some hold a
+                // client's request past its retry, which then overtakes it.
+                let delay = if to_client && self.rng.gen_bool(0.3) {
+                    self.rng.gen_range(40_000_000..300_000_000)
+                } else if self.rng.gen_bool(0.3) {
                     self.rng.gen_range(2_000_000..8_000_000)
                 } else {
                     self.rng.gen_range(20_000..2_000_000)
@@ -727,6 +814,7 @@ impl World {
         self.tasks = std::mem::take(&mut parts.tasks);
         self.parts = parts;
         self.next_client_node = 0;
+        self.retired.clear();
         let ids: Vec<u32> = self.clients.iter().map(|c| c.id).collect();
         let mut clients = Vec::new();
         for id in ids {

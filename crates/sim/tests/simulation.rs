@@ -3,11 +3,63 @@
 //! broken build must be caught within the CI seed budget. (CI also runs
 //! `rowankv sim --seeds 200 --ops 2000`.)
 
+use rowankv_server::Strategy;
 use rowankv_sim::check::ViolationKind;
 use rowankv_sim::history::History;
 use rowankv_sim::{run, PlantedBug, SimConfig};
 
 const OPS: usize = 2000;
+/// Seeds CI runs (`rowankv sim --seeds 300 --ops 2000` in `.ci/run`).
+const CI_SEEDS: u64 = 300;
+
+/// Run seeds of a deliberately broken build until one shows a violation of one
+/// of `kinds`; the first such seed, with what it showed. Fails if none of the CI
+/// budget's seeds does.
+fn caught_within_the_ci_budget(planted: PlantedBug, kinds: &[ViolationKind]) -> (u64, String) {
+    let mut other = Vec::new();
+    for seed in 1..=CI_SEEDS {
+        let r = run(&SimConfig {
+            planted: Some(planted),
+            ..SimConfig::new(seed, OPS)
+        });
+        if let Some(v) = r.report.violations.iter().find(|v| kinds.contains(&v.kind)) {
+            return (seed, v.to_string());
+        }
+        if let Some(v) = r.report.violations.first() {
+            other.push((seed, v.kind));
+        }
+    }
+    panic!(
+        "{CI_SEEDS} seeds of the build with {} showed none of {kinds:?} (other violations: {other:?})",
+        planted.name()
+    );
+}
+
+#[test]
+fn cleaning_a_segment_whose_entries_wait_for_acks_is_caught_within_the_ci_budget() {
+    let (seed, what) = caught_within_the_ci_budget(
+        PlantedBug::CommitUnsettledTlogSegments,
+        &[
+            ViolationKind::LostWrite,
+            ViolationKind::NotLinearizable,
+            ViolationKind::ReplicasDiverge,
+        ],
+    );
+    println!("caught at seed {seed}: {what}");
+}
+
+#[test]
+fn abandoning_a_failed_write_is_caught_within_the_ci_budget() {
+    let (seed, what) = caught_within_the_ci_budget(
+        PlantedBug::AbandonFailedWrites,
+        &[
+            ViolationKind::LostWrite,
+            ViolationKind::NotLinearizable,
+            ViolationKind::ReplicasDiverge,
+        ],
+    );
+    println!("caught at seed {seed}: {what}");
+}
 
 #[test]
 fn seeds_with_faults_pass_every_check() {
@@ -81,26 +133,10 @@ fn a_seed_replays_to_the_same_history() {
 
 #[test]
 fn serving_without_a_lease_is_caught_within_the_ci_budget() {
-    // The CI budget is 200 seeds; the planted bug must show within it, as an
-    // answer from a stale configuration. Seeds run until it does.
-    let mut caught = Vec::new();
-    for seed in 1..=200 {
-        let r = run(&SimConfig {
-            planted: Some(PlantedBug::ServeWithoutLease),
-            ..SimConfig::new(seed, OPS)
-        });
-        if let Some(v) = r.report.violations.first() {
-            caught.push((seed, v.kind));
-            if v.kind == ViolationKind::StaleConfig {
-                break;
-            }
-        }
-    }
-    assert!(!caught.is_empty(), "200 seeds of a broken build passed");
-    assert!(
-        caught.iter().any(|(_, k)| *k == ViolationKind::StaleConfig),
-        "{caught:?}"
-    );
+    // The planted bug must show as an answer from a stale configuration.
+    let (seed, what) =
+        caught_within_the_ci_budget(PlantedBug::ServeWithoutLease, &[ViolationKind::StaleConfig]);
+    println!("caught at seed {seed}: {what}");
 }
 
 /// Regression: seed 2 pauses n1 (a primary) for about five leases at its start;
@@ -111,7 +147,10 @@ fn serving_without_a_lease_is_caught_within_the_ci_budget() {
 /// build must refuse (lease expired) until the CM has evicted n1, and pass.
 #[test]
 fn regression_seed_2_paused_primary_resumes_after_its_lease() {
-    let fixed = run(&SimConfig::new(2, OPS));
+    let fixed = run(&SimConfig {
+        strategy: Some(Strategy::Rowan),
+        ..SimConfig::new(2, OPS)
+    });
     let long_pause = fixed.fault_log.iter().any(|f| {
         f.split_once(": pause ")
             .and_then(|(_, rest)| rest.split(" for ").nth(1))
@@ -138,7 +177,10 @@ fn regression_seed_2_paused_primary_resumes_after_its_lease() {
 /// after a timeout.
 #[test]
 fn regression_seed_49_client_refreshes_after_timing_out_on_an_evicted_server() {
-    let r = run(&SimConfig::new(49, OPS));
+    let r = run(&SimConfig {
+        strategy: Some(Strategy::Rowan),
+        ..SimConfig::new(49, OPS)
+    });
     assert!(
         r.report.violations.is_empty(),
         "{:?}\n{:#?}",
@@ -157,6 +199,7 @@ fn machine_wide_stalls_evict_no_server() {
     for seed in 1..=4 {
         let r = run(&SimConfig {
             stalls_only: true,
+            strategy: Some(Strategy::Rowan),
             ..SimConfig::new(seed, OPS)
         });
         assert!(

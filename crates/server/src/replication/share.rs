@@ -4,6 +4,12 @@
 //! segment switch needs the lock anyway), then posts its WRITE on its own queue
 //! pair. Reservation order and landing order can differ: workers on different
 //! threads post in whatever order they get to it — the effect the paper measures.
+//!
+//! A reservation whose WRITE never lands (it failed, or its worker died between
+//! reserving and posting) is a hole in the segment; digest and gather walk past
+//! it. A segment is sealed only once every WRITE reserved in it has completed
+//! ([`super::segments`]). Outcomes are bounded as in `rwrite`: an entry waiting
+//! for a segment fails after the replication timeout.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
@@ -14,7 +20,7 @@ use rowankv_types::NodeId;
 use rowankv_wire::endpoint::{wr_id, PeerId, WR_TAG_SHIFT};
 use rowankv_wire::frame::Response;
 
-use super::segments::{grant_for, Reserve, SegmentChain};
+use super::segments::{refusal_pause_ns, Answer, Reserve, SegmentChain, SentGrants};
 use super::{Outcomes, RemoteLogTarget, ReplCtx, Replicator, SHARED_LOG_ID, WR_TAG_REPL};
 use crate::runtime::Periodic;
 
@@ -31,14 +37,31 @@ impl SharedLog {
     }
 }
 
+/// An entry waiting for space in a shared log.
+struct Waiting {
+    backup: NodeId,
+    bytes: Vec<u8>,
+    token: u64,
+    since_ns: u64,
+}
+
+/// A WRITE posted: its backup, the segment it went to, its token.
+struct InFlight {
+    backup: NodeId,
+    segment: u32,
+    token: u64,
+}
+
 pub(crate) struct ShareReplicator<N: Nic> {
     backups: Vec<NodeId>,
     logs: HashMap<NodeId, (Arc<SharedLog>, RemoteLogTarget<N::Qp>)>,
-    waiting: VecDeque<(NodeId, Vec<u8>, u64)>,
+    waiting: VecDeque<Waiting>,
+    /// How long an entry may wait for space, and a grant request for its answer.
+    timeout_ns: u64,
     next_wr: u64,
-    inflight: HashMap<u64, u64>,
-    next_request: u64,
-    grant_requests: HashMap<u64, NodeId>,
+    inflight: HashMap<u64, InFlight>,
+    /// Grant requests this worker sent.
+    grants: SentGrants,
     failed: Vec<(u64, String)>,
     /// When to look at the shared chains again (they take a lock).
     check: Periodic,
@@ -49,33 +72,39 @@ pub(crate) struct ShareReplicator<N: Nic> {
 const CHECK_INTERVAL_NS: u64 = 100_000;
 
 impl<N: Nic> ShareReplicator<N> {
-    pub fn new(logs: HashMap<NodeId, (Arc<SharedLog>, RemoteLogTarget<N::Qp>)>) -> Self {
+    /// `timeout_ns`: how long an entry may wait for space (and a grant request
+    /// for its answer) before it fails.
+    pub fn new(
+        logs: HashMap<NodeId, (Arc<SharedLog>, RemoteLogTarget<N::Qp>)>,
+        timeout_ns: u64,
+    ) -> Self {
         let mut backups: Vec<NodeId> = logs.keys().copied().collect();
         backups.sort_unstable();
         ShareReplicator {
             backups,
             logs,
             waiting: VecDeque::new(),
+            timeout_ns,
             next_wr: 1,
             inflight: HashMap::new(),
-            next_request: 1,
-            grant_requests: HashMap::new(),
+            grants: SentGrants::default(),
             failed: Vec::new(),
             check: Periodic::new(CHECK_INTERVAL_NS),
         }
     }
 
-    fn request_grants(&mut self, cx: &mut ReplCtx<'_, N>, backup: NodeId) {
-        if let Some((shared, target)) = self.logs.get(&backup) {
-            shared.chain.lock().request_grants(
-                cx,
-                target.peer,
-                SHARED_LOG_ID,
-                backup,
-                &mut self.next_request,
-                &mut self.grant_requests,
-            );
+    /// Ask `backup` for a segment if the shared chain needs one and no other
+    /// worker's request is out.
+    fn request_grant(&mut self, cx: &mut ReplCtx<'_, N>, backup: NodeId) -> bool {
+        let Some((shared, target)) = self.logs.get(&backup) else {
+            return false;
+        };
+        let mut chain = shared.chain.lock();
+        if !chain.needs_grant(cx.now_ns) {
+            return false;
         }
+        self.grants
+            .send(&mut chain, cx, target.peer, SHARED_LOG_ID, backup)
     }
 
     /// Reserve and post; `false` if there is no space yet.
@@ -88,7 +117,7 @@ impl<N: Nic> ShareReplicator<N> {
         // The reservation is the only shared step; the WRITE is posted after.
         let reserved = shared.chain.lock().reserve(bytes.len() as u64);
         match reserved {
-            Ok(Reserve::At(offset)) => {
+            Ok(Reserve::At { offset, segment }) => {
                 let seq = self.next_wr;
                 self.next_wr += 1;
                 let wr = WorkRequest::new(
@@ -102,9 +131,20 @@ impl<N: Nic> ShareReplicator<N> {
                 .persisted();
                 match target.qp.post_send(&[wr]) {
                     Ok(()) => {
-                        self.inflight.insert(seq, token);
+                        self.inflight.insert(
+                            seq,
+                            InFlight {
+                                backup,
+                                segment,
+                                token,
+                            },
+                        );
                     }
-                    Err(e) => self.failed.push((token, format!("posting a WRITE: {e}"))),
+                    Err(e) => {
+                        // A hole the segment's digest walks past.
+                        shared.chain.lock().write_done(segment);
+                        self.failed.push((token, format!("posting a WRITE: {e}")));
+                    }
                 }
                 true
             }
@@ -115,6 +155,37 @@ impl<N: Nic> ShareReplicator<N> {
             }
         }
     }
+
+    /// Post what waits, in order, while there is space.
+    fn drain_waiting(&mut self, cx: &mut ReplCtx<'_, N>) -> bool {
+        let mut did = false;
+        while let Some(w) = self.waiting.pop_front() {
+            if self.try_write(w.backup, &w.bytes, w.token) {
+                did = true;
+            } else {
+                let backup = w.backup;
+                self.waiting.push_front(w);
+                self.request_grant(cx, backup);
+                break;
+            }
+        }
+        did
+    }
+
+    /// Fail what waits for `backup` (handed over at or before `cutoff_ns`, or
+    /// all) with `why`.
+    fn fail_waiting(&mut self, backup: NodeId, cutoff_ns: Option<u64>, why: &str) -> bool {
+        let before = self.waiting.len();
+        let failed = &mut self.failed;
+        self.waiting.retain(|w| {
+            let fail = w.backup == backup && cutoff_ns.is_none_or(|c| w.since_ns <= c);
+            if fail {
+                failed.push((w.token, why.to_string()));
+            }
+            !fail
+        });
+        self.waiting.len() != before
+    }
 }
 
 impl<N: Nic> Replicator<N> for ShareReplicator<N> {
@@ -122,20 +193,33 @@ impl<N: Nic> Replicator<N> for ShareReplicator<N> {
         if self.waiting.is_empty() && self.try_write(backup, entry, token) {
             return;
         }
-        self.waiting.push_back((backup, entry.to_vec(), token));
-        self.request_grants(cx, backup);
+        self.waiting.push_back(Waiting {
+            backup,
+            bytes: entry.to_vec(),
+            token,
+            since_ns: cx.now_ns,
+        });
+        self.request_grant(cx, backup);
     }
 
     fn on_completion(&mut self, _cx: &mut ReplCtx<'_, N>, c: &Completion, out: &mut Outcomes) {
         let seq = c.wr_id & ((1 << WR_TAG_SHIFT) - 1);
-        let Some(token) = self.inflight.remove(&seq) else {
+        let Some(w) = self.inflight.remove(&seq) else {
             return;
         };
+        if let Some((shared, target)) = self.logs.get(&w.backup) {
+            shared.chain.lock().write_done(w.segment);
+            if c.status != WcStatus::Success {
+                target.recover(w.backup);
+            }
+        }
         if c.status == WcStatus::Success {
-            out.acked.push(token);
+            out.acked.push(w.token);
         } else {
-            out.failed
-                .push((token, format!("shared-log WRITE: {:?}", c.status)));
+            out.failed.push((
+                w.token,
+                format!("shared-log WRITE to {}: {:?}", w.backup, c.status),
+            ));
         }
     }
 
@@ -145,50 +229,77 @@ impl<N: Nic> Replicator<N> for ShareReplicator<N> {
         peer: PeerId,
         request_id: u64,
         response: &Response<'_>,
-        _out: &mut Outcomes,
+        out: &mut Outcomes,
     ) {
-        let logs = &self.logs;
-        let Some(backup) = grant_for(&mut self.grant_requests, request_id, peer, |b| {
-            logs.get(&b).map(|(_, t)| t.peer)
-        }) else {
+        let Some(backup) = self
+            .backups
+            .iter()
+            .copied()
+            .find(|b| self.logs[b].1.peer == peer)
+        else {
+            tracing::warn!(?peer, request_id, "a response from no backup's connection");
             return;
         };
-        if let Some((shared, _)) = self.logs.get(&backup) {
-            shared.chain.lock().on_grant(backup, response);
+        self.grants.answered(backup, request_id);
+        let pause = refusal_pause_ns(self.timeout_ns);
+        let answer = self.logs[&backup]
+            .0
+            .chain
+            .lock()
+            .on_answer(request_id, response, cx.now_ns, pause);
+        match answer {
+            Answer::Granted => {
+                self.drain_waiting(cx);
+            }
+            Answer::Refused(why) => {
+                tracing::debug!(%backup, why, "segment request refused");
+                let why = format!("{backup} refused a segment: {why}");
+                self.fail_waiting(backup, None, &why);
+            }
+            Answer::Late => {}
+            Answer::Unknown => {
+                tracing::warn!(%backup, request_id, "an answer to no segment request, ignored");
+            }
         }
-        self.request_grants(cx, backup);
+        self.request_grant(cx, backup);
+        out.failed.append(&mut self.failed);
+    }
+
+    fn on_send_failed(&mut self, _cx: &mut ReplCtx<'_, N>, peer: PeerId, _out: &mut Outcomes) {
+        let logs = &self.logs;
+        self.grants.connection_failed(peer, |backup, id| {
+            if let Some((shared, _)) = logs.get(&backup) {
+                shared.chain.lock().give_up(id);
+            }
+        });
     }
 
     fn tick(&mut self, cx: &mut ReplCtx<'_, N>, out: &mut Outcomes) -> bool {
-        let mut did = !self.failed.is_empty();
-        let mut n = self.waiting.len();
-        while n > 0 {
-            n -= 1;
-            let Some((backup, bytes, token)) = self.waiting.pop_front() else {
-                break;
-            };
-            if self.try_write(backup, &bytes, token) {
-                did = true;
-            } else {
-                self.waiting.push_front((backup, bytes, token));
-                self.request_grants(cx, backup);
-                break;
+        let logs = &self.logs;
+        let mut did = self.grants.expire(cx, self.timeout_ns, |backup, id| {
+            if let Some((shared, _)) = logs.get(&backup) {
+                shared.chain.lock().give_up(id);
+            }
+        });
+        // Space another worker's grant made.
+        did |= self.drain_waiting(cx);
+        if let Some(cutoff) = cx.now_ns.checked_sub(self.timeout_ns).filter(|_| std::env::var_os("ABL_NOTIMEOUT").is_none()) {
+            for i in 0..self.backups.len() {
+                let backup = self.backups[i];
+                let why = format!(
+                    "no shared-log space at {backup} within {} ms",
+                    self.timeout_ns / 1_000_000
+                );
+                did |= self.fail_waiting(backup, Some(cutoff), &why);
             }
         }
-        if !self.check.due(cx.now_ns) {
-            out.failed.append(&mut self.failed);
-            return did;
-        }
-        for i in 0..self.backups.len() {
-            let backup = self.backups[i];
-            let needs = self
-                .logs
-                .get(&backup)
-                .is_some_and(|(shared, _)| shared.chain.lock().needs_grant());
-            if needs {
-                self.request_grants(cx, backup);
+        if self.check.due(cx.now_ns) {
+            for i in 0..self.backups.len() {
+                let backup = self.backups[i];
+                did |= self.request_grant(cx, backup);
             }
         }
+        did |= !self.failed.is_empty();
         out.failed.append(&mut self.failed);
         did
     }
