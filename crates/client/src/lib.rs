@@ -65,6 +65,12 @@ pub struct ClientConfig {
     /// This client's id in request records; `None`: a random one. Two clients
     /// must never share an id while both submit operations.
     pub client_id: Option<u64>,
+    /// Send again, until the deadline, an operation whose attempt went
+    /// unanswered for `attempt_timeout`, failed with `Internal` or lost its
+    /// connection (writes carry their request records, so they run at most
+    /// once). Off: such an operation is reported at once, of unknown outcome
+    /// (for callers that watch the servers' own answers, as tests do).
+    pub retry_unknown: bool,
 }
 
 impl Default for ClientConfig {
@@ -80,6 +86,7 @@ impl Default for ClientConfig {
             clock: SystemClock::new(),
             attempt_timeout: Duration::from_millis(500),
             client_id: None,
+            retry_unknown: true,
         }
     }
 }
@@ -442,7 +449,7 @@ impl<N: Nic> Client<N> {
         if self.inflight >= self.config.inflight_max {
             return Err(ClientError::Busy(self.inflight));
         }
-        Ok(self.start(op, Some(request)))
+        Ok(self.start_as(op, Some(request), true))
     }
 
     /// This client's id in request records.
@@ -451,6 +458,12 @@ impl<N: Nic> Client<N> {
     }
 
     fn start(&mut self, op: Op, request: Option<RequestId>) -> OpId {
+        self.start_as(op, request, false)
+    }
+
+    /// `maybe_applied`: an earlier submission of this write may have been
+    /// applied (a resubmit), so no refusal makes its outcome certain.
+    fn start_as(&mut self, op: Op, request: Option<RequestId>, maybe_applied: bool) -> OpId {
         let id = OpId(self.next_id);
         self.next_id += 1;
         let now = self.config.clock.now_ns();
@@ -460,7 +473,7 @@ impl<N: Nic> Client<N> {
             op,
             request,
             sent_ns: now,
-            maybe_applied: false,
+            maybe_applied,
             submitted_ns: now,
             deadline_ns: now + self.config.timeout.as_nanos() as u64,
             not_before_ns: 0,
@@ -640,10 +653,11 @@ impl<N: Nic> Client<N> {
         // its request record, so it is executed at most once), after looking
         // for a newer configuration (the server may have been replaced).
         let attempt_ns = self.config.attempt_timeout.as_nanos() as u64;
+        let retry_unknown = self.config.retry_unknown;
         let mut stale: Vec<u64> = self
             .pending
             .iter()
-            .filter(|(_, p)| now < p.deadline_ns && now >= p.sent_ns.saturating_add(attempt_ns))
+            .filter(|(_, p)| retry_unknown && now < p.deadline_ns && now >= p.sent_ns.saturating_add(attempt_ns))
             .map(|(&r, _)| r)
             .collect();
         if !stale.is_empty() {
@@ -725,7 +739,7 @@ impl<N: Nic> Client<N> {
             self.ep.forget(peer);
             // Sent again until its deadline: a read changes nothing, a write
             // carries its request record and is executed at most once.
-            if now < p.deadline_ns {
+            if now < p.deadline_ns && self.config.retry_unknown {
                 p.sent_to = None;
                 p.maybe_applied = true;
                 self.retry_later(p);
@@ -783,7 +797,9 @@ impl<N: Nic> Client<N> {
                 let waiting = matches!(
                     code,
                     ErrorCode::Busy | ErrorCode::Blocked | ErrorCode::NotMember
-                ) || (code == ErrorCode::Internal && p.request.is_some());
+                ) || (code == ErrorCode::Internal
+                    && p.request.is_some()
+                    && self.config.retry_unknown);
                 let now = self.config.clock.now_ns();
                 if (routing && p.attempts < self.config.retries_max)
                     || (waiting && now < p.deadline_ns)

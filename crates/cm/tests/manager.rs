@@ -4,7 +4,8 @@
 use std::sync::Arc;
 
 use rowankv_cm::{
-    CmError, ConfigManager, CoordStore, EmbeddedStore, StoreError, CM_LEASE_KEY, CONFIG_KEY,
+    CmError, ConfigManager, CoordStore, EmbeddedStore, StoreError, CM_LEASE_KEY, COMMITTED_KEY,
+    CONFIG_KEY,
 };
 use rowankv_types::{ManualClock, NodeId, Term};
 use rowankv_wire::config::{Config, ConfigSource, Member};
@@ -319,6 +320,44 @@ fn release_hands_over_without_waiting() {
     lease_a.release().unwrap();
     assert_eq!(store.get(CM_LEASE_KEY).unwrap(), None);
     b.acquire_active("cm-b", TTL_NS).unwrap();
+}
+
+/// What is committed is recorded apart from what is stored: storing a term
+/// records nothing, the first configuration is committed by definition, the
+/// record only moves forward, and only the active manager moves it.
+#[test]
+fn the_committed_term_is_recorded_apart_from_the_stored_one() {
+    let clock = ManualClock::new();
+    let store = memory_store(clock.clone());
+    let a = ConfigManager::bootstrap(store.clone(), initial(CLUSTER_ID)).unwrap();
+    assert_eq!(a.committed_term().unwrap(), Term(1), "the initial term");
+    let lease_a = a.acquire_active("cm-a", TTL_NS).unwrap();
+    let t2 = a.commit_as(&lease_a, next_term(&a.current())).unwrap();
+    let b = ConfigManager::open(store.clone()).unwrap();
+    assert_eq!(b.current().term, Term(2));
+    assert_eq!(
+        b.committed_term().unwrap(),
+        Term(1),
+        "stored, not committed"
+    );
+
+    a.record_committed(&lease_a, t2.term).unwrap();
+    a.record_committed(&lease_a, Term(1)).unwrap();
+    assert_eq!(b.committed_term().unwrap(), Term(2), "never moves back");
+
+    // A deposed manager cannot record.
+    let t3 = a.commit_as(&lease_a, next_term(&t2)).unwrap();
+    clock.advance_ns(TTL_NS);
+    let _lease_b = b.acquire_active("cm-b", TTL_NS).unwrap();
+    match a.record_committed(&lease_a, t3.term) {
+        Err(CmError::LeaseLost { holder }) => assert_eq!(holder, "cm-a"),
+        other => panic!("expected LeaseLost, got {other:?}"),
+    }
+    assert_eq!(b.committed_term().unwrap(), Term(2));
+    assert_eq!(
+        store.get(COMMITTED_KEY).unwrap().map(|(v, _)| v),
+        Some(b"2".to_vec())
+    );
 }
 
 #[test]

@@ -247,7 +247,6 @@ impl<N: Nic> BackupLog<N> {
         let before = writers.len();
         writers.retain(|qp| {
             let from_node = qp.peer().is_some_and(|p| p.node == node);
-            let from_node = from_node && std::env::var_os("ABL_NOFENCE").is_none();
             if from_node {
                 qp.close();
             }

@@ -486,6 +486,11 @@ pub struct RequestStats {
     /// Outcomes dropped because a client had more than [`REQUEST_WINDOW`] above
     /// its floor, since start.
     pub outcomes_evicted: u64,
+    /// Requests recorded with two different versions since start (both seen
+    /// while the seq was at or above its client's floor): executed twice.
+    /// Exactly-once retries keep it at zero (outside the documented window); the
+    /// simulator checks it.
+    pub executed_twice: u64,
 }
 
 /// One client's part of a [`RequestTable`].
@@ -513,6 +518,7 @@ pub struct RequestTable {
     outcomes: usize,
     clients_evicted: u64,
     outcomes_evicted: u64,
+    executed_twice: u64,
 }
 
 impl RequestTable {
@@ -567,7 +573,12 @@ impl RequestTable {
             return;
         }
         match c.done.binary_search_by_key(&seq, |&(s, _)| s) {
-            Ok(at) => c.done[at].1 = c.done[at].1.min(version),
+            Ok(at) => {
+                if c.done[at].1 != version {
+                    self.executed_twice += 1;
+                }
+                c.done[at].1 = c.done[at].1.min(version);
+            }
             Err(at) => {
                 c.done.insert(at, (seq, version));
                 self.outcomes += 1;
@@ -601,6 +612,7 @@ impl RequestTable {
             outcomes: self.outcomes,
             clients_evicted: self.clients_evicted,
             outcomes_evicted: self.outcomes_evicted,
+            executed_twice: self.executed_twice,
         }
     }
 }
@@ -608,6 +620,21 @@ impl RequestTable {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_request_recorded_with_two_versions_counts_as_executed_twice() {
+        let mut t = RequestTable::new();
+        let r = RequestRecord {
+            id: RequestId { client: 3, seq: 9 },
+            first_incomplete: 9,
+        };
+        t.record(&r, Version(40));
+        t.record(&r, Version(40)); // the same entry read twice
+        assert_eq!(t.stats().executed_twice, 0);
+        t.record(&r, Version(41)); // the same request executed again
+        assert_eq!(t.stats().executed_twice, 1);
+        assert_eq!(t.outcome(r.id), RequestOutcome::Done(Version(40)));
+    }
     use rand::{Rng, SeedableRng};
     use rand_chacha::ChaCha8Rng;
     use std::cell::RefCell;
@@ -928,7 +955,14 @@ mod tests {
             for &(c, q, f, v) in &shuffled {
                 record(&mut table, c, q, f, v);
             }
-            assert_eq!(table.stats(), in_order.stats());
+            // Whether a duplicate is counted depends on whether it arrives before
+            // its seq falls below the floor; everything else is order-free.
+            let no_count = |s: RequestStats| RequestStats {
+                executed_twice: 0,
+                ..s
+            };
+            assert_eq!(no_count(table.stats()), no_count(in_order.stats()));
+            assert!(table.stats().executed_twice > 0);
             for client in 0..=21u64 {
                 for seq in 0..2 * REQUEST_WINDOW as u64 + 2 {
                     let id = RequestId { client, seq };

@@ -177,6 +177,7 @@ fn outcomes_are_done_for_executed_writes_stale_below_the_floor_and_unknown_other
             outcomes: 2,
             clients_evicted: 0,
             outcomes_evicted: 0,
+            executed_twice: 0,
         }
     );
     // A record arriving late with a lower floor does not lower it.

@@ -874,8 +874,11 @@ impl<N: Nic> ControlTask<N> {
                 let max = self.ep.config().frame_bytes_max - HEADER_BYTES - 2;
                 rec.pages = pack(rec.entries.values().map(|e| e.as_slice()), max);
                 let mut failed = None;
+                // At most one injected failure per attempt, so a promotion of many
+                // pages is delayed, never starved.
+                let mut inject = self.shared.buggify("control.install-fails");
                 for page in &rec.pages {
-                    let installed = if self.shared.buggify("control.install-fails") {
+                    let installed = if std::mem::take(&mut inject) {
                         Err(rowankv_engine::EngineError::OutOfSpace)
                     } else {
                         self.shared.engine.install_entries(0, page)

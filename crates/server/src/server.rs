@@ -374,7 +374,8 @@ impl<N: Nic> ServerShared<N> {
         for m in &cur.members {
             if next.member(m.node).is_none() && m.node != self.node {
                 let closed = self.blog.disconnect(m.node);
-                tracing::info!(server = %self.node, removed = %m.node, closed, "connections destroyed");
+                let sealed = self.seal_grants_of(m.node);
+                tracing::info!(server = %self.node, removed = %m.node, closed, sealed, "connections destroyed");
             }
         }
         for s in &next.shards {
@@ -567,7 +568,36 @@ impl<N: Nic> ServerShared<N> {
         }
     }
 
+    /// Seal every segment granted to `sender`'s remote logs — a server just
+    /// removed, whose queue pairs here `disconnect` destroyed, so nothing more
+    /// lands in them — so that they are digested, committed once their
+    /// entries are, and reused, instead of being held for good. Returns how many.
+    fn seal_grants_of(&self, sender: NodeId) -> usize {
+        let now = self.clock.now_ns();
+        let mut grants = self.grants.lock();
+        let mut theirs: Vec<u32> = grants
+            .iter()
+            .filter(|(_, (s, _))| *s == sender)
+            .map(|(&seg, _)| seg)
+            .collect();
+        theirs.sort_unstable();
+        for &seg in &theirs {
+            grants.remove(&seg);
+            self.blog.enqueue_sealed(SegmentId(seg), now);
+        }
+        theirs.len()
+    }
+
     /// Segments granted to remote logs and not sealed (being filled now).
+    /// Segments granted to (`sender`, `log`) and not sealed yet.
+    pub(crate) fn granted_to(&self, sender: NodeId, log: u32) -> usize {
+        self.grants
+            .lock()
+            .values()
+            .filter(|&&(s, l)| s == sender && l == log)
+            .count()
+    }
+
     pub fn granted_segments(&self) -> Vec<u32> {
         let mut v: Vec<u32> = self.grants.lock().keys().copied().collect();
         v.sort_unstable();

@@ -31,6 +31,9 @@ use crate::replication::{Outcomes, ReplCtx, Replicator, Strategy, SHARED_LOG_ID}
 use crate::runtime::{Step, Task};
 use crate::server::{ServerShared, KV_BYTES_MAX};
 
+/// Unsealed segments granted to one remote log, at most.
+pub const GRANTED_SEGMENTS_PER_LOG_MAX: usize = 4;
+
 /// Token of a CommitVer record: its ACK needs no answer.
 const COMMIT_TOKEN: u64 = (1 << 56) - 1;
 /// A write's token: its slot, the index of the replica it went to among the
@@ -870,6 +873,17 @@ impl<N: Nic> Worker<N> {
             } else {
                 tracing::debug!(worker = %self.name, seg, %sender, log, "a seal of a segment not granted to the log, ignored");
             }
+        }
+        // A sender's log holds its current segment and a standby, plus one
+        // granted by an answer it gave up on (sealed with its next request): a
+        // log asking for more, unsealed, would take the pool segment by segment.
+        let held = self.shared.granted_to(sender, log);
+        if held >= GRANTED_SEGMENTS_PER_LOG_MAX {
+            let detail = format!(
+                "log {log} of {sender} holds {held} unsealed segments, at most {GRANTED_SEGMENTS_PER_LOG_MAX}"
+            );
+            self.reject(peer, request_id, ErrorCode::Busy, &detail);
+            return;
         }
         match self.shared.engine.alloc_remote_segment() {
             Ok((seg, offset)) => {

@@ -486,6 +486,7 @@ fn malformed_and_truncated_frames_get_a_malformed_error() {
         &Body::Put {
             key: b"victim",
             value: b"never stored",
+            request: None,
         },
     );
 
@@ -636,6 +637,7 @@ fn oversized_keys_and_values_sent_raw_get_too_large() {
         &Body::Put {
             key: &key,
             value: &value,
+            request: None,
         },
     );
     assert!(put.len() <= FRAME_BYTES_MAX_DEFAULT);
@@ -667,6 +669,7 @@ fn oversized_keys_and_values_sent_raw_get_too_large() {
         &Body::Put {
             key: &key,
             value: &value,
+            request: None,
         },
     );
     p.expect_ok(s.primary, &put, "key + value at the limit");
@@ -721,6 +724,7 @@ fn stale_terms_and_other_clusters_are_refused() {
             &Body::Put {
                 key: &key,
                 value: b"from another term",
+                request: None,
             },
         );
         let before = p.counters();
@@ -733,7 +737,7 @@ fn stale_terms_and_other_clusters_are_refused() {
             term,
             ..p.envelope()
         };
-        let del = encode(&env, &Body::Del { key: ANCHOR_KEY });
+        let del = encode(&env, &Body::Del { key: ANCHOR_KEY, request: None });
         let before = p.counters();
         let what = format!("a Del of the anchor at {term:?}");
         p.expect_error(
@@ -769,6 +773,7 @@ fn stale_terms_and_other_clusters_are_refused() {
         &Body::Put {
             key: &key,
             value: b"from another cluster",
+            request: None,
         },
     );
     let before = p.counters();
@@ -809,6 +814,7 @@ fn a_server_that_is_not_the_primary_refuses_with_not_primary() {
             &Body::Put {
                 key: &key,
                 value: b"misrouted",
+                request: None,
             },
         );
         let before = p.counters();
@@ -824,7 +830,7 @@ fn a_server_that_is_not_the_primary_refuses_with_not_primary() {
     }
     for &backup in &anchor.backups {
         let env = p.envelope();
-        let del = encode(&env, &Body::Del { key: ANCHOR_KEY });
+        let del = encode(&env, &Body::Del { key: ANCHOR_KEY, request: None });
         let what = format!("a Del of the anchor to backup {backup}");
         p.expect_error(backup, &del, ErrorCode::NotPrimary, env.request_id, &what);
     }
@@ -916,6 +922,7 @@ fn a_client_with_a_stale_configuration_is_fenced_and_rerouted() {
         &Body::Put {
             key: &key,
             value: b"from term 1",
+            request: None,
         },
     );
     p.expect_error(
@@ -1401,3 +1408,63 @@ fn a_gather_to_a_server_that_does_not_replicate_the_shard_gets_not_member() {
     );
     p.finish();
 }
+
+/// A server's remote log that asks for segments again and again without sealing
+/// any is refused (`Busy`) once it holds the bound: it cannot take the pool
+/// segment by segment. Sealing one lets it have another.
+#[test]
+fn a_remote_log_asking_for_segments_without_sealing_is_refused_past_the_bound() {
+    let mut p = Probe::start(Strategy::Rwrite);
+    let (sender, target, log) = (NodeId(0), NodeId(1), 0u32);
+    p.send_from_server(sender, 0);
+    let free_before = p.server(target).engine.free_segments();
+    let mut granted = Vec::new();
+    let mut refused = 0;
+    for i in 0..3 * rowankv_server::worker::GRANTED_SEGMENTS_PER_LOG_MAX {
+        let env = Envelope {
+            sender,
+            ..p.envelope()
+        };
+        let bytes = encode(&env, &Body::GrantSegment { log, sealed: None });
+        p.send(target, &bytes);
+        let answer = p
+            .receive(ANSWER_TIMEOUT)
+            .unwrap_or_else(|| panic!("grant request {i} not answered"));
+        match frame::decode(&answer).map(|f| f.body) {
+            Ok(Body::Response(Response::Segment { segment, .. })) => granted.push(segment),
+            Ok(Body::Response(Response::Error {
+                code: ErrorCode::Busy,
+                ..
+            })) => refused += 1,
+            other => panic!("grant request {i}: {other:?}"),
+        }
+    }
+    // The log already held its current segment and a standby.
+    assert!(refused > 0, "every one of the requests was granted: {granted:?}");
+    assert!(
+        free_before - p.server(target).engine.free_segments()
+            <= rowankv_server::worker::GRANTED_SEGMENTS_PER_LOG_MAX,
+        "{} segments taken",
+        free_before - p.server(target).engine.free_segments()
+    );
+    // Sealing one of them makes room for one more.
+    let env = Envelope {
+        sender,
+        ..p.envelope()
+    };
+    let seal = granted.last().copied().expect("some segment was granted");
+    let bytes = encode(
+        &env,
+        &Body::GrantSegment {
+            log,
+            sealed: Some(seal),
+        },
+    );
+    p.send(target, &bytes);
+    let answer = p.receive(ANSWER_TIMEOUT).expect("an answer to the seal");
+    match frame::decode(&answer).map(|f| f.body) {
+        Ok(Body::Response(Response::Segment { .. })) => {}
+        other => panic!("a request that seals a segment: {other:?}"),
+    }
+}
+

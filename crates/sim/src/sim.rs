@@ -1028,6 +1028,23 @@ impl World {
             Some(index)
         };
         let mut out = Vec::new();
+        // No request executed twice, on any replica (each would have recorded it
+        // with two versions).
+        for n in config.members.iter().map(|m| m.node) {
+            let Some(s) = live(n) else { continue };
+            for a in &config.shards {
+                let twice = s
+                    .engine
+                    .request_stats(a.shard)
+                    .map_or(0, |st| st.executed_twice);
+                if twice > 0 {
+                    out.push(format!(
+                        "{}: {twice} request(s) executed twice, as {n}'s log shows",
+                        a.shard
+                    ));
+                }
+            }
+        }
         for a in &config.shards {
             let Some(p) = live(a.primary) else { continue };
             if !p.shard_ready(a.shard) {

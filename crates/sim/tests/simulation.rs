@@ -139,17 +139,18 @@ fn serving_without_a_lease_is_caught_within_the_ci_budget() {
     println!("caught at seed {seed}: {what}");
 }
 
-/// Regression: seed 2 pauses n1 (a primary) for about five leases at its start;
-/// the CM promotes n1's backups while n1 still holds term 1. When the planted
-/// bug was added, a client still routing by term 1 read from n1 after it resumed,
-/// and the broken build answered from a stale configuration; which seeds expose
-/// that depends on client timing (see the CI-budget test above). The correct
-/// build must refuse (lease expired) until the CM has evicted n1, and pass.
+/// Regression: a primary (n1) paused for about five leases at the start of the
+/// run; the CM promotes its backups while n1 still holds term 1. When the planted
+/// bug was added, a client still routing by term 1 read from n1 after it
+/// resumed, and the broken build answered from a stale configuration. The
+/// correct build must refuse (lease expired) until the CM has evicted n1, and
+/// pass. Found at seed 2 with the fault mix of the time; seed 4 with Rowan
+/// replays the same schedule with today's (the fault mix grew, so seeds moved).
 #[test]
-fn regression_seed_2_paused_primary_resumes_after_its_lease() {
+fn regression_seed_4_paused_primary_resumes_after_its_lease() {
     let fixed = run(&SimConfig {
         strategy: Some(Strategy::Rowan),
-        ..SimConfig::new(2, OPS)
+        ..SimConfig::new(4, OPS)
     });
     let long_pause = fixed.fault_log.iter().any(|f| {
         f.split_once(": pause ")
@@ -159,10 +160,10 @@ fn regression_seed_2_paused_primary_resumes_after_its_lease() {
     });
     assert!(
         long_pause,
-        "seed 2 no longer pauses a server for three leases or more: {:#?}",
+        "seed 4 no longer pauses a server for three leases or more: {:#?}",
         fixed.fault_log
     );
-    assert!(fixed.terms > 1, "seed 2 did not reconfigure");
+    assert!(fixed.terms > 1, "seed 4 did not reconfigure");
     assert!(
         fixed.report.violations.is_empty(),
         "{:?}",

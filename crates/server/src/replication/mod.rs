@@ -18,6 +18,8 @@ mod rpc;
 mod rwrite;
 mod segments;
 mod share;
+#[cfg(test)]
+mod tests;
 
 use std::fmt;
 use std::str::FromStr;

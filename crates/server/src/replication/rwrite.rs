@@ -58,7 +58,7 @@ impl<Q: QueuePair> RemoteLogTarget<Q> {
     /// out. A queue pair the backup destroyed (this server was removed) comes
     /// back too, but its WRITEs keep failing there.
     pub fn recover(&self, backup: NodeId) {
-        if self.qp.state() == QpState::Error && std::env::var_os("ABL_NORESET").is_none() {
+        if self.qp.state() == QpState::Error {
             if let Err(e) = self.qp.reset() {
                 tracing::debug!(%backup, error = %e, "resetting a WRITE queue pair");
             }
@@ -195,7 +195,14 @@ impl<N: Nic> RwriteReplicator<N> {
             });
             return;
         }
-        match Self::try_write(backup, log, &mut self.next_wr, &mut self.inflight, bytes, tokens) {
+        match Self::try_write(
+            backup,
+            log,
+            &mut self.next_wr,
+            &mut self.inflight,
+            bytes,
+            tokens,
+        ) {
             Ok(None) => {}
             Ok(Some(tokens)) => {
                 log.waiting.push_back(Waiting {
@@ -263,8 +270,14 @@ impl<N: Nic> RwriteReplicator<N> {
                 tokens,
                 since_ns,
             } = w;
-            match Self::try_write(backup, log, &mut self.next_wr, &mut self.inflight, &bytes, tokens)
-            {
+            match Self::try_write(
+                backup,
+                log,
+                &mut self.next_wr,
+                &mut self.inflight,
+                &bytes,
+                tokens,
+            ) {
                 Ok(None) => {}
                 Ok(Some(tokens)) => {
                     log.waiting.push_front(Waiting {
@@ -292,7 +305,8 @@ impl<N: Nic> RwriteReplicator<N> {
             .is_some_and(|w| cutoff_ns.is_none_or(|c| w.since_ns <= c))
         {
             let w = log.waiting.pop_front().expect("checked");
-            w.tokens.for_each(|t| self.failed.push((t, why.to_string())));
+            w.tokens
+                .for_each(|t| self.failed.push((t, why.to_string())));
             did = true;
         }
         did
@@ -396,11 +410,13 @@ impl<N: Nic> Replicator<N> for RwriteReplicator<N> {
         out.failed.append(&mut self.failed);
     }
 
-    fn on_send_failed(&mut self, _cx: &mut ReplCtx<'_, N>, peer: PeerId, _out: &mut Outcomes) {
+    fn on_send_failed(&mut self, cx: &mut ReplCtx<'_, N>, peer: PeerId, _out: &mut Outcomes) {
+        // Not asked again before the pause: the link may still be down.
+        let quiet_until = cx.now_ns + refusal_pause_ns(self.timeout_ns);
         let logs = &mut self.logs;
         self.grants.connection_failed(peer, |backup, id| {
             if let Some(log) = logs.get_mut(&backup) {
-                log.chain.give_up(id);
+                log.chain.give_up(id, quiet_until);
             }
         });
     }
@@ -409,10 +425,10 @@ impl<N: Nic> Replicator<N> for RwriteReplicator<N> {
         let logs = &mut self.logs;
         let mut did = self.grants.expire(cx, self.timeout_ns, |backup, id| {
             if let Some(log) = logs.get_mut(&backup) {
-                log.chain.give_up(id);
+                log.chain.give_up(id, 0);
             }
         });
-        let cutoff = cx.now_ns.checked_sub(self.timeout_ns).filter(|_| std::env::var_os("ABL_NOTIMEOUT").is_none());
+        let cutoff = cx.now_ns.checked_sub(self.timeout_ns);
         for i in 0..self.backups.len() {
             let backup = self.backups[i];
             if let Some(b) = self.batch {

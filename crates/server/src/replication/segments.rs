@@ -139,7 +139,7 @@ impl SegmentChain {
 
     /// A filled segment: sealed once its WRITEs are done.
     fn retire(&mut self, segment: u32) {
-        if self.writes.get(&segment).is_some_and(|&n| n > 0) && std::env::var_os("ABL_NODRAIN").is_none() {
+        if self.writes.get(&segment).is_some_and(|&n| n > 0) {
             self.draining.push(segment);
         } else {
             self.to_seal.push_back(segment);
@@ -167,7 +167,8 @@ impl SegmentChain {
     pub fn needs_grant(&self, now_ns: u64) -> bool {
         self.request.is_none()
             && now_ns >= self.quiet_until_ns
-            && (self.spare.is_empty() || (!self.to_seal.is_empty() && self.spare.len() < SPARES_MAX))
+            && (self.spare.is_empty()
+                || (!self.to_seal.is_empty() && self.spare.len() < SPARES_MAX))
     }
 
     /// Start a grant request: its id and the seal it carries. Report the send
@@ -192,9 +193,11 @@ impl SegmentChain {
     }
 
     /// Give up on request `id` (timed out, or its connection failed): its seal
-    /// goes with the next request, an answer that still comes is `Late`.
-    pub fn give_up(&mut self, id: u64) {
+    /// goes with the next request, sent no earlier than `quiet_until_ns`; an
+    /// answer that still comes is `Late`.
+    pub fn give_up(&mut self, id: u64, quiet_until_ns: u64) {
         if self.request.as_ref().is_some_and(|r| r.id == id) {
+            self.quiet_until_ns = self.quiet_until_ns.max(quiet_until_ns);
             let r = self.request.take().expect("checked");
             if let Some(s) = r.seal {
                 self.to_seal.push_front(s);
@@ -290,7 +293,10 @@ impl SentGrants {
             request_id: id,
             ..cx.env
         };
-        match cx.ep.request(peer, &env, &Body::GrantSegment { log, sealed }) {
+        match cx
+            .ep
+            .request(peer, &env, &Body::GrantSegment { log, sealed })
+        {
             Ok(()) => {
                 self.0.insert((backup, id), (peer, cx.now_ns));
                 true
@@ -320,7 +326,6 @@ impl SentGrants {
         mut give_up: impl FnMut(NodeId, u64),
     ) -> bool {
         let now = cx.now_ns;
-        let timeout_ns = if std::env::var_os("ABL_NOTIMEOUT").is_some() { u64::MAX / 2 } else { timeout_ns };
         let overdue: Vec<(NodeId, u64)> = self
             .0
             .iter()
@@ -336,8 +341,8 @@ impl SentGrants {
         !overdue.is_empty()
     }
 
-    /// `peer`'s connection failed: requests sent on it are given up on (the
-    /// endpoint gave their credits back).
+    /// `peer`'s connection failed: requests sent on it are given up on (`give_up`
+    /// with the backup and id of each; the endpoint gave their credits back).
     pub fn connection_failed(&mut self, peer: PeerId, mut give_up: impl FnMut(NodeId, u64)) {
         let lost: Vec<(NodeId, u64)> = self
             .0
@@ -408,7 +413,7 @@ mod tests {
         let (id, seal) = c.start_request();
         assert_eq!(seal, Some(1));
         assert!(!c.needs_grant(0), "one request out at a time");
-        c.give_up(id);
+        c.give_up(id, 0);
         let (id2, seal) = c.start_request();
         assert_eq!(seal, Some(1), "the seal rides on the next request");
         // The late answer's segment is never written: it is sealed.
@@ -427,7 +432,10 @@ mod tests {
             term: rowankv_types::Term(1),
             detail: "full",
         };
-        assert!(matches!(c.on_answer(id, &refused, 5, 100), Answer::Refused(_)));
+        assert!(matches!(
+            c.on_answer(id, &refused, 5, 100),
+            Answer::Refused(_)
+        ));
         assert!(!c.needs_grant(104));
         assert!(c.needs_grant(105));
         assert_eq!(c.on_answer(id, &segment(1), 5, 0), Answer::Unknown);
@@ -443,7 +451,7 @@ mod tests {
         let _ = c.reserve(1000).unwrap(); // segment 1 retires
         let (id, seal) = c.start_request();
         assert_eq!(seal, Some(1));
-        c.give_up(id); // seal 1 queued again: it may or may not have been done
+        c.give_up(id, 0); // seal 1 queued again: it may or may not have been done
         let (id, seal) = c.start_request();
         assert_eq!(seal, Some(1));
         c.unsend(id);

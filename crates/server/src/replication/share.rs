@@ -265,11 +265,13 @@ impl<N: Nic> Replicator<N> for ShareReplicator<N> {
         out.failed.append(&mut self.failed);
     }
 
-    fn on_send_failed(&mut self, _cx: &mut ReplCtx<'_, N>, peer: PeerId, _out: &mut Outcomes) {
+    fn on_send_failed(&mut self, cx: &mut ReplCtx<'_, N>, peer: PeerId, _out: &mut Outcomes) {
+        // Not asked again before the pause: the link may still be down.
+        let quiet_until = cx.now_ns + refusal_pause_ns(self.timeout_ns);
         let logs = &self.logs;
         self.grants.connection_failed(peer, |backup, id| {
             if let Some((shared, _)) = logs.get(&backup) {
-                shared.chain.lock().give_up(id);
+                shared.chain.lock().give_up(id, quiet_until);
             }
         });
     }
@@ -278,12 +280,12 @@ impl<N: Nic> Replicator<N> for ShareReplicator<N> {
         let logs = &self.logs;
         let mut did = self.grants.expire(cx, self.timeout_ns, |backup, id| {
             if let Some((shared, _)) = logs.get(&backup) {
-                shared.chain.lock().give_up(id);
+                shared.chain.lock().give_up(id, 0);
             }
         });
         // Space another worker's grant made.
         did |= self.drain_waiting(cx);
-        if let Some(cutoff) = cx.now_ns.checked_sub(self.timeout_ns).filter(|_| std::env::var_os("ABL_NOTIMEOUT").is_none()) {
+        if let Some(cutoff) = cx.now_ns.checked_sub(self.timeout_ns) {
             for i in 0..self.backups.len() {
                 let backup = self.backups[i];
                 let why = format!(
