@@ -248,8 +248,8 @@ pub fn run(opts: &ColdStartOptions) -> Result<ColdStartResult, String> {
         popts.crash_sim = true;
         let pool = Pool::from_image(&image, popts).map_err(|e| e.to_string())?;
         drop(image);
-        let (engine, report) =
-            Engine::open_replica(pool, engine_config).map_err(|e| format!("recovering {node}: {e}"))?;
+        let (engine, report) = Engine::open_replica(pool, engine_config)
+            .map_err(|e| format!("recovering {node}: {e}"))?;
         rebuild_ms.push(t.elapsed().as_secs_f64() * 1e3);
         entries_indexed.push(report.entries_indexed);
         recovered.push(Recovered {

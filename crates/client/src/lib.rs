@@ -493,7 +493,11 @@ impl<N: Nic> Client<N> {
     /// client's id, resubmitted here, raises no floor).
     fn record(&self, id: RequestId) -> RequestRecord {
         let first_incomplete = if id.client == self.client_id {
-            self.open_seqs.first().copied().unwrap_or(id.seq).min(id.seq)
+            self.open_seqs
+                .first()
+                .copied()
+                .unwrap_or(id.seq)
+                .min(id.seq)
         } else {
             0
         };
@@ -657,7 +661,9 @@ impl<N: Nic> Client<N> {
         let mut stale: Vec<u64> = self
             .pending
             .iter()
-            .filter(|(_, p)| retry_unknown && now < p.deadline_ns && now >= p.sent_ns.saturating_add(attempt_ns))
+            .filter(|(_, p)| {
+                retry_unknown && now < p.deadline_ns && now >= p.sent_ns.saturating_add(attempt_ns)
+            })
             .map(|(&r, _)| r)
             .collect();
         if !stale.is_empty() {

@@ -125,7 +125,10 @@ fn a_segment_with_unsettled_entries_is_closed_by_recovery() {
     // and reports its segment closed, so a cold start gathers it to every replica.
     let (engine, report) = Engine::open(pool, config()).unwrap();
     assert_eq!(
-        engine.get(ShardId(0), b"in-flight").unwrap().map(|(v, _)| v),
+        engine
+            .get(ShardId(0), b"in-flight")
+            .unwrap()
+            .map(|(v, _)| v),
         Some(b"on some replicas only".to_vec())
     );
     let entries = engine

@@ -127,7 +127,10 @@ impl Buggify {
         let on = match s.sites.get(site) {
             Some(&on) => on,
             None => {
-                assert!(s.sites.len() < SITES_MAX, "more than {SITES_MAX} buggify sites");
+                assert!(
+                    s.sites.len() < SITES_MAX,
+                    "more than {SITES_MAX} buggify sites"
+                );
                 let on = s.chance(SITE_ON_PROBABILITY);
                 s.sites.insert(site, on);
                 on
@@ -138,7 +141,13 @@ impl Buggify {
 
     /// The sites reached so far and whether each is switched on.
     pub fn sites(&self) -> Vec<(&'static str, bool)> {
-        let mut v: Vec<_> = self.state.lock().sites.iter().map(|(k, v)| (*k, *v)).collect();
+        let mut v: Vec<_> = self
+            .state
+            .lock()
+            .sites
+            .iter()
+            .map(|(k, v)| (*k, *v))
+            .collect();
         v.sort_unstable();
         v
     }

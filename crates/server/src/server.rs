@@ -526,7 +526,11 @@ impl<N: Nic> ServerShared<N> {
         self.stopped.load(Ordering::Acquire)
     }
 
-    fn request_stripe(&self, shard: ShardId, id: RequestId) -> &Mutex<HashSet<(ShardId, RequestId)>> {
+    fn request_stripe(
+        &self,
+        shard: ShardId,
+        id: RequestId,
+    ) -> &Mutex<HashSet<(ShardId, RequestId)>> {
         let h = id
             .client
             .wrapping_mul(0x9E37_79B9_7F4A_7C15)

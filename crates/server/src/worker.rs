@@ -51,7 +51,9 @@ const REPAIR_BACKOFF_DOUBLINGS_MAX: u32 = 6;
 
 fn write_token(slot: u32, target: usize, generation: u32) -> u64 {
     debug_assert!(target < TARGETS_MAX && generation < 1 << GENERATION_BITS);
-    ((generation as u64) << (SLOT_BITS + TARGET_BITS)) | ((target as u64) << SLOT_BITS) | slot as u64
+    ((generation as u64) << (SLOT_BITS + TARGET_BITS))
+        | ((target as u64) << SLOT_BITS)
+        | slot as u64
 }
 
 /// (slot, target index, generation) of a write's token.
@@ -459,7 +461,12 @@ impl<N: Nic> Worker<N> {
             // worker then either finds it in flight or, once it is published (the
             // table is written before the mark is taken off), finds it done.
             if !self.shared.start_request(shard, r.id) {
-                self.reject(peer, request_id, ErrorCode::Busy, "the same request is in flight");
+                self.reject(
+                    peer,
+                    request_id,
+                    ErrorCode::Busy,
+                    "the same request is in flight",
+                );
                 return;
             }
             let refused = match self.shared.engine.request_outcome(shard, r.id) {
@@ -556,7 +563,10 @@ impl<N: Nic> Worker<N> {
         let generation = self.slots[slot as usize].generation;
         let mut targets = [NodeId(0); TARGETS_MAX];
         let target_count = assignment.write_target_count();
-        assert!(target_count <= TARGETS_MAX, "{target_count} replicas of {shard}");
+        assert!(
+            target_count <= TARGETS_MAX,
+            "{target_count} replicas of {shard}"
+        );
         for (t, b) in targets.iter_mut().zip(assignment.write_targets()) {
             *t = b;
         }
@@ -613,7 +623,11 @@ impl<N: Nic> Worker<N> {
         let Some(w) = s.write.as_mut() else {
             return;
         };
-        assert!(target < w.target_count, "an outcome for target {target} of {}", w.target_count);
+        assert!(
+            target < w.target_count,
+            "an outcome for target {target} of {}",
+            w.target_count
+        );
         match failure {
             Some(why) => {
                 tracing::debug!(worker = %self.name, why, version = %w.version, "replication failed");
@@ -625,7 +639,10 @@ impl<N: Nic> Worker<N> {
             }
             None => w.acked |= 1 << target,
         }
-        assert!(w.acks_left > 0, "an outcome of a write with no replication out");
+        assert!(
+            w.acks_left > 0,
+            "an outcome of a write with no replication out"
+        );
         w.acks_left -= 1;
         if w.acks_left == 0 {
             self.finish(slot, now_ns);
@@ -671,9 +688,10 @@ impl<N: Nic> Worker<N> {
         }
         let w = s.write.take().expect("checked");
         self.release_slot(slot);
-        let published = self.shared.engine.publish_with_request(
-            w.shard, &w.key, w.addr, w.version, w.len, w.request,
-        );
+        let published = self
+            .shared
+            .engine
+            .publish_with_request(w.shard, &w.key, w.addr, w.version, w.len, w.request);
         self.shared.versions.complete(w.shard, w.version);
         // After the table has its outcome (see `handle_write`).
         if let Some(r) = w.request {

@@ -737,7 +737,13 @@ fn stale_terms_and_other_clusters_are_refused() {
             term,
             ..p.envelope()
         };
-        let del = encode(&env, &Body::Del { key: ANCHOR_KEY, request: None });
+        let del = encode(
+            &env,
+            &Body::Del {
+                key: ANCHOR_KEY,
+                request: None,
+            },
+        );
         let before = p.counters();
         let what = format!("a Del of the anchor at {term:?}");
         p.expect_error(
@@ -830,7 +836,13 @@ fn a_server_that_is_not_the_primary_refuses_with_not_primary() {
     }
     for &backup in &anchor.backups {
         let env = p.envelope();
-        let del = encode(&env, &Body::Del { key: ANCHOR_KEY, request: None });
+        let del = encode(
+            &env,
+            &Body::Del {
+                key: ANCHOR_KEY,
+                request: None,
+            },
+        );
         let what = format!("a Del of the anchor to backup {backup}");
         p.expect_error(backup, &del, ErrorCode::NotPrimary, env.request_id, &what);
     }
@@ -1440,7 +1452,10 @@ fn a_remote_log_asking_for_segments_without_sealing_is_refused_past_the_bound() 
         }
     }
     // The log already held its current segment and a standby.
-    assert!(refused > 0, "every one of the requests was granted: {granted:?}");
+    assert!(
+        refused > 0,
+        "every one of the requests was granted: {granted:?}"
+    );
     assert!(
         free_before - p.server(target).engine.free_segments()
             <= rowankv_server::worker::GRANTED_SEGMENTS_PER_LOG_MAX,
@@ -1467,4 +1482,3 @@ fn a_remote_log_asking_for_segments_without_sealing_is_refused_past_the_bound() 
         other => panic!("a request that seals a segment: {other:?}"),
     }
 }
-

@@ -32,8 +32,15 @@ fn a_configuration_with_more_shards_than_the_engine_is_refused_and_changes_nothi
     bigger.term = rowankv_types::Term(current.term.0 + 1);
     let server = &cluster.servers()[0];
     let adopted = server.adopt(Arc::new(bigger));
-    assert!(!adopted, "a configuration of 12 shards adopted by a 6-shard engine");
-    assert_eq!(server.term(), current.term, "the server keeps its configuration");
+    assert!(
+        !adopted,
+        "a configuration of 12 shards adopted by a 6-shard engine"
+    );
+    assert_eq!(
+        server.term(),
+        current.term,
+        "the server keeps its configuration"
+    );
     // A configuration the engine can serve is still adopted.
     let mut next = (*current).clone();
     next.term = rowankv_types::Term(current.term.0 + 1);

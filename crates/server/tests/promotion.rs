@@ -4,7 +4,9 @@
 use std::time::{Duration, Instant};
 
 use rowankv_client::{Client, ClientConfig, Output};
-use rowankv_server::{Cluster, ClusterConfig, EventKind, FailoverSettings, ServerSettings, Strategy};
+use rowankv_server::{
+    Cluster, ClusterConfig, EventKind, FailoverSettings, ServerSettings, Strategy,
+};
 use rowankv_types::NodeId;
 
 const WAIT: Duration = Duration::from_secs(60);

@@ -230,8 +230,16 @@ fn cluster_config(sim: &SimConfig) -> ClusterConfig {
         replication_factor: 3,
         strategy: sim.strategy(),
         settings: settings(sim),
-        pool_bytes: if sim.small_segments() { 1 << 20 } else { 24 << 20 },
-        segment_bytes: if sim.small_segments() { 8 << 10 } else { 256 << 10 },
+        pool_bytes: if sim.small_segments() {
+            1 << 20
+        } else {
+            24 << 20
+        },
+        segment_bytes: if sim.small_segments() {
+            8 << 10
+        } else {
+            256 << 10
+        },
         media_model: None,
         crash_sim: true,
         dir: None,
@@ -557,7 +565,8 @@ impl World {
             Err(e) => {
                 // Not sent again (a programming error in the simulator): its
                 // outcome stays unknown.
-                self.fault_log.push(format!("a retry was not submitted: {e}"));
+                self.fault_log
+                    .push(format!("a retry was not submitted: {e}"));
                 let mut op = op;
                 op.ret = self.clock.now_ns();
                 op.status = Status::Unknown;
@@ -987,8 +996,8 @@ impl World {
     /// the same bytes. Divergence is a failover away from a lost or resurrected
     /// write, so it is reported even when no client read has shown it yet.
     fn replicas_agree(&self) -> Vec<String> {
-        use std::collections::BTreeMap;
         use rowankv_engine::{entry, Owner, SegmentState};
+        use std::collections::BTreeMap;
         let Ok(config) = self.parts.source.fetch() else {
             return vec!["no configuration at the end of the run".into()];
         };

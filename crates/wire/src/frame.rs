@@ -295,7 +295,11 @@ impl Body<'_> {
                 check_request(request)?;
                 REQUEST_BYTES + KEY_FIXED_BYTES + key.len()
             }
-            Body::Put { key, value, request } => {
+            Body::Put {
+                key,
+                value,
+                request,
+            } => {
                 check_request(request)?;
                 check_key(key)?;
                 // Saturating: an absurd value length must end in TooLarge, not overflow.
@@ -852,9 +856,8 @@ fn decode_response(bytes: &[u8]) -> Result<Response<'_>, FrameError> {
 
 /// A request record as the wire carries it: all zeros for none.
 fn put_request(out: &mut Vec<u8>, request: &Option<RequestRecord>) {
-    let (client, seq, first) = request.map_or((0, 0, 0), |r| {
-        (r.id.client, r.id.seq, r.first_incomplete)
-    });
+    let (client, seq, first) =
+        request.map_or((0, 0, 0), |r| (r.id.client, r.id.seq, r.first_incomplete));
     out.extend_from_slice(&client.to_le_bytes());
     out.extend_from_slice(&seq.to_le_bytes());
     out.extend_from_slice(&first.to_le_bytes());

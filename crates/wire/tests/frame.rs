@@ -80,7 +80,10 @@ fn samples(entries: &[u8]) -> Vec<Body<'_>> {
             value: b"",
             request: None,
         },
-        Body::Del { key: b"user:42", request: None },
+        Body::Del {
+            key: b"user:42",
+            request: None,
+        },
         Body::Put {
             key: b"user:42",
             value: b"once",
@@ -285,7 +288,13 @@ fn grant_segment_and_error_have_the_documented_layout() {
 fn hand_built_frames_decode() {
     let bytes = raw_frame(3, &write_body(&[1, 0, b'k']));
     let frame = decode(&bytes).unwrap();
-    assert_eq!(frame.body, Body::Del { key: b"k", request: None });
+    assert_eq!(
+        frame.body,
+        Body::Del {
+            key: b"k",
+            request: None
+        }
+    );
     assert_eq!(frame.header.cluster_id, 11);
     assert_eq!(frame.header.term, Term(5));
     assert_eq!(frame.header.request_id, 99);
@@ -478,7 +487,10 @@ fn oversized_key_is_rejected_on_both_sides() {
     let mut out = Vec::new();
     for body in [
         Body::Get { key: &key },
-        Body::Del { key: &key, request: None },
+        Body::Del {
+            key: &key,
+            request: None,
+        },
         Body::Put {
             key: &key,
             value: b"",
