@@ -65,13 +65,15 @@
 
 #![forbid(unsafe_code)]
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::fmt;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::OnceLock;
 
 use parking_lot::{Mutex, MutexGuard};
+// Client ids are random 64-bit numbers: a fast non-keyed hash is enough.
 use rowankv_types::{RequestId, RequestRecord, Version};
+use rustc_hash::FxHashMap as HashMap;
 
 /// Bits of an item that hold the PM address.
 pub const ADDR_BITS: u32 = 48;
@@ -512,8 +514,9 @@ struct ClientRequests {
 #[derive(Debug, Default)]
 pub struct RequestTable {
     clients: HashMap<u64, ClientRequests>,
-    /// Client by the tick of its last record: the least recently active first.
-    by_activity: BTreeMap<u64, u64>,
+    /// Activity ticks: a client's `active` is the tick of its last record. The
+    /// least recently active is found by a scan when a client must be evicted
+    /// (rare: the table is full), so a record costs no ordered-map update.
     tick: u64,
     outcomes: usize,
     clients_evicted: u64,
@@ -541,14 +544,16 @@ impl RequestTable {
         let tick = self.tick;
         self.tick += 1;
         if let Some(c) = self.clients.get_mut(&client) {
-            self.by_activity.remove(&c.active);
             c.active = tick;
         } else {
             if self.clients.len() >= REQUEST_CLIENTS_MAX {
-                if let Some((_, evicted)) = self.by_activity.pop_first() {
-                    if let Some(gone) = self.clients.remove(&evicted) {
-                        self.outcomes -= gone.done.len();
-                    }
+                let evicted = self
+                    .clients
+                    .iter()
+                    .min_by_key(|(_, c)| c.active)
+                    .map(|(&id, _)| id);
+                if let Some(gone) = evicted.and_then(|id| self.clients.remove(&id)) {
+                    self.outcomes -= gone.done.len();
                     self.clients_evicted += 1;
                 }
             }
@@ -561,7 +566,6 @@ impl RequestTable {
                 },
             );
         }
-        self.by_activity.insert(tick, client);
         let c = self.clients.get_mut(&client).expect("inserted above");
         c.floor = c.floor.max(request.first_incomplete);
         while c.done.front().is_some_and(|&(seq, _)| seq < c.floor) {
@@ -849,7 +853,7 @@ mod tests {
         let mut rng = ChaCha8Rng::seed_from_u64(SEED);
         let pm = Pm::default();
         let index = ShardIndex::with_capacity(0);
-        let mut model: HashMap<u64, (u64, u64)> = HashMap::new();
+        let mut model: HashMap<u64, (u64, u64)> = HashMap::default();
         let hash_of = |key: u64| ((key % 3) << ADDR_BITS) | (key << 8) | (key % 5);
         for op in 0..OPS {
             let key = rng.gen_range(0..KEYS);

@@ -16,7 +16,7 @@
 //! - the key's shard is served here: a promoted primary serves a shard only once
 //!   promotion made every replica agree and built its index.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -24,6 +24,7 @@ use parking_lot::{Mutex, RwLock};
 use rowankv_engine::{entry, BackupLog, BackupLogConfig, Engine};
 use rowankv_types::SegmentId;
 use rowankv_wire::frame::ErrorCode;
+use rustc_hash::FxHashSet;
 
 use crate::events::EventLog;
 use rowankv_fabric::Nic;
@@ -234,7 +235,7 @@ pub struct ServerShared<N: Nic> {
     /// Writes with a request record in flight here (appended, not yet published
     /// or abandoned), striped by hash: a duplicate that arrives meanwhile is
     /// answered `Busy` and retried by its client, never executed a second time.
-    requests_in_flight: Vec<Mutex<HashSet<(ShardId, RequestId)>>>,
+    requests_in_flight: Vec<Mutex<FxHashSet<(ShardId, RequestId)>>>,
     /// The server's lease ends here (ns on the cluster's clock).
     lease_until_ns: AtomicU64,
     /// Fault injection: the lease role does nothing until here (a thread that
@@ -319,7 +320,7 @@ impl<N: Nic> ServerShared<N> {
             stopped: AtomicBool::new(false),
             buggify,
             requests_in_flight: (0..REQUEST_STRIPES)
-                .map(|_| Mutex::new(HashSet::new()))
+                .map(|_| Mutex::new(FxHashSet::default()))
                 .collect(),
         }
     }
@@ -530,7 +531,7 @@ impl<N: Nic> ServerShared<N> {
         &self,
         shard: ShardId,
         id: RequestId,
-    ) -> &Mutex<HashSet<(ShardId, RequestId)>> {
+    ) -> &Mutex<FxHashSet<(ShardId, RequestId)>> {
         let h = id
             .client
             .wrapping_mul(0x9E37_79B9_7F4A_7C15)
