@@ -877,6 +877,7 @@ impl<N: Nic> ControlTask<N> {
                 // At most one injected failure per attempt, so a promotion of many
                 // pages is delayed, never starved.
                 let mut inject = self.shared.buggify("control.install-fails");
+                let injected = inject;
                 for page in &rec.pages {
                     let installed = if std::mem::take(&mut inject) {
                         Err(rowankv_engine::EngineError::OutOfSpace)
@@ -900,7 +901,11 @@ impl<N: Nic> ControlTask<N> {
                     // shard, nor send it on. Installing is idempotent (versions
                     // decide), so it is tried again, whole, after a pause; the
                     // shard stays unserved until it succeeds.
-                    tracing::error!(role = %self.name, %shard, error = %e, "installing the union; trying again");
+                    if injected {
+                        tracing::debug!(role = %self.name, %shard, "installing the union failed (fault site); trying again");
+                    } else {
+                        tracing::error!(role = %self.name, %shard, error = %e, "installing the union; trying again");
+                    }
                     rec.install_retry_at_ns = Some(now_ns + retry);
                     rec.install_failures += 1;
                     did = true;
