@@ -31,8 +31,12 @@ use crate::replication::{Outcomes, ReplCtx, Replicator, Strategy, SHARED_LOG_ID}
 use crate::runtime::{Step, Task};
 use crate::server::{ServerShared, KV_BYTES_MAX};
 
-/// Unsealed segments granted to one remote log, at most.
-pub const GRANTED_SEGMENTS_PER_LOG_MAX: usize = 4;
+/// Unsealed segments granted to one remote log, at most. A log holds its current
+/// segment and a standby, plus segments granted by answers it gave up on and
+/// seals still on their way (a `share` log's workers seal on connections of
+/// their own); the bound is well above that, and only stops a log that asks
+/// without ever sealing from taking the pool.
+pub const GRANTED_SEGMENTS_PER_LOG_MAX: usize = 16;
 
 /// Token of a CommitVer record: its ACK needs no answer.
 const COMMIT_TOKEN: u64 = (1 << 56) - 1;
@@ -892,9 +896,8 @@ impl<N: Nic> Worker<N> {
                 tracing::debug!(worker = %self.name, seg, %sender, log, "a seal of a segment not granted to the log, ignored");
             }
         }
-        // A sender's log holds its current segment and a standby, plus one
-        // granted by an answer it gave up on (sealed with its next request): a
-        // log asking for more, unsealed, would take the pool segment by segment.
+        // A log asking for segments without sealing them would take the pool
+        // segment by segment (see `GRANTED_SEGMENTS_PER_LOG_MAX`).
         let held = self.shared.granted_to(sender, log);
         if held >= GRANTED_SEGMENTS_PER_LOG_MAX {
             let detail = format!(
