@@ -24,9 +24,15 @@
 //! (`enqueue_used`); digest and commit are the same for all. `digest_now` digests
 //! one segment whatever its state, for a quiescent backup.
 //!
-//! After a restart, recovery has already indexed every b-log segment; the b-log's
-//! earlier segments are then considered committed (a standalone engine has no peer
-//! to ask; the cluster's cold start agrees on them with the other replicas first).
+//! After a restart, recovery has already indexed every segment. A replica's
+//! recovery (`Engine::open_replica`) leaves every log segment that was not
+//! committed *used* — Rowan b-log, per-thread b-log and t-log segments alike — and
+//! `assemble` queues them for digest in allocation order, so they are committed
+//! only once their shards' CommitVer passes them, after the cold start's gather
+//! has read them. Rowan b-log segments a standalone engine's recovery left being
+//! filled (`Engine::open`) are committed: there is no replica to agree with.
+//! A primary raises the CommitVer of the shards it serves itself
+//! (`note_commit_version`): its own logs hold their entries too.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -4,39 +4,15 @@
 //! segments a restart closed (`RecoveryReport::closed_segments`).
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 
 use rowankv_engine::entry::{self, Kind};
-use rowankv_engine::{Engine, EngineConfig, EngineError, InstallReport};
+use rowankv_engine::{Engine, EngineError, InstallReport};
 use rowankv_pmem::{Pool, PoolOptions, PowerFailure};
 use rowankv_types::{SegmentId, ShardId, Version};
 
-const MTU: usize = 2048;
-const SEGMENT: usize = 16 << 10;
-const POOL_BYTES: usize = 1 << 20;
-
-fn config() -> EngineConfig {
-    EngineConfig {
-        segment_size_bytes: SEGMENT,
-        mtu_bytes: MTU,
-        shard_count: 4,
-        workers: 2,
-        keys_per_shard_expected: 256,
-        clean_grace: std::time::Duration::ZERO,
-        ..EngineConfig::default()
-    }
-}
-
-fn pool(crash_sim: bool) -> Arc<Pool> {
-    Pool::anonymous(
-        POOL_BYTES,
-        PoolOptions {
-            crash_sim,
-            ..PoolOptions::default()
-        },
-    )
-    .unwrap()
-}
+#[allow(dead_code)] // each test file uses part of the helpers
+mod common;
+use common::{small_config as config, small_pool as pool, MTU, POOL_BYTES, SEGMENT};
 
 fn engine() -> Engine {
     Engine::create(pool(false), config()).unwrap()

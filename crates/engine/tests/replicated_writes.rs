@@ -6,28 +6,16 @@
 use std::sync::Arc;
 
 use rowankv_engine::entry::{self, Kind};
-use rowankv_engine::{Engine, EngineConfig};
-use rowankv_pmem::{Pool, PoolOptions};
+use rowankv_engine::Engine;
+use rowankv_pmem::Pool;
 use rowankv_types::{ShardId, Version};
 
-const MTU: usize = 2048;
-const SEGMENT: usize = 16 << 10;
-const POOL_BYTES: usize = 1 << 20;
-
-fn config() -> EngineConfig {
-    EngineConfig {
-        segment_size_bytes: SEGMENT,
-        mtu_bytes: MTU,
-        shard_count: 4,
-        workers: 2,
-        keys_per_shard_expected: 256,
-        clean_grace: std::time::Duration::ZERO,
-        ..EngineConfig::default()
-    }
-}
+#[allow(dead_code)] // each test file uses part of the helpers
+mod common;
+use common::{small_config as config, MTU, POOL_BYTES};
 
 fn pool() -> Arc<Pool> {
-    Pool::anonymous(POOL_BYTES, PoolOptions::default()).unwrap()
+    common::small_pool(false)
 }
 
 fn encoded(shard: u16, version: u64, key: &[u8], value: &[u8]) -> Vec<u8> {

@@ -13,31 +13,20 @@ use rowankv_engine::{
     BackupLog, BackupLogConfig, Engine, EngineConfig, EngineError, RequestOutcome, RequestStats,
     REQUEST_CLIENTS_MAX, REQUEST_WINDOW,
 };
-use rowankv_pmem::{Pool, PoolOptions};
+use rowankv_pmem::Pool;
 use rowankv_types::{RequestId, RequestRecord, ShardId, Version};
 
 use RequestOutcome::{Done, Stale, Unknown};
 
-const MTU: usize = 2048;
-const SEGMENT: usize = 16 << 10;
-const POOL_BYTES: usize = 1 << 20;
+#[allow(dead_code)] // each test file uses part of the helpers
+mod common;
+use common::{small_config as config, MTU, POOL_BYTES};
+
 const S0: ShardId = ShardId(0);
 const S1: ShardId = ShardId(1);
 
-fn config() -> EngineConfig {
-    EngineConfig {
-        segment_size_bytes: SEGMENT,
-        mtu_bytes: MTU,
-        shard_count: 4,
-        workers: 2,
-        keys_per_shard_expected: 256,
-        clean_grace: std::time::Duration::ZERO,
-        ..EngineConfig::default()
-    }
-}
-
 fn pool() -> Arc<Pool> {
-    Pool::anonymous(POOL_BYTES, PoolOptions::default()).unwrap()
+    common::small_pool(false)
 }
 
 fn rec(client: u64, seq: u64, first_incomplete: u64) -> RequestRecord {

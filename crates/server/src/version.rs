@@ -3,9 +3,12 @@
 //! Every PUT/DEL of a shard takes the shard's next version when its entry is
 //! created and holds it *in flight* until every backup has the entry. The shard's
 //! CommitVer is the largest version v such that every version ≤ v is no longer in
-//! flight: every entry up to it is durable on every replica (or was never
-//! acknowledged and never will be). Allocation and the in-flight set share one
-//! lock per shard, so a version is never handed out without being in flight.
+//! flight: every entry up to it is durable on every replica, or was refused
+//! before it was appended. A write whose replication failed stays in flight while
+//! it is replicated again (the worker's `repair`), and is completed unpublished
+//! only when this server no longer leads its shard, whose new primary gathered it.
+//! Allocation and the in-flight set share one lock per shard, so a version is
+//! never handed out without being in flight.
 
 use std::collections::BTreeSet;
 

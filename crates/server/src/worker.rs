@@ -7,7 +7,17 @@
 //! the last one makes the entry visible in the index and answers the client
 //! (§4.1: index update after all ACKs, so a GET never returns what a failure could
 //! still lose). Worker 0 also disseminates each primary shard's CommitVer every
-//! 15 ms through the same replication path (§4.4).
+//! 15 ms through the same replication path (§4.4), for the shards it serves.
+//!
+//! A write whose replication failed is answered `Internal` (unknown outcome) but
+//! stays parked, its version in flight, and is replicated again (`repair`) to the
+//! replicas of the current configuration that lack it until all have it (then it
+//! is published) or this server no longer leads its shard (then it is dropped:
+//! the new primary's gather found it). Exactly once: a write with a request record
+//! is marked in flight on the server before the shard's request table is read; a
+//! request already executed is answered with its version, one in flight with
+//! `Busy`, one below its client's floor with `Duplicate`; the record goes into
+//! the log entry and the table is written before the mark is taken off.
 //!
 //! Every request is checked before anything changes: its frame decodes, its cluster
 //! id and term are current, the server's lease is valid and its configuration
@@ -498,14 +508,14 @@ impl<N: Nic> Worker<N> {
             }
         }
         let Some(version) = self.shared.versions.allocate(shard) else {
-            if let Some(r) = request {
-                self.shared.end_request(shard, r.id);
-            }
-            self.reject(
-                peer,
-                request_id,
+            let why = "shard versions exhausted";
+            self.refuse_write(
+                shard,
+                None,
+                request,
+                (peer, request_id),
                 ErrorCode::Internal,
-                "shard versions exhausted",
+                why,
             );
             return;
         };
@@ -524,11 +534,15 @@ impl<N: Nic> Worker<N> {
             None => entry::encode(&mut self.entry_buf, kind, shard, version, key, value, mtu),
         };
         if let Err(e) = encoded {
-            self.shared.versions.complete(shard, version);
-            if let Some(r) = request {
-                self.shared.end_request(shard, r.id);
-            }
-            self.reject(peer, request_id, ErrorCode::Malformed, &e.to_string());
+            let to = (peer, request_id);
+            self.refuse_write(
+                shard,
+                Some(version),
+                request,
+                to,
+                ErrorCode::Malformed,
+                &e.to_string(),
+            );
             return;
         }
         let addr = match self
@@ -538,15 +552,12 @@ impl<N: Nic> Worker<N> {
         {
             Ok(a) => a,
             Err(e) => {
-                self.shared.versions.complete(shard, version);
-                if let Some(r) = request {
-                    self.shared.end_request(shard, r.id);
-                }
                 let code = match e {
                     EngineError::OutOfSpace => ErrorCode::OutOfSpace,
                     _ => ErrorCode::Internal,
                 };
-                self.reject(peer, request_id, code, &e.to_string());
+                let to = (peer, request_id);
+                self.refuse_write(shard, Some(version), request, to, code, &e.to_string());
                 return;
             }
         };
@@ -661,13 +672,7 @@ impl<N: Nic> Worker<N> {
         };
         assert_eq!(w.acks_left, 0, "finished with replications out");
         if w.failure.is_some() && self.shared.settings.failover.unsafe_abandon_failed_writes {
-            let w = s.write.take().expect("checked");
-            self.release_slot(slot);
-            self.shared.engine.abandon(w.addr);
-            self.shared.versions.complete(w.shard, w.version);
-            if let Some(r) = w.request {
-                self.shared.end_request(w.shard, r.id);
-            }
+            let w = self.drop_write(slot);
             let detail = format!("replication failed: {}", w.failure.unwrap_or_default());
             self.reject(w.peer, w.request_id, ErrorCode::Internal, &detail);
             return;
@@ -716,6 +721,42 @@ impl<N: Nic> Worker<N> {
         }
     }
 
+    /// A write refused before it was appended: its version (if it took one) and
+    /// its request are given back, and its client told why (`to`: peer, request).
+    fn refuse_write(
+        &mut self,
+        shard: ShardId,
+        version: Option<Version>,
+        request: Option<RequestRecord>,
+        to: (PeerId, u64),
+        code: ErrorCode,
+        detail: &str,
+    ) {
+        if let Some(v) = version {
+            self.shared.versions.complete(shard, v);
+        }
+        if let Some(r) = request {
+            self.shared.end_request(shard, r.id);
+        }
+        self.reject(to.0, to.1, code, detail);
+    }
+
+    /// Take the write in `slot` out for good, unpublished: its t-log entry is
+    /// abandoned, its version completed and its request no longer in flight here.
+    fn drop_write(&mut self, slot: u32) -> PendingWrite {
+        let w = self.slots[slot as usize]
+            .write
+            .take()
+            .expect("a write in the slot");
+        self.release_slot(slot);
+        self.shared.engine.abandon(w.addr);
+        self.shared.versions.complete(w.shard, w.version);
+        if let Some(r) = w.request {
+            self.shared.end_request(w.shard, r.id);
+        }
+        w
+    }
+
     fn release_slot(&mut self, slot: u32) {
         let s = &mut self.slots[slot as usize];
         assert!(s.write.is_none(), "slot {slot} released while in use");
@@ -752,13 +793,7 @@ impl<N: Nic> Worker<N> {
                 .shard(shard)
                 .filter(|a| a.primary == self.shared.node)
             else {
-                let w = self.slots[slot as usize].write.take().expect("due");
-                self.release_slot(slot);
-                self.shared.engine.abandon(w.addr);
-                self.shared.versions.complete(w.shard, w.version);
-                if let Some(r) = w.request {
-                    self.shared.end_request(w.shard, r.id);
-                }
+                self.drop_write(slot);
                 continue;
             };
             // The replicas of the current configuration, and which already have it.

@@ -13,6 +13,7 @@
 //! Raw frames travel on a client's endpoint (`send_bytes`) to the worker the client
 //! is connected to; the answer is read by polling that endpoint.
 
+#[allow(dead_code)] // each test file uses part of the helpers
 mod common;
 use common::recover_power_failure_image;
 

@@ -16,6 +16,7 @@
 //! Each random choice comes from a seed, printed by every failure message. Thread
 //! interleavings are not replayed by it; the per-key models do not depend on them.
 
+#[allow(dead_code)] // each test file uses part of the helpers
 mod common;
 use common::recover_power_failure_image;
 

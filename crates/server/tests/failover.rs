@@ -59,11 +59,8 @@ fn start(servers: usize, failover: FailoverSettings) -> Cluster {
 
 /// A client of `cluster` whose operations give up after `timeout`.
 fn connect(cluster: &mut Cluster, timeout: Duration) -> Result<Client<LoopbackNic>, ClientError> {
-    let nic = cluster.attach_client().unwrap();
-    Client::connect(
-        nic,
-        cluster.directory().clone(),
-        cluster.config_source(),
+    common::client_of(
+        cluster,
         ClientConfig {
             timeout,
             ..ClientConfig::default()

@@ -60,11 +60,8 @@ fn start(strategy: Strategy, rf: u8, failover: FailoverSettings, crash_sim: bool
 }
 
 fn client(cluster: &mut Cluster) -> Client<LoopbackNic> {
-    let nic = cluster.attach_client().expect("a client NIC");
-    Client::connect(
-        nic,
-        cluster.directory().clone(),
-        cluster.config_source(),
+    common::client_of(
+        cluster,
         ClientConfig {
             timeout: Duration::from_secs(10),
             ..ClientConfig::default()

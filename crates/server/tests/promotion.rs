@@ -3,11 +3,14 @@
 
 use std::time::{Duration, Instant};
 
-use rowankv_client::{Client, ClientConfig, Output};
+use rowankv_client::{ClientConfig, Output};
 use rowankv_server::{
     Cluster, ClusterConfig, EventKind, FailoverSettings, ServerSettings, Strategy,
 };
 use rowankv_types::NodeId;
+
+#[allow(dead_code)] // this file uses only the client helper
+mod common;
 
 const WAIT: Duration = Duration::from_secs(60);
 const INSTALL_FAILURES: u32 = 3;
@@ -37,11 +40,8 @@ fn a_new_primary_serves_only_once_installing_the_gathered_union_succeeded() {
         ..ClusterConfig::default()
     })
     .expect("a cluster");
-    let nic = cluster.attach_client().unwrap();
-    let mut c = Client::connect(
-        nic,
-        cluster.directory().clone(),
-        cluster.config_source(),
+    let mut c = common::client_of(
+        &mut cluster,
         ClientConfig {
             timeout: Duration::from_secs(20),
             ..ClientConfig::default()

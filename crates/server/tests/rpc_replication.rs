@@ -51,11 +51,8 @@ fn start(servers: usize, failover: FailoverSettings, replicate_timeout: Duration
 
 /// A client of `cluster` whose operations give up after `timeout`.
 fn connect(cluster: &mut Cluster, timeout: Duration) -> Client<LoopbackNic> {
-    let nic = cluster.attach_client().unwrap();
-    Client::connect(
-        nic,
-        cluster.directory().clone(),
-        cluster.config_source(),
+    common::client_of(
+        cluster,
         ClientConfig {
             timeout,
             // These tests watch the server's own answer to a write whose

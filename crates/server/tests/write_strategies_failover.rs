@@ -75,11 +75,8 @@ fn start(strategy: Strategy, settings: ServerSettings) -> Cluster {
 
 /// A client whose operations give up after `timeout`.
 fn client(cluster: &mut Cluster, timeout: Duration) -> Client<LoopbackNic> {
-    let nic = cluster.attach_client().expect("a client NIC");
-    Client::connect(
-        nic,
-        cluster.directory().clone(),
-        cluster.config_source(),
+    common::client_of(
+        cluster,
         ClientConfig {
             timeout,
             ..ClientConfig::default()

@@ -8,20 +8,29 @@
 //!
 //! | fault | what happens |
 //! | --- | --- |
-//! | server crash | its NIC leaves the fabric, its roles stop for good |
+//! | server crash | its NIC leaves the fabric, its roles stop for good; in three crashes of ten, a power failure follows within four leases (mid-failover) |
 //! | pause | a server's roles are not stepped for a while — longer than its lease, sometimes, so that it resumes believing it is still primary |
 //! | link cut | two nodes (servers, CMs, clients) cannot reach each other until healed |
-//! | delay | one link delays every operation |
+//! | delay | one link delays every operation: up to 8 ms (ACKs held while logs roll and the cleaner runs), 40–300 ms on a client's link (a request arrives after its retry) |
 //! | CM crash | the active CM stops; a standby takes over; the crashed one restarts later as a standby |
 //! | power failure | every server loses power: pools keep only what was persisted (the crash simulator drops every unpersisted line), the cluster cold-starts from them |
 //!
+//! | fault site | a seeded `buggify` site inside a role fires (`rowankv_server::buggify`) |
+//! | client retry | a write of unknown outcome is sent again by a new client on a new connection, with its request id |
+//!
 //! Faults that remove a server for good (a crash, a pause or a CM link cut
 //! longer than the lease) are limited so that every shard keeps a full replica.
+//! The seed also picks the replication strategy (seed mod 5) and, for every other
+//! group of five seeds, a small pool (8 KiB segments, a busy cleaner, freed
+//! segments reused newest first, padded values).
 //!
 //! Clients run closed loops of puts, gets and deletes over a few keys and record
 //! each operation with its call and return times (simulated), its outcome and the
 //! term of the answering configuration. After the operations, every fault is
-//! healed and every key is read back. The history is checked by [`crate::check`].
+//! healed and every key is read back. The history is checked by [`crate::check`];
+//! the cluster itself by `replicas_agree`: every shard's full backups index what
+//! its primary indexes, and no replica's request table shows a request executed
+//! twice.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;

@@ -33,3 +33,17 @@ pub fn steady_leases() -> rowankv_server::FailoverSettings {
         ..rowankv_server::FailoverSettings::default()
     }
 }
+
+/// A client of `cluster` on a new NIC, with `config`.
+pub fn client_of(
+    cluster: &mut rowankv_server::Cluster,
+    config: rowankv_client::ClientConfig,
+) -> Result<rowankv_client::Client<LoopbackNic>, rowankv_client::ClientError> {
+    let nic = cluster.attach_client().expect("a client NIC");
+    rowankv_client::Client::connect(
+        nic,
+        cluster.directory().clone(),
+        cluster.config_source(),
+        config,
+    )
+}
