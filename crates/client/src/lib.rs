@@ -425,13 +425,12 @@ impl<N: Nic> Client<N> {
             return Err(ClientError::Busy(self.inflight));
         }
         let request = (!matches!(op, Op::Get { .. })).then(|| {
-            let seq = self.next_seq;
-            self.next_seq += 1;
-            self.open_seqs.insert(seq);
-            RequestId {
-                client: self.client_id,
-                seq,
-            }
+            new_request_id(
+                &mut self.client_id,
+                &mut self.next_seq,
+                &mut self.open_seqs,
+                random_client_id,
+            )
         });
         Ok(self.start(op, request))
     }
@@ -490,7 +489,8 @@ impl<N: Nic> Client<N> {
 
     /// The record a write is sent with now: its floor is the lowest sequence
     /// number of this client whose outcome it does not know (a write of another
-    /// client's id, resubmitted here, raises no floor).
+    /// client's id, resubmitted here, raises no floor), in the form the log
+    /// stores (a floor far below the seq is sent as none).
     fn record(&self, id: RequestId) -> RequestRecord {
         let first_incomplete = if id.client == self.client_id {
             self.open_seqs
@@ -505,6 +505,7 @@ impl<N: Nic> Client<N> {
             id,
             first_incomplete,
         }
+        .as_logged()
     }
 
     /// Send one attempt, or queue it: for want of the server's credit (returns
@@ -912,6 +913,39 @@ impl<N: Nic> Client<N> {
 /// A client id no other client is likely to hold: 64 bits from the standard
 /// library's randomly keyed hasher (seeded from the operating system), mixed
 /// with the time and a process-wide counter. Never 0.
+/// The id of a new request of this client: the next seq of its incarnation.
+/// An incarnation whose seqs reach [`RequestId::SEQ_LIMIT`] (what a log entry
+/// stores) is over: the client continues as a new incarnation, with a new
+/// client id from `draw` and seqs from 1. Requests of the old one keep their ids
+/// (their retries are still recognised); they raise no floor of the new one.
+fn new_request_id(
+    client_id: &mut u64,
+    next_seq: &mut u64,
+    open_seqs: &mut std::collections::BTreeSet<u64>,
+    draw: impl Fn() -> u64,
+) -> RequestId {
+    if *next_seq >= RequestId::SEQ_LIMIT {
+        let old = *client_id;
+        *client_id = std::iter::repeat_with(draw)
+            .find(|&c| c != old && c != RequestId::NO_CLIENT)
+            .expect("an endless draw");
+        *next_seq = 1;
+        open_seqs.clear();
+        tracing::info!(
+            old,
+            new = *client_id,
+            "request seqs exhausted: new client incarnation"
+        );
+    }
+    let seq = *next_seq;
+    *next_seq += 1;
+    open_seqs.insert(seq);
+    RequestId {
+        client: *client_id,
+        seq,
+    }
+}
+
 fn random_client_id() -> u64 {
     use std::collections::hash_map::RandomState;
     use std::hash::{BuildHasher, Hasher};
@@ -925,4 +959,35 @@ fn random_client_id() -> u64 {
             .map_or(0, |d| d.as_nanos()),
     );
     h.finish().max(1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_client_whose_seqs_reach_the_limit_continues_as_a_new_incarnation() {
+        let (mut client, mut next, mut open) = (7u64, RequestId::SEQ_LIMIT - 1, Default::default());
+        let last = new_request_id(&mut client, &mut next, &mut open, || 7);
+        assert_eq!(
+            last,
+            RequestId {
+                client: 7,
+                seq: RequestId::SEQ_LIMIT - 1
+            }
+        );
+        assert!(last.is_valid());
+        // The draw gives the old id first, then 0, then a new one: both refused.
+        let draws = std::cell::Cell::new(0u64);
+        let draw = || {
+            let d = draws.get();
+            draws.set(d + 1);
+            [7, 0, 11][d as usize]
+        };
+        let first = new_request_id(&mut client, &mut next, &mut open, draw);
+        assert_eq!(first, RequestId { client: 11, seq: 1 });
+        assert!(first.is_valid());
+        // The old incarnation's open seq raises no floor of the new one.
+        assert_eq!(open.iter().copied().collect::<Vec<_>>(), vec![1]);
+    }
 }

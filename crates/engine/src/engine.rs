@@ -1145,11 +1145,12 @@ impl Engine {
 
     /// The request table's hook: an entry of `version` with `request`'s record is
     /// indexed in `shard` (or lost to a newer version of its key). A branch and
-    /// nothing else for an entry without a record.
+    /// nothing else for an entry without a record. The record is taken in its
+    /// logged form, so every replica's table holds the same floor.
     #[inline]
     fn note_request(&self, shard: &Shard, request: Option<RequestRecord>, version: Version) {
         if let Some(r) = request {
-            shard.requests.lock().record(&r, version);
+            shard.requests.lock().record(&r.as_logged(), version);
         }
     }
 
@@ -1403,7 +1404,8 @@ impl Engine {
     ) -> Result<bool, EngineError> {
         // (Not under the planted bug, where `addr` may lie in a reused segment.)
         debug_assert!(
-            self.config.unsafe_commit_unsettled_tlog_segments || self.request_at(addr) == request,
+            self.config.unsafe_commit_unsettled_tlog_segments
+                || self.request_at(addr) == request.map(|r| r.as_logged()),
             "publish of the entry at {addr} with another request record than it carries"
         );
         let shard = self.shard(shard_id)?;

@@ -13,7 +13,7 @@
 //! DEL written for a client request may carry the request's [`RequestRecord`]
 //! (client id, sequence number, the client's `first_incomplete`). Such an entry has
 //! the format byte [`FORMAT_REQUEST`] in every block, and block 0's payload starts
-//! with the 24 B record, before the key ([`encode_with_request`]). An entry without a
+//! with the 14 B record, before the key ([`encode_with_request`]). An entry without a
 //! record is byte-for-byte a version 1 entry ([`encode`]), so pools written before
 //! version 2 read unchanged.
 //!
@@ -46,9 +46,13 @@ pub const MTU_BYTES_MAX: usize = 65536;
 pub const FORMAT_V1: u8 = 1;
 /// The `format` byte of an entry that carries a request record (format version 2):
 /// block 0's payload starts with [`REQUEST_RECORD_BYTES`] of record, then the key.
-pub const FORMAT_REQUEST: u8 = 2;
-/// Size of a request record: client `u64`, seq `u64`, first_incomplete `u64`.
-pub const REQUEST_RECORD_BYTES: usize = 24;
+/// (Byte 2 was a pre-release layout with a 24 B record, never released; it is
+/// refused like any unknown format.)
+pub const FORMAT_REQUEST: u8 = 3;
+/// Size of a request record: client `u64`, seq `u40`, floor gap `u8`.
+pub const REQUEST_RECORD_BYTES: usize = 14;
+/// The floor-gap byte meaning "no floor" (`first_incomplete` 0).
+pub const FLOOR_GAP_NONE: u8 = 255;
 /// Bound on the entries an [`Assembler`] holds incomplete at once.
 pub const ASSEMBLER_PENDING_MAX: usize = 4096;
 /// Bound on the payload bytes an [`Assembler`] holds in incomplete entries.
@@ -146,18 +150,26 @@ pub fn record_bytes_of_format(format: u8) -> usize {
     record_bytes(format == FORMAT_REQUEST)
 }
 
-/// The 24 B on-media form of a request record (little-endian client, seq,
-/// first_incomplete).
+/// The 14 B on-media form of a request record, of its logged form
+/// ([`RequestRecord::as_logged`]): client (`u64`), seq (low 40 bits, `u40`), and the
+/// floor's gap below seq (`u8`; [`FLOOR_GAP_NONE`]: no floor), little-endian.
+/// The caller has checked the record ([`RequestRecord::is_valid`]: seq below 2^40).
 pub fn request_bytes(r: &RequestRecord) -> [u8; REQUEST_RECORD_BYTES] {
+    let r = r.as_logged();
     let mut b = [0u8; REQUEST_RECORD_BYTES];
     b[0..8].copy_from_slice(&r.id.client.to_le_bytes());
-    b[8..16].copy_from_slice(&r.id.seq.to_le_bytes());
-    b[16..24].copy_from_slice(&r.first_incomplete.to_le_bytes());
+    b[8..13].copy_from_slice(&r.id.seq.to_le_bytes()[..5]);
+    let gap = r.id.seq - r.first_incomplete;
+    b[13] = if gap <= RequestRecord::FLOOR_GAP_MAX {
+        gap as u8
+    } else {
+        FLOOR_GAP_NONE
+    };
     b
 }
 
-/// Decode and check a request record from the first 24 bytes of `bytes` (block 0's
-/// payload). Malformed (client 0, `first_incomplete > seq`): `BadRequest`; too
+/// Decode and check a request record from the first 14 bytes of `bytes` (block 0's
+/// payload). Malformed: `BadRequest` (client 0), `BadFloorGap` (a floor below 0); too
 /// short: `Truncated`. Never panics.
 pub fn decode_request(bytes: &[u8]) -> Result<RequestRecord, EntryError> {
     let Some(b) = bytes.get(..REQUEST_RECORD_BYTES) else {
@@ -166,17 +178,24 @@ pub fn decode_request(bytes: &[u8]) -> Result<RequestRecord, EntryError> {
             have: bytes.len(),
         });
     };
-    let word = |i: usize| {
-        let mut w = [0u8; 8];
-        w.copy_from_slice(&b[i..i + 8]);
-        u64::from_le_bytes(w)
+    let mut client = [0u8; 8];
+    client.copy_from_slice(&b[0..8]);
+    let client = u64::from_le_bytes(client);
+    let mut seq = [0u8; 8];
+    seq[..5].copy_from_slice(&b[8..13]);
+    let seq = u64::from_le_bytes(seq);
+    let gap = b[13];
+    let first_incomplete = if gap == FLOOR_GAP_NONE {
+        0
+    } else {
+        match seq.checked_sub(gap as u64) {
+            Some(floor) => floor,
+            None => return Err(EntryError::BadFloorGap { seq, gap }),
+        }
     };
     let record = RequestRecord {
-        id: RequestId {
-            client: word(0),
-            seq: word(8),
-        },
-        first_incomplete: word(16),
+        id: RequestId { client, seq },
+        first_incomplete,
     };
     check_request(&record)?;
     Ok(record)
@@ -195,7 +214,7 @@ fn check_request(r: &RequestRecord) -> Result<(), EntryError> {
 }
 
 /// Why bytes are not a valid block or entry, or why an entry cannot be encoded.
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[derive(Clone, Debug, thiserror::Error, PartialEq, Eq)]
 pub enum EntryError {
     /// The first 8 bytes are zero: the log ends here. Not corruption.
     #[error("end of log: zero header")]
@@ -228,6 +247,9 @@ pub enum EntryError {
         seq: u64,
         first_incomplete: u64,
     },
+    /// A request record whose floor gap reaches below seq 0.
+    #[error("bad request record: floor gap {gap} below seq {seq}")]
+    BadFloorGap { seq: u64, gap: u8 },
     /// An [`Assembler`] was full (`ASSEMBLER_PENDING_MAX` entries or
     /// `ASSEMBLER_PENDING_BYTES_MAX` payload bytes) and dropped its `dropped` oldest
     /// incomplete entries to hold a new block. Never returned by
@@ -246,7 +268,7 @@ pub const fn value_bytes_max(mtu_bytes: usize) -> usize {
 }
 
 /// The largest value an entry with a request record may carry at this MTU:
-/// [`value_bytes_max`] less the record's 24 B (the record, key and value share
+/// [`value_bytes_max`] less the record's 14 B (the record, key and value share
 /// `BLOCKS_MAX` blocks).
 pub const fn value_bytes_max_with_request(mtu_bytes: usize) -> usize {
     value_bytes_max(mtu_bytes) - REQUEST_RECORD_BYTES
@@ -341,9 +363,9 @@ pub fn encode(
 }
 
 /// As [`encode`], for a PUT or DEL written for a client request: the entry carries
-/// `request` (format byte [`FORMAT_REQUEST`]; block 0's payload starts with the 24 B
+/// `request` (format byte [`FORMAT_REQUEST`]; block 0's payload starts with the 14 B
 /// record, then the key). Refuses a Commit (`BadLength`), a malformed record
-/// (`BadRequest`: client 0 or `first_incomplete > seq`), and a value above
+/// (`BadRequest`: client 0, seq at or above 2^40, or `first_incomplete > seq`), and a value above
 /// [`value_bytes_max_with_request`]. Its length is [`encoded_len_with_request`].
 #[allow(clippy::too_many_arguments)]
 pub fn encode_with_request(

@@ -1,7 +1,7 @@
 //! Fuzzing of the log-entry decoders (`rowankv_engine::entry`) with proptest: they
 //! take bytes from PM and the network, so they must never panic, and a damaged entry
 //! must never decode to content other than what was written. Entries with and
-//! without a request record (format version 2) are generated; an entry without one
+//! without a request record (format version 2, format byte 3) are generated; an entry without one
 //! is byte-identical to a format version 1 entry, and a malformed record is refused
 //! with a typed error.
 
@@ -100,10 +100,17 @@ fn v1_reference_encode(spec: &Spec) -> Vec<u8> {
 }
 
 fn request_strategy() -> impl Strategy<Value = RequestRecord> {
-    (1u64.., any::<u64>(), any::<u64>()).prop_map(|(client, seq, back)| RequestRecord {
-        id: RequestId { client, seq },
-        first_incomplete: seq - back % (seq.saturating_add(1)).max(1),
-    })
+    // Floors near their seq (stored exactly, across the 254 boundary) and anywhere
+    // below it (stored as no floor).
+    (1u64.., 0..RequestId::SEQ_LIMIT, any::<u64>(), any::<bool>()).prop_map(
+        |(client, seq, back, near)| {
+            let back = if near { back % 300 } else { back };
+            RequestRecord {
+                id: RequestId { client, seq },
+                first_incomplete: seq - back % (seq + 1),
+            }
+        },
+    )
 }
 
 fn mtu_strategy() -> impl Strategy<Value = usize> {
@@ -177,8 +184,9 @@ fn blocks(bytes: &[u8]) -> Vec<(BlockHeader, Vec<u8>)> {
 fn checksummed_block(fields: &[u8; HEADER_BYTES], payload: &[u8], pad: usize) -> Vec<u8> {
     let mut b = fields.to_vec();
     b[0] = 1 + b[0] % 3;
-    // Format 1 or 2 (a request record expected at the start of block 0's payload).
-    b[1] = 1 + b[1] % 2;
+    // Format 1, 3 (a request record expected at the start of block 0's payload),
+    // or 2 (the refused pre-release layout).
+    b[1] = 1 + b[1] % 3;
     b[22..24].copy_from_slice(&(payload.len() as u16).to_le_bytes());
     b[4..8].fill(0);
     b.extend_from_slice(payload);
@@ -287,7 +295,7 @@ proptest! {
         prop_assert_eq!(bytes.len() % STRIDE_BYTES, 0);
         let e = parse_entry(&bytes).expect("round trip");
         prop_assert_eq!((e.kind, e.shard, e.version), (spec.kind, spec.shard, spec.version));
-        prop_assert_eq!(e.request, spec.request);
+        prop_assert_eq!(e.request, spec.request.map(|r| r.as_logged()));
         prop_assert_eq!(e.key, &spec.key[..]);
         prop_assert_eq!(&e.value[..], &spec.value[..]);
         prop_assert_eq!(e.encoded_len, bytes.len());
@@ -330,7 +338,7 @@ proptest! {
         }
         let done = done.expect("complete");
         prop_assert_eq!((done.kind, done.shard, done.version), (spec.kind, spec.shard, spec.version));
-        prop_assert_eq!(done.request, spec.request);
+        prop_assert_eq!(done.request, spec.request.map(|r| r.as_logged()));
         prop_assert_eq!(done.encoded_len(spec.mtu_bytes), bytes.len());
         prop_assert_eq!(&done.key, &spec.key);
         prop_assert_eq!(&done.value, &spec.value);
@@ -353,7 +361,7 @@ proptest! {
         }
         if let Ok(e) = parse_entry(&bytes) {
             prop_assert_eq!((e.kind, e.shard, e.version), (spec.kind, spec.shard, spec.version));
-            prop_assert_eq!(e.request, spec.request);
+            prop_assert_eq!(e.request, spec.request.map(|r| r.as_logged()));
             prop_assert_eq!(e.key, &spec.key[..]);
             prop_assert_eq!(&e.value[..], &spec.value[..]);
             prop_assert_eq!(e.encoded_len, original.len());
@@ -450,8 +458,8 @@ proptest! {
         above in 1u64..1000,
     ) {
         // A valid entry with a record whose record bytes are then made malformed
-        // (client 0, or first_incomplete above seq) and the block resealed: only
-        // the record check can refuse it.
+        // (client 0, or a floor gap reaching below seq 0) and the block resealed:
+        // only the record check can refuse it.
         let spec = Spec {
             kind: if spec.kind == Kind::Commit { Kind::Put } else { spec.kind },
             request: Some(request),
@@ -459,50 +467,78 @@ proptest! {
         };
         let mut bytes = spec.encode();
         let at = HEADER_BYTES;
-        let (client, first_incomplete) = if client_zero {
-            (0, request.first_incomplete)
+        let logged = request.as_logged();
+        let want = if client_zero {
+            bytes[at..at + 8].fill(0);
+            EntryError::BadRequest {
+                client: 0,
+                seq: logged.id.seq,
+                first_incomplete: logged.first_incomplete,
+            }
         } else {
-            (request.id.client, request.id.seq.saturating_add(above))
+            let seq = above % 200;
+            let gap = (seq + 1 + above % 50) as u8;
+            bytes[at + 8..at + 13].copy_from_slice(&seq.to_le_bytes()[..5]);
+            bytes[at + 13] = gap;
+            EntryError::BadFloorGap { seq, gap }
         };
-        prop_assume!(client == 0 || first_incomplete > request.id.seq);
-        bytes[at..at + 8].copy_from_slice(&client.to_le_bytes());
-        bytes[at + 16..at + 24].copy_from_slice(&first_incomplete.to_le_bytes());
         let (h, _) = blocks(&spec.encode())[0].clone();
         let covered_end = HEADER_BYTES + h.payload_len as usize;
         bytes[4..8].fill(0);
         let crc = crc32c::crc32c(&bytes[..covered_end]);
         bytes[4..8].copy_from_slice(&crc.to_le_bytes());
-        let want = || EntryError::BadRequest { client, seq: request.id.seq, first_incomplete };
-        prop_assert_eq!(parse_block(&bytes).map(|_| ()), Err(want()));
-        prop_assert_eq!(parse_entry(&bytes).map(|_| ()), Err(want()));
-        prop_assert_eq!(read_key(&bytes).map(|_| ()), Err(want()));
+        prop_assert_eq!(parse_block(&bytes).map(|_| ()), Err(want.clone()));
+        prop_assert_eq!(parse_entry(&bytes).map(|_| ()), Err(want.clone()));
+        prop_assert_eq!(read_key(&bytes).map(|_| ()), Err(want.clone()));
         prop_assert_eq!(
             decode_request(&bytes[at..at + REQUEST_RECORD_BYTES]),
-            Err(want())
+            Err(want.clone())
         );
         // The assembler, handed the header and payload directly, refuses it too
         // and holds nothing.
         let payload = &bytes[HEADER_BYTES..covered_end];
         let mut asm = Assembler::new();
-        prop_assert_eq!(asm.add(h, payload), Err(want()));
+        prop_assert_eq!(asm.add(h, payload), Err(want));
         prop_assert_eq!(asm.pending(), 0);
-        // And the encoder will not write such a record.
-        let bad = RequestRecord {
-            id: RequestId { client, seq: request.id.seq },
-            first_incomplete,
-        };
-        let mut out = Vec::new();
-        let refused = encode_with_request(
-            &mut out,
-            spec.kind,
-            spec.shard,
-            spec.version,
-            &spec.key,
-            &spec.value,
-            bad,
-            spec.mtu_bytes,
-        );
-        let is_bad_request = matches!(refused, Err(EntryError::BadRequest { .. }));
-        prop_assert!(is_bad_request, "encoded a malformed record: {:?}", refused);
+        // And the encoder will not write a malformed record: client 0, a floor
+        // above its seq, or a seq a log entry cannot hold.
+        let bad = [
+            RequestRecord { id: RequestId { client: 0, ..request.id }, ..request },
+            RequestRecord { first_incomplete: request.id.seq + above, ..request },
+            RequestRecord {
+                id: RequestId { seq: RequestId::SEQ_LIMIT + above, ..request.id },
+                first_incomplete: 0,
+            },
+        ];
+        for bad in bad {
+            let mut out = Vec::new();
+            let refused = encode_with_request(
+                &mut out,
+                spec.kind,
+                spec.shard,
+                spec.version,
+                &spec.key,
+                &spec.value,
+                bad,
+                spec.mtu_bytes,
+            );
+            let is_bad_request = matches!(refused, Err(EntryError::BadRequest { .. }));
+            prop_assert!(is_bad_request, "encoded a malformed record {:?}: {:?}", bad, refused);
+        }
+    }
+
+    #[test]
+    fn the_pre_release_format_byte_2_is_refused(spec in spec_strategy()) {
+        // Byte 2 was a 24 B-record layout that was never released: a block that
+        // carries it is refused, never misread, even with a valid checksum.
+        let mut bytes = spec.encode();
+        bytes[1] = 2;
+        let (h, _) = blocks(&spec.encode())[0].clone();
+        let covered_end = HEADER_BYTES + h.payload_len as usize;
+        bytes[4..8].fill(0);
+        let crc = crc32c::crc32c(&bytes[..covered_end]);
+        bytes[4..8].copy_from_slice(&crc.to_le_bytes());
+        prop_assert_eq!(parse_block(&bytes).map(|_| ()), Err(EntryError::BadFormat(2)));
+        prop_assert_eq!(parse_entry(&bytes).map(|_| ()), Err(EntryError::BadFormat(2)));
     }
 }

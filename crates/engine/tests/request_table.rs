@@ -67,12 +67,12 @@ fn enc(
 
 /// `bytes` (one encoded entry) with block 0's request record rewritten and the
 /// block's checksum recomputed: a forgery only the record check refuses.
-fn forge_record(bytes: &[u8], client: u64, first_incomplete: u64) -> Vec<u8> {
+fn forge_record(bytes: &[u8], client: u64, gap: u8) -> Vec<u8> {
     let mut b = bytes.to_vec();
     let (h, _) = entry::parse_block(&b).unwrap();
     let at = entry::HEADER_BYTES;
     b[at..at + 8].copy_from_slice(&client.to_le_bytes());
-    b[at + 16..at + 24].copy_from_slice(&first_incomplete.to_le_bytes());
+    b[at + 13] = gap;
     let covered = entry::HEADER_BYTES + h.payload_len as usize;
     b[4..8].fill(0);
     let crc = crc32c::crc32c(&b[..covered]);
@@ -626,7 +626,7 @@ fn malformed_records_are_refused_everywhere() {
     let forged = forge_record(
         &enc(Kind::Put, S0, 2, b"forged", b"x", Some(rec(1, 2, 2)), MTU),
         0,
-        2,
+        0,
     );
     assert_eq!(
         entry::parse_entry(&forged).unwrap_err(),
@@ -636,14 +636,12 @@ fn malformed_records_are_refused_everywhere() {
             first_incomplete: 2
         }
     );
+    // A floor gap of 9 below seq 1: a floor below zero.
     let above = forge_record(&good, 1, 9);
-    assert!(matches!(
-        entry::parse_block(&above),
-        Err(EntryError::BadRequest {
-            first_incomplete: 9,
-            ..
-        })
-    ));
+    assert_eq!(
+        entry::parse_block(&above).map(|_| ()),
+        Err(EntryError::BadFloorGap { seq: 1, gap: 9 })
+    );
     assert!(matches!(
         e.install_entries(0, &[good.clone(), forged.clone()].concat()),
         Err(EngineError::Entry(EntryError::BadRequest { .. }))

@@ -331,9 +331,14 @@ impl<N: Nic> Worker<N> {
             f.body,
             Body::Get { .. } | Body::Put { .. } | Body::Del { .. }
         ) {
-            // On the clock now, not at the step's start: earlier messages of
-            // this step may have taken a while.
-            let now = self.shared.now_ns();
+            // A write is admitted on the clock now, not at the step's start:
+            // earlier messages of this step may have taken a while. A GET is
+            // admitted on the step's time, an early refusal only: it is checked
+            // on the clock again right before its answer (`handle_get`).
+            let now = match f.body {
+                Body::Get { .. } => now_ns,
+                _ => self.shared.now_ns(),
+            };
             if let Some((code, why)) = self.shared.admit(now, self.config.term) {
                 self.reject(peer, h.request_id, code, why);
                 return;

@@ -407,9 +407,10 @@ fn raw_frame(msg_type: u8, env: &Envelope, body: &[u8]) -> Vec<u8> {
     b
 }
 
-/// A Put body built by hand, so that its lengths may break the limits.
+/// A Put body built by hand, so that its lengths may break the limits. It
+/// carries no request record (the record's bytes all zero).
 fn raw_put_body(key: &[u8], value: &[u8]) -> Vec<u8> {
-    let mut b = Vec::new();
+    let mut b = vec![0u8; rowankv_wire::frame::REQUEST_BYTES];
     b.extend_from_slice(&(key.len() as u16).to_le_bytes());
     b.extend_from_slice(&(value.len() as u32).to_le_bytes());
     b.extend_from_slice(key);
@@ -527,7 +528,8 @@ fn malformed_and_truncated_frames_get_a_malformed_error() {
     ));
     // Body length agrees with the frame, but the value length points past the end.
     let mut body = raw_put_body(b"victim", b"short");
-    body[2..6].copy_from_slice(&1000u32.to_le_bytes());
+    let at = rowankv_wire::frame::REQUEST_BYTES + 2;
+    body[at..at + 4].copy_from_slice(&1000u32.to_le_bytes());
     let env = p.envelope();
     cases.push((
         "a value length past the body",

@@ -340,7 +340,7 @@ impl World {
             next_client_id: 0,
             retired: Vec::new(),
             stalls_only: sim.stalls_only,
-            value_pad_max: if sim.small_segments() { 1200 } else { 0 },
+            value_pad_max: if sim.small_segments() { 2400 } else { 0 },
         };
         let now = w.clock.now_ns();
         for s in &w.parts.servers {

@@ -90,7 +90,9 @@ impl Version {
 ///   ([`RequestId::is_valid`]).
 /// - `seq` is the client's sequence number of the request: a new request takes a
 ///   new (larger) number; a retry of a request reuses its id unchanged, through
-///   any connection and to any server.
+///   any connection and to any server. **`seq` is below [`RequestId::SEQ_LIMIT`]**
+///   (2^40, the log entry stores 40 bits): a client that reaches it starts a new
+///   incarnation (a new `client`) — at a million requests a second, after 12 days.
 ///
 /// Travels with a [`RequestRecord`], which adds the client's acknowledgement
 /// floor (`first_incomplete`).
@@ -104,9 +106,13 @@ impl RequestId {
     /// The reserved client number: "no request id".
     pub const NO_CLIENT: u64 = 0;
 
-    /// Whether this id names a client (`client != 0`).
+    /// Every `seq` is below this: a log entry stores 40 bits of it.
+    pub const SEQ_LIMIT: u64 = 1 << 40;
+
+    /// Whether this id names a client (`client != 0`) with a `seq` below
+    /// [`RequestId::SEQ_LIMIT`].
     pub fn is_valid(&self) -> bool {
-        self.client != Self::NO_CLIENT
+        self.client != Self::NO_CLIENT && self.seq < Self::SEQ_LIMIT
     }
 }
 
@@ -134,6 +140,13 @@ impl fmt::Display for RequestId {
 /// never execute it again. Valid records have `first_incomplete <= id.seq` (this
 /// request is itself incomplete when it is sent) and a valid `id`
 /// ([`RequestRecord::is_valid`]). A client sends a non-decreasing `first_incomplete`.
+///
+/// A log entry stores the floor as its distance below `seq` in one byte
+/// ([`RequestRecord::FLOOR_GAP_MAX`]); a floor further below is stored as "no
+/// floor" (`first_incomplete` 0). Lowering a floor is always safe: the server
+/// forgets fewer outcomes (each client's are bounded by the request table's
+/// window anyway). [`RequestRecord::as_logged`] is the record as every replica
+/// reads it back; the client sends, and the primary records, that form.
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct RequestRecord {
     pub id: RequestId,
@@ -141,9 +154,27 @@ pub struct RequestRecord {
 }
 
 impl RequestRecord {
-    /// `client 0` is invalid, and so is `first_incomplete > id.seq`.
+    /// The largest `seq − first_incomplete` a log entry stores; a larger one is
+    /// stored as no floor.
+    pub const FLOOR_GAP_MAX: u64 = 254;
+
+    /// An invalid id (client 0, `seq` at or above the limit) is invalid, and so is
+    /// `first_incomplete > id.seq`.
     pub fn is_valid(&self) -> bool {
         self.id.is_valid() && self.first_incomplete <= self.id.seq
+    }
+
+    /// The record as a log entry stores it: the same, with the floor lowered to 0
+    /// when it lies more than [`RequestRecord::FLOOR_GAP_MAX`] below `seq`.
+    pub fn as_logged(&self) -> RequestRecord {
+        if self.id.seq - self.first_incomplete.min(self.id.seq) > Self::FLOOR_GAP_MAX {
+            RequestRecord {
+                first_incomplete: 0,
+                ..*self
+            }
+        } else {
+            *self
+        }
     }
 }
 
@@ -231,6 +262,16 @@ mod tests {
         assert!(id.is_valid());
         assert_eq!(format!("{id}"), "c9#5");
         assert!(!RequestId { client: 0, seq: 5 }.is_valid());
+        assert!(RequestId {
+            client: 9,
+            seq: RequestId::SEQ_LIMIT - 1
+        }
+        .is_valid());
+        assert!(!RequestId {
+            client: 9,
+            seq: RequestId::SEQ_LIMIT
+        }
+        .is_valid());
         let ok = RequestRecord {
             id,
             first_incomplete: 5,
@@ -246,5 +287,23 @@ mod tests {
             first_incomplete: 0,
         }
         .is_valid());
+    }
+
+    #[test]
+    fn a_floor_too_far_below_its_seq_is_logged_as_no_floor() {
+        let near = RequestRecord {
+            id: RequestId {
+                client: 9,
+                seq: 1000,
+            },
+            first_incomplete: 1000 - RequestRecord::FLOOR_GAP_MAX,
+        };
+        assert_eq!(near.as_logged(), near);
+        let far = RequestRecord {
+            first_incomplete: near.first_incomplete - 1,
+            ..near
+        };
+        assert_eq!(far.as_logged().first_incomplete, 0);
+        assert_eq!(far.as_logged().id, far.id);
     }
 }

@@ -50,8 +50,8 @@
 //!
 //! A write's `request` is the client's request record (exactly-once retries,
 //! RIFL-style): `client u64, seq u64, first_incomplete u64`. All zeros: none (the
-//! write is executed each time it arrives). Otherwise `client` is not 0 and
-//! `first_incomplete ≤ seq`; the server stores the record in the write's log entry
+//! write is executed each time it arrives). Otherwise `client` is not 0,
+//! `seq < 2^40` (what a log entry stores) and `first_incomplete ≤ seq`; the server stores the record in the write's log entry
 //! and answers a request it already executed with that execution's outcome.
 //!
 //! # Invariants
@@ -480,7 +480,7 @@ pub enum FrameError {
     KeyTooLarge { len: usize },
     #[error("bad field length: {0}")]
     FieldLength(String),
-    #[error("bad request record: client {client}, seq {seq}, first_incomplete {first_incomplete} (client 0 only with all zeros; first_incomplete at most seq)")]
+    #[error("bad request record: client {client}, seq {seq}, first_incomplete {first_incomplete} (client 0 only with all zeros; seq below 2^40; first_incomplete at most seq)")]
     BadRequest {
         client: u64,
         seq: u64,

@@ -100,9 +100,9 @@ fn samples(entries: &[u8]) -> Vec<Body<'_>> {
             request: Some(RequestRecord {
                 id: RequestId {
                     client: u64::MAX,
-                    seq: u64::MAX,
+                    seq: RequestId::SEQ_LIMIT - 1,
                 },
-                first_incomplete: u64::MAX,
+                first_incomplete: RequestId::SEQ_LIMIT - 1,
             }),
         },
         Body::Replicate { entries },
@@ -938,8 +938,8 @@ fn failover_bodies_refuse_bad_lengths_and_flags() {
     assert_eq!(ErrorCode::from_u8(11), Some(ErrorCode::NotMember));
 }
 
-/// A request record must be all zeros (none) or name a client, with
-/// `first_incomplete` at most `seq`; anything else is refused by the decoder and
+/// A request record must be all zeros (none) or name a client, with a `seq` below
+/// 2^40 (what a log entry holds) and `first_incomplete` at most `seq`; anything else is refused by the decoder and
 /// by the encoder, with the fields it found.
 #[test]
 fn a_malformed_request_record_is_refused() {
@@ -955,7 +955,15 @@ fn a_malformed_request_record_is_refused() {
     encode(&mut out, &env(), &good, MAX).unwrap();
     // The record sits right after the header: client, seq, first_incomplete.
     let at = rowankv_wire::frame::HEADER_BYTES;
-    for (client, seq, first) in [(0u64, 5u64, 0u64), (0, 0, 1), (9, 5, 6), (9, 0, 1)] {
+    let limit = RequestId::SEQ_LIMIT;
+    for (client, seq, first) in [
+        (0u64, 5u64, 0u64),
+        (0, 0, 1),
+        (9, 5, 6),
+        (9, 0, 1),
+        (9, limit, 0),
+        (9, u64::MAX, 5),
+    ] {
         let mut bad = out.clone();
         bad[at..at + 8].copy_from_slice(&client.to_le_bytes());
         bad[at + 8..at + 16].copy_from_slice(&seq.to_le_bytes());

@@ -294,7 +294,12 @@ impl<N: Nic> RwriteReplicator<N> {
 
     /// Fail what waits for `backup`'s log (handed over before `cutoff_ns`, or
     /// all), with `why`.
-    fn fail_waiting(&mut self, backup: NodeId, cutoff_ns: Option<u64>, why: &str) -> bool {
+    fn fail_waiting(
+        &mut self,
+        backup: NodeId,
+        cutoff_ns: Option<u64>,
+        why: impl Fn() -> String,
+    ) -> bool {
         let Some(log) = self.logs.get_mut(&backup) else {
             return false;
         };
@@ -305,8 +310,7 @@ impl<N: Nic> RwriteReplicator<N> {
             .is_some_and(|w| cutoff_ns.is_none_or(|c| w.since_ns <= c))
         {
             let w = log.waiting.pop_front().expect("checked");
-            w.tokens
-                .for_each(|t| self.failed.push((t, why.to_string())));
+            w.tokens.for_each(|t| self.failed.push((t, why())));
             did = true;
         }
         did
@@ -398,8 +402,9 @@ impl<N: Nic> Replicator<N> for RwriteReplicator<N> {
             Answer::Granted => self.drain_waiting(backup),
             Answer::Refused(why) => {
                 tracing::debug!(%backup, why, "segment request refused");
-                let why = format!("{backup} refused a segment: {why}");
-                self.fail_waiting(backup, None, &why);
+                self.fail_waiting(backup, None, || {
+                    format!("{backup} refused a segment: {why}")
+                });
             }
             Answer::Late => {}
             Answer::Unknown => {
@@ -441,11 +446,10 @@ impl<N: Nic> Replicator<N> for RwriteReplicator<N> {
                 }
             }
             if let Some(cutoff) = cutoff {
-                let why = format!(
-                    "no segment from {backup} within {} ms",
-                    self.timeout_ns / 1_000_000
-                );
-                did |= self.fail_waiting(backup, Some(cutoff), &why);
+                let ms = self.timeout_ns / 1_000_000;
+                did |= self.fail_waiting(backup, Some(cutoff), || {
+                    format!("no segment from {backup} within {ms} ms")
+                });
             }
             did |= self.request_grant(cx, backup);
         }

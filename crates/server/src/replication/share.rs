@@ -174,13 +174,18 @@ impl<N: Nic> ShareReplicator<N> {
 
     /// Fail what waits for `backup` (handed over at or before `cutoff_ns`, or
     /// all) with `why`.
-    fn fail_waiting(&mut self, backup: NodeId, cutoff_ns: Option<u64>, why: &str) -> bool {
+    fn fail_waiting(
+        &mut self,
+        backup: NodeId,
+        cutoff_ns: Option<u64>,
+        why: impl Fn() -> String,
+    ) -> bool {
         let before = self.waiting.len();
         let failed = &mut self.failed;
         self.waiting.retain(|w| {
             let fail = w.backup == backup && cutoff_ns.is_none_or(|c| w.since_ns <= c);
             if fail {
-                failed.push((w.token, why.to_string()));
+                failed.push((w.token, why()));
             }
             !fail
         });
@@ -253,8 +258,9 @@ impl<N: Nic> Replicator<N> for ShareReplicator<N> {
             }
             Answer::Refused(why) => {
                 tracing::debug!(%backup, why, "segment request refused");
-                let why = format!("{backup} refused a segment: {why}");
-                self.fail_waiting(backup, None, &why);
+                self.fail_waiting(backup, None, || {
+                    format!("{backup} refused a segment: {why}")
+                });
             }
             Answer::Late => {}
             Answer::Unknown => {
@@ -288,11 +294,10 @@ impl<N: Nic> Replicator<N> for ShareReplicator<N> {
         if let Some(cutoff) = cx.now_ns.checked_sub(self.timeout_ns) {
             for i in 0..self.backups.len() {
                 let backup = self.backups[i];
-                let why = format!(
-                    "no shared-log space at {backup} within {} ms",
-                    self.timeout_ns / 1_000_000
-                );
-                did |= self.fail_waiting(backup, Some(cutoff), &why);
+                let ms = self.timeout_ns / 1_000_000;
+                did |= self.fail_waiting(backup, Some(cutoff), || {
+                    format!("no shared-log space at {backup} within {ms} ms")
+                });
             }
         }
         if self.check.due(cx.now_ns) {
