@@ -36,10 +36,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use rowankv_fabric::Nic;
+use rowankv_rpc::directory::{ConnectError, Directory};
+use rowankv_rpc::endpoint::{Endpoint, EndpointConfig, Event, PeerId, SendError};
 use rowankv_types::{Clock, NodeId, RequestId, RequestRecord, SystemClock, Term};
 use rowankv_wire::config::{Config, ConfigSource};
-use rowankv_wire::directory::{ConnectError, Directory};
-use rowankv_wire::endpoint::{Endpoint, EndpointConfig, Event, PeerId, SendError};
 use rowankv_wire::frame::{self, Body, Envelope, ErrorCode, Response, KEY_BYTES_MAX, KV_BYTES_MAX};
 
 /// Settings of a client.

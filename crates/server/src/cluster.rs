@@ -20,10 +20,10 @@ use rowankv_engine::{register_data_area, BackupLog, Engine, EngineConfig};
 use rowankv_fabric::{CqKind, Fabric, FaultInjector, LoopbackFabric, LoopbackNic, Nic, QueuePair};
 use rowankv_pmem::{MediaModelConfig, MediaStats, Medium, Pool, PoolOptions};
 use rowankv_rowan::RowanSender;
+use rowankv_rpc::directory::Directory;
+use rowankv_rpc::endpoint::{connect_pair, Endpoint, PeerId};
 use rowankv_types::{Clock, NodeId, SegmentId, SystemClock};
 use rowankv_wire::config::{Config, ConfigSource, Member};
-use rowankv_wire::directory::Directory;
-use rowankv_wire::endpoint::{connect_pair, Endpoint, PeerId};
 
 use crate::background::{CleanTask, DigestTask};
 use crate::cm_role::CmTask;

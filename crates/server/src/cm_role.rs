@@ -46,9 +46,9 @@ use std::sync::Arc;
 
 use rowankv_cm::{plan_failover, plan_ready, ActiveLease, ConfigManager};
 use rowankv_fabric::Nic;
+use rowankv_rpc::directory::{Acceptor, Directory};
+use rowankv_rpc::endpoint::{Endpoint, Event, PeerId, SendError};
 use rowankv_types::{Clock, NodeId, ShardId, Term};
-use rowankv_wire::directory::{Acceptor, Directory};
-use rowankv_wire::endpoint::{Endpoint, Event, PeerId, SendError};
 use rowankv_wire::frame::{self, Body, Envelope, ErrorCode, Response};
 
 use crate::control::{forget_peer, Links, CONTROL_PORT};

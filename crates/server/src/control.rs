@@ -36,10 +36,10 @@ use std::sync::Arc;
 use crossbeam::channel::Receiver;
 use rowankv_engine::entry;
 use rowankv_fabric::{Nic, QpAddr};
+use rowankv_rpc::directory::{Acceptor, Directory};
+use rowankv_rpc::endpoint::{Endpoint, Event, PeerId};
 use rowankv_types::{NodeId, ShardId, Term};
 use rowankv_wire::config::Config;
-use rowankv_wire::directory::{Acceptor, Directory};
-use rowankv_wire::endpoint::{Endpoint, Event, PeerId};
 use rowankv_wire::frame::{self, Body, Envelope, ErrorCode, Response, HEADER_BYTES};
 
 use crate::events::EventKind;

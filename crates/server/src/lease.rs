@@ -17,9 +17,9 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use rowankv_fabric::Nic;
+use rowankv_rpc::directory::Directory;
+use rowankv_rpc::endpoint::{Endpoint, Event, PeerId};
 use rowankv_types::{NodeId, Term};
-use rowankv_wire::directory::Directory;
-use rowankv_wire::endpoint::{Endpoint, Event, PeerId};
 use rowankv_wire::frame::{self, Body, Envelope, ErrorCode, Response};
 
 use crate::control::{expire_pending, forget_peer, Links, CM_PORT};

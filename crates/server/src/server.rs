@@ -32,8 +32,8 @@ use rowankv_types::{Clock, NodeId, RequestId, ShardId, Term};
 
 /// Stripes of the set of requests in flight (one lock each).
 const REQUEST_STRIPES: usize = 64;
+use rowankv_rpc::endpoint::EndpointConfig;
 use rowankv_wire::config::{Config, ConfigSource};
-use rowankv_wire::endpoint::EndpointConfig;
 use rowankv_wire::frame::{self, HEADER_BYTES};
 
 use crate::replication::{BatchConfig, Strategy};

@@ -31,10 +31,10 @@ use std::sync::Arc;
 use rowankv_engine::entry::{self, Kind};
 use rowankv_engine::{EngineError, RequestOutcome};
 use rowankv_fabric::Nic;
+use rowankv_rpc::directory::Acceptor;
+use rowankv_rpc::endpoint::{Endpoint, Event, PeerId};
 use rowankv_types::{NodeId, RequestRecord, SegmentId, ShardId, Version};
 use rowankv_wire::config::Config;
-use rowankv_wire::directory::Acceptor;
-use rowankv_wire::endpoint::{Endpoint, Event, PeerId};
 use rowankv_wire::frame::{self, Body, Envelope, ErrorCode, Response};
 
 use crate::replication::{Outcomes, ReplCtx, Replicator, Strategy, SHARED_LOG_ID};

@@ -26,11 +26,11 @@ use std::time::{Duration, Instant};
 use rowankv_client::{Client, ClientConfig, ClientError, Completed, Op, Output};
 use rowankv_engine::entry::{self, Kind};
 use rowankv_fabric::{FaultInjector, LoopbackNic};
+use rowankv_rpc::endpoint::{Endpoint, EndpointConfig, Event, PeerId};
 use rowankv_server::control::CONTROL_PORT;
 use rowankv_server::{Cluster, ClusterConfig, ServerSettings, ServerShared, ServerStats, Strategy};
 use rowankv_types::{NodeId, ShardId, Term, Version};
 use rowankv_wire::config::{Config, ConfigError, ConfigSource};
-use rowankv_wire::endpoint::{Endpoint, EndpointConfig, Event, PeerId};
 use rowankv_wire::frame::{
     self, Body, Envelope, ErrorCode, MsgType, Response, FRAME_BYTES_MAX_DEFAULT, HEADER_BYTES,
     KEY_BYTES_MAX, KV_BYTES_MAX, MAGIC, WIRE_VERSION,

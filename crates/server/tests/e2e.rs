@@ -30,10 +30,10 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use rowankv_client::{Client, ClientConfig, ClientError, Completed, Op, OpId, Output};
 use rowankv_fabric::LoopbackNic;
+use rowankv_rpc::directory::Directory;
 use rowankv_server::{Cluster, ClusterConfig, ServerSettings, Strategy};
 use rowankv_types::{ShardId, Version};
 use rowankv_wire::config::Config;
-use rowankv_wire::directory::Directory;
 use rowankv_wire::frame::KV_BYTES_MAX;
 
 const SERVERS: usize = 3;

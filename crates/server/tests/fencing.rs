@@ -21,6 +21,7 @@ use std::time::{Duration, Instant};
 use rowankv_client::{Client, ClientConfig, Completed, Op, Output};
 use rowankv_cm::{plan_failover, ConfigManager, CM_LEASE_KEY};
 use rowankv_fabric::{Fabric, FaultInjector, LoopbackNic};
+use rowankv_rpc::endpoint::{connect_pair, Endpoint, EndpointConfig, Event, PeerId};
 use rowankv_server::cm_role::CmTask;
 use rowankv_server::control::{CM_PORT, CONTROL_PORT};
 use rowankv_server::{
@@ -28,7 +29,6 @@ use rowankv_server::{
 };
 use rowankv_types::{NodeId, Term, Version};
 use rowankv_wire::config::Config;
-use rowankv_wire::endpoint::{connect_pair, Endpoint, EndpointConfig, Event, PeerId};
 use rowankv_wire::frame::{self, Body, Envelope, ErrorCode, Response, FRAME_BYTES_MAX_DEFAULT};
 
 const SERVERS: usize = 3;

@@ -25,8 +25,8 @@ use std::fmt;
 use std::str::FromStr;
 
 use rowankv_fabric::{Completion, Nic};
+use rowankv_rpc::endpoint::{Endpoint, PeerId};
 use rowankv_types::NodeId;
-use rowankv_wire::endpoint::{Endpoint, PeerId};
 use rowankv_wire::frame::{Envelope, Response};
 
 pub(crate) use rowan::RowanReplicator;
@@ -36,7 +36,7 @@ pub(crate) use rwrite::{RemoteLogTarget, RwriteReplicator};
 pub(crate) use share::{ShareReplicator, SharedLog};
 
 /// The `wr_id` tag of replication work requests.
-pub(crate) const WR_TAG_REPL: u64 = rowankv_wire::endpoint::WR_TAG_OWNER_MIN;
+pub(crate) const WR_TAG_REPL: u64 = rowankv_rpc::endpoint::WR_TAG_OWNER_MIN;
 
 /// The log id a `share` sender names in its segment requests.
 pub const SHARED_LOG_ID: u32 = u32::MAX;

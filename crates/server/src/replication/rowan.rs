@@ -5,8 +5,8 @@ use std::collections::HashMap;
 
 use rowankv_fabric::{Completion, Nic, QpState, QueuePair, WcStatus};
 use rowankv_rowan::RowanSender;
+use rowankv_rpc::endpoint::{wr_id, PeerId, WR_TAG_SHIFT};
 use rowankv_types::NodeId;
-use rowankv_wire::endpoint::{wr_id, PeerId, WR_TAG_SHIFT};
 use rowankv_wire::frame::Response;
 
 use super::{Outcomes, ReplCtx, Replicator, WR_TAG_REPL};

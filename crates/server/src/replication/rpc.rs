@@ -14,8 +14,8 @@
 use std::collections::{BTreeMap, HashMap, VecDeque};
 
 use rowankv_fabric::{Completion, Nic};
+use rowankv_rpc::endpoint::{PeerId, SendError};
 use rowankv_types::NodeId;
-use rowankv_wire::endpoint::{PeerId, SendError};
 use rowankv_wire::frame::{Body, Envelope, Response};
 
 use super::{Outcomes, ReplCtx, Replicator};

@@ -20,8 +20,8 @@ use std::collections::{HashMap, VecDeque};
 use rowankv_fabric::{
     Completion, Nic, Op, QpState, QueuePair, RemoteRegion, WcStatus, WorkRequest,
 };
+use rowankv_rpc::endpoint::{wr_id, PeerId, WR_TAG_SHIFT};
 use rowankv_types::NodeId;
-use rowankv_wire::endpoint::{wr_id, PeerId, WR_TAG_SHIFT};
 use rowankv_wire::frame::Response;
 
 use super::segments::{refusal_pause_ns, Answer, Reserve, SegmentChain, SentGrants};

@@ -32,8 +32,8 @@
 use std::collections::{HashMap, VecDeque};
 
 use rowankv_fabric::Nic;
+use rowankv_rpc::endpoint::{PeerId, SendError};
 use rowankv_types::NodeId;
-use rowankv_wire::endpoint::{PeerId, SendError};
 use rowankv_wire::frame::{Body, Envelope, Response};
 
 use super::ReplCtx;

@@ -16,8 +16,8 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 use rowankv_fabric::{Completion, Nic, Op, QueuePair, WcStatus, WorkRequest};
+use rowankv_rpc::endpoint::{wr_id, PeerId, WR_TAG_SHIFT};
 use rowankv_types::NodeId;
-use rowankv_wire::endpoint::{wr_id, PeerId, WR_TAG_SHIFT};
 use rowankv_wire::frame::Response;
 
 use super::segments::{refusal_pause_ns, Answer, Reserve, SegmentChain, SentGrants};

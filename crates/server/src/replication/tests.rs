@@ -10,8 +10,8 @@ use rowankv_fabric::{
     Access, CqKind, DramMemory, Fabric, FaultInjector, LoopbackFabric, LoopbackNic, Nic, QueuePair,
     RegionMemory,
 };
+use rowankv_rpc::endpoint::{connect_pair, Endpoint, EndpointConfig, Event, PeerId};
 use rowankv_types::{ManualClock, NodeId, Term};
-use rowankv_wire::endpoint::{connect_pair, Endpoint, EndpointConfig, Event, PeerId};
 use rowankv_wire::frame::{self, Body, Envelope, ErrorCode, Response};
 
 use super::{

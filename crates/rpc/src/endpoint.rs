@@ -28,7 +28,7 @@ use rowankv_fabric::{
 };
 use rowankv_types::QpNum;
 
-use crate::frame::{self, Body, Envelope, FrameError};
+use rowankv_wire::frame::{self, Body, Envelope, FrameError};
 
 /// `wr_id`s carry their owner in the top byte.
 pub const WR_TAG_SHIFT: u32 = 56;
