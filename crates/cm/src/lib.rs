@@ -33,7 +33,8 @@ pub mod plan;
 pub mod store;
 
 pub use manager::{
-    ActiveLease, CmError, ConfigManager, StoreSource, CM_LEASE_KEY, COMMITTED_KEY, CONFIG_KEY,
+    ActiveLease, CmError, ConfigManager, NodeRecord, StoreSource, ALLOCATED_NODE_BASE,
+    CM_LEASE_KEY, COMMITTED_KEY, CONFIG_KEY, NEXT_NODE_KEY, NODE_RECORD_PREFIX,
 };
 pub use plan::{plan_failover, plan_ready};
 pub use store::{CoordStore, EmbeddedStore, Guard, LeaseId, Revision, StoreError};

@@ -17,7 +17,7 @@
 use std::sync::Arc;
 
 use parking_lot::Mutex;
-use rowankv_types::Term;
+use rowankv_types::{NodeId, Term};
 use rowankv_wire::config::{Config, ConfigError, ConfigSource};
 
 use crate::store::{CoordStore, Guard, LeaseId, Revision, StoreError};
@@ -33,10 +33,34 @@ pub const CM_LEASE_KEY: &str = "/rowankv/cm/active";
 /// be stored and not yet committed.
 pub const COMMITTED_KEY: &str = "/rowankv/committed";
 
+/// The next node identity the CM hands out ([`ConfigManager::allocate_node`]), as
+/// a decimal number.
+pub const NEXT_NODE_KEY: &str = "/rowankv/nodes/next";
+/// Prefix of the record of every identity handed out: `/rowankv/nodes/id/<n>`
+/// holds what asked for it ([`NodeRecord`], JSON).
+pub const NODE_RECORD_PREFIX: &str = "/rowankv/nodes/id/";
+/// The first identity the CM hands out. Below it: the members of a cluster
+/// bootstrapped with fixed identities, and the in-process conventions (CMs from
+/// 900, clients from 1000).
+pub const ALLOCATED_NODE_BASE: u32 = 10_000;
+
+/// What a node identity was handed out for ([`ConfigManager::allocate_node`]).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct NodeRecord {
+    /// `server` or `client`.
+    pub kind: String,
+    /// Where the node said it can be reached (`host:port`; empty for a client
+    /// that accepts no connections).
+    pub address: String,
+}
+
 /// How many times `bootstrap` and `acquire_active` re-read after losing a race to
 /// another manager before giving up: one re-read always settles a race in which
 /// nobody deletes the key in between.
 const RACE_ATTEMPTS_MAX: usize = 3;
+/// How many times `allocate_node` re-reads after another CM handed out an
+/// identity first (each retry means another allocation succeeded).
+const ALLOCATE_ATTEMPTS_MAX: usize = 64;
 
 #[derive(Debug, thiserror::Error)]
 pub enum CmError {
@@ -150,6 +174,73 @@ impl ConfigManager {
         let (bytes, revision) = store.get(CONFIG_KEY)?.ok_or(CmError::NoConfig)?;
         let config = decode_stored(&bytes)?;
         Ok(ConfigManager::with(store, config, revision))
+    }
+
+    /// Hand out a node identity that no node of this cluster has had: not a
+    /// member of the stored configuration, never handed out before, whichever CM
+    /// hands it out (a compare-and-put on [`NEXT_NODE_KEY`]; two CMs racing get
+    /// different identities). The identity's [`NodeRecord`] is kept under
+    /// [`NODE_RECORD_PREFIX`]. A node keeps its identity for life (a server
+    /// stores it with its pool and rejoins under it after a restart); it asks
+    /// again only when it starts on a new, empty pool.
+    pub fn allocate_node(&self, record: &NodeRecord) -> Result<NodeId, CmError> {
+        if !matches!(record.kind.as_str(), "server" | "client") {
+            return Err(CmError::Invalid(format!(
+                "a node is a server or a client, not {:?}",
+                record.kind
+            )));
+        }
+        let members_above = self
+            .current()
+            .members
+            .iter()
+            .map(|m| m.node.0.saturating_add(1))
+            .max()
+            .unwrap_or(0);
+        for _ in 0..ALLOCATE_ATTEMPTS_MAX {
+            let (stored, revision) = match self.store.get(NEXT_NODE_KEY)? {
+                Some((bytes, revision)) => {
+                    let text = std::str::from_utf8(&bytes).unwrap_or("");
+                    let next: u32 = text.parse().map_err(|_| {
+                        CmError::Invalid(format!("{NEXT_NODE_KEY} holds {text:?}, not a number"))
+                    })?;
+                    (next, revision)
+                }
+                None => (0, 0),
+            };
+            let id = stored.max(members_above).max(ALLOCATED_NODE_BASE);
+            let Some(next) = id.checked_add(1) else {
+                return Err(CmError::Invalid("every node identity is used".into()));
+            };
+            match self
+                .store
+                .put_if(NEXT_NODE_KEY, next.to_string().as_bytes(), revision, None)
+            {
+                Ok(_) => {
+                    let key = format!("{NODE_RECORD_PREFIX}{id}");
+                    let json = serde_json::to_vec(record).expect("a record serializes");
+                    self.store.put_if(&key, &json, 0, None)?;
+                    return Ok(NodeId(id));
+                }
+                // Another CM handed one out meanwhile: read again.
+                Err(StoreError::Conflict { .. }) => continue,
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Err(CmError::Conflict(format!(
+            "{NEXT_NODE_KEY} kept changing while allocating a node identity"
+        )))
+    }
+
+    /// The record of node identity `node` handed out by [`ConfigManager::allocate_node`].
+    pub fn node_record(&self, node: NodeId) -> Result<Option<NodeRecord>, CmError> {
+        let key = format!("{NODE_RECORD_PREFIX}{}", node.0);
+        match self.store.get(&key)? {
+            None => Ok(None),
+            Some((bytes, _)) => serde_json::from_slice(&bytes)
+                .map(Some)
+                .map_err(|e| CmError::Invalid(format!("{key}: {e}"))),
+        }
     }
 
     /// The cached configuration.

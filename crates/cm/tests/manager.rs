@@ -410,3 +410,71 @@ fn the_active_key_survives_a_restart_of_the_embedded_store() {
     clock.advance_ns(1);
     b.acquire_active("cm-b", TTL_NS).unwrap();
 }
+
+#[test]
+fn node_identities_are_handed_out_once_above_every_member_and_survive_a_new_manager() {
+    let store = memory_store(ManualClock::new());
+    let a = ConfigManager::bootstrap(store.clone(), initial(CLUSTER_ID)).unwrap();
+    let b = ConfigManager::open(store.clone()).unwrap();
+    let server = rowankv_cm::NodeRecord {
+        kind: "server".into(),
+        address: "10.0.0.7:7000".into(),
+    };
+    let client = rowankv_cm::NodeRecord {
+        kind: "client".into(),
+        address: String::new(),
+    };
+    // Two managers on one store, interleaved: every identity is new.
+    let mut seen = std::collections::BTreeSet::new();
+    for i in 0..20 {
+        let (m, r) = if i % 2 == 0 {
+            (&a, &server)
+        } else {
+            (&b, &client)
+        };
+        let id = m.allocate_node(r).unwrap();
+        assert!(
+            id.0 >= rowankv_cm::ALLOCATED_NODE_BASE,
+            "{id} is in the reserved range"
+        );
+        assert!(a.current().member(id).is_none(), "{id} is a member already");
+        assert!(seen.insert(id), "{id} handed out twice");
+        assert_eq!(a.node_record(id).unwrap().as_ref(), Some(r));
+    }
+    assert_eq!(seen.len(), 20);
+    // A manager opened later (a CM restarted or taking over) continues after them.
+    let c = ConfigManager::open(store.clone()).unwrap();
+    let next = c.allocate_node(&server).unwrap();
+    assert!(next > *seen.iter().next_back().unwrap());
+    // An identity never handed out has no record; a bad kind is refused, and
+    // hands nothing out.
+    assert_eq!(c.node_record(NodeId(5)).unwrap(), None);
+    let bad = rowankv_cm::NodeRecord {
+        kind: "cm".into(),
+        address: String::new(),
+    };
+    assert!(matches!(c.allocate_node(&bad), Err(CmError::Invalid(_))));
+    assert_eq!(
+        c.allocate_node(&server).unwrap().0,
+        next.0 + 1,
+        "the refused request used no identity"
+    );
+}
+
+#[test]
+fn a_corrupt_node_counter_is_an_error_not_a_reused_identity() {
+    let store = memory_store(ManualClock::new());
+    let m = ConfigManager::bootstrap(store.clone(), initial(CLUSTER_ID)).unwrap();
+    store
+        .put_if(rowankv_cm::NEXT_NODE_KEY, b"twelve", 0, None)
+        .unwrap();
+    let r = rowankv_cm::NodeRecord {
+        kind: "server".into(),
+        address: "h:1".into(),
+    };
+    let e = m.allocate_node(&r).unwrap_err();
+    assert!(
+        e.to_string().contains("not a number"),
+        "unexpected error: {e}"
+    );
+}
