@@ -27,6 +27,7 @@ pub mod buggify;
 pub mod cluster;
 pub mod cm_role;
 pub mod control;
+pub mod deploy;
 pub mod events;
 pub mod lease;
 pub mod replication;

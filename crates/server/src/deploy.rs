@@ -1,0 +1,461 @@
+//! The configuration files of a deployed RowanKV: what `rowankv server --config FILE`
+//! and `rowankv cm --config FILE` read (TOML; reference in `docs/deployment.md`,
+//! examples in `config/`).
+//!
+//! A file is parsed strictly: an unknown key, a missing one, a value of the wrong
+//! type or out of its range is an error naming the key, so a typo never silently
+//! falls back to a default. Sizes are integers of bytes or strings with a binary
+//! unit (`"512MiB"`, `"8GiB"`). Addresses are `host:port`. The shared secret that
+//! peers prove to each other when they connect is read from a file
+//! (`secret_file`, at least [`SECRET_BYTES_MIN`] bytes, trailing whitespace
+//! ignored) so that it appears in no command line and no configuration dump.
+
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::path::{Path, PathBuf};
+
+use rowankv_pmem::Medium;
+use serde::Deserialize;
+
+use crate::replication::Strategy;
+
+/// Shortest shared secret accepted.
+pub const SECRET_BYTES_MIN: usize = 16;
+/// Largest number of workers of one server (a worker's id is a byte in places).
+pub const WORKERS_MAX: u16 = 255;
+
+/// Why a configuration file cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum DeployConfigError {
+    #[error("reading {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{path}: {message}")]
+    Parse { path: PathBuf, message: String },
+    #[error("{path}: {key}: {message}")]
+    Invalid {
+        path: PathBuf,
+        key: &'static str,
+        message: String,
+    },
+}
+
+/// A size in bytes: an integer, or a string with a unit (B, KiB, MiB, GiB, TiB).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Bytes(pub u64);
+
+impl<'de> Deserialize<'de> for Bytes {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            Int(u64),
+            Text(String),
+        }
+        match Raw::deserialize(d)? {
+            Raw::Int(n) => Ok(Bytes(n)),
+            Raw::Text(t) => parse_bytes(&t).map(Bytes).map_err(serde::de::Error::custom),
+        }
+    }
+}
+
+/// `"512MiB"` → 536870912. Units are binary; a bare number is bytes.
+pub fn parse_bytes(text: &str) -> Result<u64, String> {
+    let t = text.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (digits, unit) = t.split_at(split);
+    let n: u64 = digits
+        .parse()
+        .map_err(|_| format!("{text:?} is not a size (e.g. 4096, \"512MiB\", \"8GiB\")"))?;
+    let shift = match unit.trim() {
+        "" | "B" => 0,
+        "KiB" => 10,
+        "MiB" => 20,
+        "GiB" => 30,
+        "TiB" => 40,
+        other => {
+            return Err(format!(
+                "{text:?}: unknown unit {other:?} (B, KiB, MiB, GiB, TiB)"
+            ))
+        }
+    };
+    n.checked_mul(1 << shift)
+        .ok_or_else(|| format!("{text:?} is too large"))
+}
+
+/// `rowankv server --config FILE`.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServerFile {
+    /// The cluster this server belongs to; every peer checks it.
+    pub cluster_id: u64,
+    /// File holding the shared secret peers prove when they connect.
+    pub secret_file: PathBuf,
+    /// The CMs' addresses (`host:port`), the active one found by asking.
+    pub cms: Vec<String>,
+    /// Where this server's NIC engine listens, and the address peers use to
+    /// reach it (`advertise`; default: `listen`, which then must not be a
+    /// wildcard address).
+    pub listen: String,
+    #[serde(default)]
+    pub advertise: Option<String>,
+    pub pool: PoolFile,
+    /// Worker roles (each with its own log), 1..=255.
+    pub workers: u16,
+}
+
+/// A server's pool.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PoolFile {
+    /// The pool file: created at `bytes` when absent, opened (and recovered) when
+    /// present. It holds the node identity the CM gave this server.
+    pub path: PathBuf,
+    pub bytes: Bytes,
+    /// `emulated` (any file, models ADR PM), `msync` (a disk-backed file) or
+    /// `dax` (a file on a DAX file system, MAP_SYNC).
+    pub medium: String,
+    #[serde(default = "default_segment")]
+    pub segment_bytes: Bytes,
+}
+
+fn default_segment() -> Bytes {
+    Bytes(4 << 20)
+}
+
+/// `rowankv cm --config FILE`.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CmFile {
+    pub cluster_id: u64,
+    pub secret_file: PathBuf,
+    /// Where this CM listens, and the address servers and clients use.
+    pub listen: String,
+    #[serde(default)]
+    pub advertise: Option<String>,
+    /// The shape of the first configuration, used once: when the store holds
+    /// no configuration yet, the CM waits for `servers` servers to join and
+    /// then commits term 1.
+    pub bootstrap: BootstrapFile,
+    pub store: StoreFile,
+    /// Server lease, milliseconds (default 50).
+    #[serde(default = "default_lease_ms")]
+    pub lease_ms: u64,
+}
+
+fn default_lease_ms() -> u64 {
+    50
+}
+
+/// The first configuration's shape.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BootstrapFile {
+    pub servers: usize,
+    pub shards_per_server: u16,
+    pub replication_factor: u8,
+    pub strategy: String,
+}
+
+/// Where the CM keeps the configuration.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(tag = "kind", rename_all = "lowercase", deny_unknown_fields)]
+pub enum StoreFile {
+    /// The embedded store, persisted to a file (one CM).
+    Embedded { path: PathBuf },
+    /// etcd v3 (two CMs fail over through it): its client URLs and the prefix
+    /// under which this cluster's keys live.
+    Etcd {
+        endpoints: Vec<String>,
+        #[serde(default = "default_prefix")]
+        prefix: String,
+    },
+}
+
+fn default_prefix() -> String {
+    "/rowankv/".into()
+}
+
+/// A checked server file, ready to start a server from.
+#[derive(Clone, Debug)]
+pub struct ServerDeployment {
+    pub cluster_id: u64,
+    pub secret: Vec<u8>,
+    pub cms: Vec<String>,
+    pub listen: SocketAddr,
+    pub advertise: String,
+    pub pool_path: PathBuf,
+    pub pool_bytes: u64,
+    pub medium: Medium,
+    pub segment_bytes: u64,
+    pub workers: u16,
+}
+
+/// A checked CM file.
+#[derive(Clone, Debug)]
+pub struct CmDeployment {
+    pub cluster_id: u64,
+    pub secret: Vec<u8>,
+    pub listen: SocketAddr,
+    pub advertise: String,
+    pub bootstrap: BootstrapFile,
+    pub strategy: Strategy,
+    pub store: StoreFile,
+    pub lease_ms: u64,
+}
+
+fn read(path: &Path) -> Result<String, DeployConfigError> {
+    std::fs::read_to_string(path).map_err(|source| DeployConfigError::Read {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+fn parse<T: for<'de> Deserialize<'de>>(path: &Path, text: &str) -> Result<T, DeployConfigError> {
+    toml::from_str(text).map_err(|e| DeployConfigError::Parse {
+        path: path.to_path_buf(),
+        message: e.message().to_string()
+            + &e.span()
+                .map(|s| {
+                    let line = text[..s.start].matches('\n').count() + 1;
+                    format!(" (line {line})")
+                })
+                .unwrap_or_default(),
+    })
+}
+
+struct Checker<'a> {
+    path: &'a Path,
+}
+
+impl Checker<'_> {
+    fn bad(&self, key: &'static str, message: impl Into<String>) -> DeployConfigError {
+        DeployConfigError::Invalid {
+            path: self.path.to_path_buf(),
+            key,
+            message: message.into(),
+        }
+    }
+
+    /// A `host:port` that names somewhere (resolved now only to check it).
+    fn address(&self, key: &'static str, text: &str) -> Result<(), DeployConfigError> {
+        let (host, port) = text
+            .rsplit_once(':')
+            .ok_or_else(|| self.bad(key, format!("{text:?} is not host:port")))?;
+        if host.is_empty() {
+            return Err(self.bad(key, format!("{text:?} has no host")));
+        }
+        port.parse::<u16>()
+            .map_err(|_| self.bad(key, format!("{text:?}: {port:?} is not a port")))?;
+        Ok(())
+    }
+
+    fn listen(&self, key: &'static str, text: &str) -> Result<SocketAddr, DeployConfigError> {
+        self.address(key, text)?;
+        text.to_socket_addrs()
+            .map_err(|e| self.bad(key, format!("{text:?}: {e}")))?
+            .next()
+            .ok_or_else(|| self.bad(key, format!("{text:?} resolves to no address")))
+    }
+
+    fn advertise(
+        &self,
+        listen: SocketAddr,
+        listen_text: &str,
+        advertise: Option<&str>,
+    ) -> Result<String, DeployConfigError> {
+        match advertise {
+            Some(a) => {
+                self.address("advertise", a)?;
+                Ok(a.to_string())
+            }
+            None if listen.ip().is_unspecified() => Err(self.bad(
+                "advertise",
+                format!("listen is {listen_text:?}, a wildcard: say which address peers use"),
+            )),
+            None => Ok(listen_text.to_string()),
+        }
+    }
+
+    fn secret(&self, file: &Path) -> Result<Vec<u8>, DeployConfigError> {
+        let bytes = std::fs::read(file)
+            .map_err(|e| self.bad("secret_file", format!("{}: {e}", file.display())))?;
+        let trimmed = bytes.trim_ascii_end();
+        if trimmed.len() < SECRET_BYTES_MIN {
+            return Err(self.bad(
+                "secret_file",
+                format!(
+                    "{} holds {} bytes; a secret has at least {SECRET_BYTES_MIN}",
+                    file.display(),
+                    trimmed.len()
+                ),
+            ));
+        }
+        Ok(trimmed.to_vec())
+    }
+
+    fn cluster_id(&self, id: u64) -> Result<(), DeployConfigError> {
+        if id == 0 {
+            return Err(self.bad("cluster_id", "0 is not a cluster id"));
+        }
+        Ok(())
+    }
+}
+
+/// Secret files named relative to the configuration file are read from beside it.
+fn beside(path: &Path, file: &Path) -> PathBuf {
+    if file.is_relative() {
+        path.parent().unwrap_or(Path::new(".")).join(file)
+    } else {
+        file.to_path_buf()
+    }
+}
+
+impl ServerDeployment {
+    /// Read and check a server file.
+    pub fn load(path: &Path) -> Result<ServerDeployment, DeployConfigError> {
+        Self::from_text(path, &read(path)?)
+    }
+
+    /// Check a server file's text (`path` names it in errors and anchors
+    /// relative paths).
+    pub fn from_text(path: &Path, text: &str) -> Result<ServerDeployment, DeployConfigError> {
+        let f: ServerFile = parse(path, text)?;
+        let c = Checker { path };
+        c.cluster_id(f.cluster_id)?;
+        let secret = c.secret(&beside(path, &f.secret_file))?;
+        if f.cms.is_empty() {
+            return Err(c.bad("cms", "no CM address"));
+        }
+        for cm in &f.cms {
+            c.address("cms", cm)?;
+        }
+        let listen = c.listen("listen", &f.listen)?;
+        let advertise = c.advertise(listen, &f.listen, f.advertise.as_deref())?;
+        if !(1..=WORKERS_MAX).contains(&f.workers) {
+            return Err(c.bad(
+                "workers",
+                format!("{} is not in 1..={WORKERS_MAX}", f.workers),
+            ));
+        }
+        let medium: Medium = f
+            .pool
+            .medium
+            .parse()
+            .map_err(|e| c.bad("pool.medium", format!("{e}")))?;
+        let segment = f.pool.segment_bytes.0;
+        if segment < 8 << 10 || !segment.is_multiple_of(4096) {
+            return Err(c.bad(
+                "pool.segment_bytes",
+                format!("{segment} is not a multiple of 4 KiB of at least 8 KiB"),
+            ));
+        }
+        let bytes = f.pool.bytes.0;
+        if bytes < 16 * segment {
+            return Err(c.bad(
+                "pool.bytes",
+                format!("{bytes} bytes hold fewer than 16 segments of {segment}"),
+            ));
+        }
+        Ok(ServerDeployment {
+            cluster_id: f.cluster_id,
+            secret,
+            cms: f.cms,
+            listen,
+            advertise,
+            pool_path: beside(path, &f.pool.path),
+            pool_bytes: bytes,
+            medium,
+            segment_bytes: segment,
+            workers: f.workers,
+        })
+    }
+}
+
+impl CmDeployment {
+    /// Read and check a CM file.
+    pub fn load(path: &Path) -> Result<CmDeployment, DeployConfigError> {
+        Self::from_text(path, &read(path)?)
+    }
+
+    /// Check a CM file's text.
+    pub fn from_text(path: &Path, text: &str) -> Result<CmDeployment, DeployConfigError> {
+        let f: CmFile = parse(path, text)?;
+        let c = Checker { path };
+        c.cluster_id(f.cluster_id)?;
+        let secret = c.secret(&beside(path, &f.secret_file))?;
+        let listen = c.listen("listen", &f.listen)?;
+        let advertise = c.advertise(listen, &f.listen, f.advertise.as_deref())?;
+        let b = &f.bootstrap;
+        if b.servers == 0 {
+            return Err(c.bad("bootstrap.servers", "at least one server"));
+        }
+        if b.replication_factor == 0 || b.replication_factor as usize > b.servers {
+            return Err(c.bad(
+                "bootstrap.replication_factor",
+                format!(
+                    "{} is not in 1..={} (the servers)",
+                    b.replication_factor, b.servers
+                ),
+            ));
+        }
+        if b.shards_per_server == 0 || b.shards_per_server as usize * b.servers > u16::MAX as usize
+        {
+            return Err(c.bad(
+                "bootstrap.shards_per_server",
+                format!(
+                    "{} × {} servers is not in 1..={} shards",
+                    b.shards_per_server,
+                    b.servers,
+                    u16::MAX
+                ),
+            ));
+        }
+        let strategy: Strategy = b
+            .strategy
+            .parse()
+            .map_err(|e: String| c.bad("bootstrap.strategy", e))?;
+        match &f.store {
+            StoreFile::Embedded { .. } => {}
+            StoreFile::Etcd { endpoints, prefix } => {
+                if endpoints.is_empty() {
+                    return Err(c.bad("store.endpoints", "no etcd endpoint"));
+                }
+                for e in endpoints {
+                    if !e.starts_with("http://") {
+                        return Err(c.bad(
+                            "store.endpoints",
+                            format!("{e:?}: etcd is reached over http:// (its JSON gateway)"),
+                        ));
+                    }
+                }
+                if !prefix.starts_with('/') || !prefix.ends_with('/') {
+                    return Err(c.bad(
+                        "store.prefix",
+                        format!("{prefix:?} must start and end with '/'"),
+                    ));
+                }
+            }
+        }
+        if !(5..=60_000).contains(&f.lease_ms) {
+            return Err(c.bad("lease_ms", format!("{} is not in 5..=60000", f.lease_ms)));
+        }
+        let store = match f.store {
+            StoreFile::Embedded { path: p } => StoreFile::Embedded {
+                path: beside(path, &p),
+            },
+            etcd => etcd,
+        };
+        Ok(CmDeployment {
+            cluster_id: f.cluster_id,
+            secret,
+            listen,
+            advertise,
+            strategy,
+            bootstrap: f.bootstrap,
+            store,
+            lease_ms: f.lease_ms,
+        })
+    }
+}
