@@ -9,9 +9,11 @@
 //! the active one; a standby takes over once the active CM's lease has expired.
 //!
 //! - `store`: the coordination service behind the `CoordStore` trait, shaped after
-//!   etcd v3 (store-wide revisions, compare-and-put, leases) so that an etcd backend
-//!   can follow; `EmbeddedStore` is the single-process backend, persisted to one
-//!   file.
+//!   etcd v3 (store-wide revisions, compare-and-put, leases); `EmbeddedStore` is the
+//!   single-process backend, persisted to one file.
+//! - `etcd`: `EtcdStore`, the same trait on a real etcd v3 through its JSON gateway
+//!   (plain HTTP, no protoc, no async runtime), for two CMs that fail over
+//!   (`docs/coordination.md`). Both backends pass one conformance suite.
 //! - `manager`: `ConfigManager` — bootstrap of the first configuration, commit of
 //!   term t+1 by compare-and-put, reload by a standby — and the active-CM lease
 //!   (`ActiveLease`). It serves servers and clients as their `ConfigSource`.
@@ -28,10 +30,12 @@
 //! `Clock` given to the store, so a simulator drives lease expiry.
 #![forbid(unsafe_code)]
 
+pub mod etcd;
 pub mod manager;
 pub mod plan;
 pub mod store;
 
+pub use etcd::{EtcdConfig, EtcdStore};
 pub use manager::{
     ActiveLease, CmError, ConfigManager, NodeRecord, StoreSource, ALLOCATED_NODE_BASE,
     CM_LEASE_KEY, COMMITTED_KEY, CONFIG_KEY, NEXT_NODE_KEY, NODE_RECORD_PREFIX,

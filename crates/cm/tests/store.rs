@@ -1,45 +1,205 @@
-//! The coordination store: one conformance suite run against every backend (the
-//! embedded store in memory and on a file), then the file backend's persistence,
-//! crash-safety and corruption handling.
+//! The coordination store: one conformance suite run against every backend — the
+//! embedded store in memory, the embedded store on a file, and a real etcd that
+//! each test starts for itself — then the file backend's persistence, crash-safety
+//! and corruption handling.
+//!
+//! Every conformance test is a function of a `Backend`: the store, and the way time
+//! passes for its leases (a `ManualClock` for the embedded store; real time for
+//! etcd, whose TTLs are whole seconds and whose expiry lags the deadline by up to
+//! about half a second). `conformance!` makes one `#[test]` per backend of each. An
+//! etcd test whose machine has no etcd prints why and passes without running (see
+//! `etcd_process`).
 
+mod etcd_process;
+
+use std::cell::RefCell;
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use rowankv_cm::store::{CoordStore, EmbeddedStore, Guard, LeaseId, StoreError};
-use rowankv_types::{Clock, ManualClock};
+use rowankv_cm::EtcdStore;
+use rowankv_types::ManualClock;
 
+use etcd_process::EtcdProcess;
+
+/// The embedded store's lease TTL in these tests (its clock is manual).
 const TTL_NS: u64 = 10_000_000;
+/// etcd's: 2 s, so that a check 1 s after a grant or renewal has a whole second of
+/// margin on a loaded machine (etcd's granularity is 1 s).
+const ETCD_TTL_NS: u64 = 2_000_000_000;
+const ETCD_SAFE_NS: u64 = 1_000_000_000;
+/// How long etcd may take past a lease's deadline to delete it (it checks every
+/// 500 ms and deletes through raft): generous, as the machine may be loaded.
+const ETCD_EXPIRY_SLACK: Duration = Duration::from_secs(10);
+/// A lease that outlives any test.
+const LONG_TTL_NS: u64 = 600_000_000_000;
 
-/// A store backend under test, with the clock that drives its leases.
-struct Backend {
+/// A store backend under test, with the way time passes for its leases.
+trait Backend {
+    fn name(&self) -> &str;
+    fn store(&self) -> &dyn CoordStore;
+    /// The TTL the tests grant leases with.
+    fn ttl_ns(&self) -> u64;
+    /// How long after a grant or keep-alive its lease is certainly still alive.
+    fn safe_ns(&self) -> u64;
+    /// Let `ns` of time pass.
+    fn pass_ns(&self, ns: u64);
+    /// Let a full TTL pass after `lease` was granted or last renewed, and wait
+    /// until the store has acted on its expiry.
+    fn expire(&self, lease: LeaseId);
+    /// Make the store unreachable, or reachable again with its state intact.
+    fn set_available(&self, available: bool);
+}
+
+struct Embedded {
     name: &'static str,
     store: EmbeddedStore,
     clock: Arc<ManualClock>,
     _dir: Option<tempfile::TempDir>,
 }
 
-fn backends() -> Vec<Backend> {
-    let memory_clock = ManualClock::new();
-    let file_clock = ManualClock::new();
-    let dir = tempfile::tempdir().unwrap();
-    let file_store =
-        EmbeddedStore::open(dir.path().join("coord.json"), file_clock.clone()).unwrap();
-    vec![
-        Backend {
-            name: "in_memory",
-            store: EmbeddedStore::in_memory(memory_clock.clone()),
-            clock: memory_clock,
+impl Embedded {
+    fn in_memory() -> Embedded {
+        let clock = ManualClock::new();
+        Embedded {
+            name: "embedded in memory",
+            store: EmbeddedStore::in_memory(clock.clone()),
+            clock,
             _dir: None,
-        },
-        Backend {
-            name: "file",
-            store: file_store,
-            clock: file_clock,
+        }
+    }
+
+    fn on_file() -> Embedded {
+        let clock = ManualClock::new();
+        let dir = tempfile::tempdir().unwrap();
+        let store = EmbeddedStore::open(dir.path().join("coord.json"), clock.clone()).unwrap();
+        Embedded {
+            name: "embedded on a file",
+            store,
+            clock,
             _dir: Some(dir),
-        },
-    ]
+        }
+    }
 }
+
+impl Backend for Embedded {
+    fn name(&self) -> &str {
+        self.name
+    }
+    fn store(&self) -> &dyn CoordStore {
+        &self.store
+    }
+    fn ttl_ns(&self) -> u64 {
+        TTL_NS
+    }
+    fn safe_ns(&self) -> u64 {
+        TTL_NS - 1
+    }
+    fn pass_ns(&self, ns: u64) {
+        self.clock.advance_ns(ns);
+    }
+    fn expire(&self, _lease: LeaseId) {
+        self.clock.advance_ns(TTL_NS);
+    }
+    fn set_available(&self, available: bool) {
+        self.store.set_available(available);
+    }
+}
+
+struct Etcd {
+    process: RefCell<EtcdProcess>,
+    store: EtcdStore,
+}
+
+impl Etcd {
+    /// A fresh etcd with a store on it; `None` if etcd is not installed.
+    fn start() -> Option<Etcd> {
+        let process = EtcdProcess::start()?;
+        let store = process.store("/rowankv/conformance/");
+        Some(Etcd {
+            process: RefCell::new(process),
+            store,
+        })
+    }
+}
+
+impl Backend for Etcd {
+    fn name(&self) -> &str {
+        "etcd"
+    }
+    fn store(&self) -> &dyn CoordStore {
+        &self.store
+    }
+    fn ttl_ns(&self) -> u64 {
+        ETCD_TTL_NS
+    }
+    fn safe_ns(&self) -> u64 {
+        ETCD_SAFE_NS
+    }
+    fn pass_ns(&self, ns: u64) {
+        std::thread::sleep(Duration::from_nanos(ns));
+    }
+    fn expire(&self, lease: LeaseId) {
+        std::thread::sleep(Duration::from_nanos(ETCD_TTL_NS));
+        // Once etcd no longer holds the lease, its keys are gone: etcd deletes them
+        // in the same step that drops the lease.
+        let deadline = Instant::now() + ETCD_EXPIRY_SLACK;
+        while self.store.lease_ttl(lease).unwrap().is_some() {
+            assert!(
+                Instant::now() < deadline,
+                "etcd still holds lease {lease:?} {ETCD_EXPIRY_SLACK:?} after its TTL"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+    fn set_available(&self, available: bool) {
+        if available {
+            self.process.borrow_mut().restart();
+        } else {
+            self.process.borrow_mut().kill();
+        }
+    }
+}
+
+/// One `#[test]` per backend for each conformance test.
+macro_rules! conformance {
+    ($($test:ident),* $(,)?) => {
+        mod embedded_in_memory {
+            $( #[test] fn $test() { super::$test(&super::Embedded::in_memory()); } )*
+        }
+        mod embedded_file {
+            $( #[test] fn $test() { super::$test(&super::Embedded::on_file()); } )*
+        }
+        mod etcd {
+            $(
+                #[test]
+                fn $test() {
+                    if let Some(backend) = super::Etcd::start() {
+                        super::$test(&backend);
+                    }
+                }
+            )*
+        }
+    };
+}
+
+conformance!(
+    put_if_absent_then_compare_on_revision,
+    revisions_are_one_store_wide_counter,
+    delete_if_compares_on_revision,
+    list_by_prefix_is_sorted,
+    guarded_put_checks_both_keys,
+    lease_expiry_deletes_its_keys,
+    keep_alive_before_expiry_extends_by_the_ttl,
+    revoke_deletes_keys_now_and_is_idempotent,
+    unknown_leases_are_refused,
+    putting_without_a_lease_detaches_the_key,
+    unavailable_store_fails_every_call_and_changes_nothing,
+    oversized_values_are_refused,
+    concurrent_compare_and_put_admits_one_winner_per_revision,
+);
 
 fn conflict_current(result: Result<impl std::fmt::Debug, StoreError>) -> (String, u64) {
     match result {
@@ -48,258 +208,351 @@ fn conflict_current(result: Result<impl std::fmt::Debug, StoreError>) -> (String
     }
 }
 
-#[test]
-fn put_if_absent_then_compare_on_revision() {
-    for b in backends() {
-        let s = &b.store;
-        assert_eq!(s.get("a").unwrap(), None, "{}", b.name);
-        let r1 = s.put_if("a", b"one", 0, None).unwrap();
-        assert!(r1 > 0);
-        assert_eq!(s.get("a").unwrap(), Some((b"one".to_vec(), r1)));
+fn put_if_absent_then_compare_on_revision(b: &dyn Backend) {
+    let s = b.store();
+    assert_eq!(s.get("a").unwrap(), None, "{}", b.name());
+    let r1 = s.put_if("a", b"one", 0, None).unwrap();
+    assert!(r1 > 0);
+    assert_eq!(s.get("a").unwrap(), Some((b"one".to_vec(), r1)));
 
-        // Must-be-absent fails now, reporting the current revision.
-        assert_eq!(
-            conflict_current(s.put_if("a", b"x", 0, None)),
-            ("a".to_owned(), r1)
-        );
-        // A stale revision fails too.
-        let r2 = s.put_if("a", b"two", r1, None).unwrap();
-        assert!(r2 > r1);
-        assert_eq!(conflict_current(s.put_if("a", b"x", r1, None)).1, r2);
-        assert_eq!(s.get("a").unwrap(), Some((b"two".to_vec(), r2)));
-    }
+    // Must-be-absent fails now, reporting the current revision.
+    assert_eq!(
+        conflict_current(s.put_if("a", b"x", 0, None)),
+        ("a".to_owned(), r1)
+    );
+    // A stale revision fails too.
+    let r2 = s.put_if("a", b"two", r1, None).unwrap();
+    assert!(r2 > r1);
+    assert_eq!(conflict_current(s.put_if("a", b"x", r1, None)).1, r2);
+    // A revision from the future, and one no store can reach, fail as well.
+    assert_eq!(conflict_current(s.put_if("a", b"x", r2 + 1, None)).1, r2);
+    assert_eq!(conflict_current(s.put_if("a", b"x", u64::MAX, None)).1, r2);
+    assert_eq!(s.get("a").unwrap(), Some((b"two".to_vec(), r2)));
 }
 
-#[test]
-fn revisions_are_one_store_wide_counter() {
-    for b in backends() {
-        let s = &b.store;
-        let ra = s.put_if("a", b"", 0, None).unwrap();
-        let rb = s.put_if("b", b"", 0, None).unwrap();
-        assert!(rb > ra, "{}", b.name);
-        // A delete and re-create gives a key a revision it never had before, so a
-        // compare on the old revision fails.
-        s.delete_if("a", ra).unwrap();
-        let ra2 = s.put_if("a", b"", 0, None).unwrap();
-        assert!(ra2 > rb);
-        assert_eq!(conflict_current(s.put_if("a", b"", ra, None)).1, ra2);
-    }
+fn revisions_are_one_store_wide_counter(b: &dyn Backend) {
+    let s = b.store();
+    let ra = s.put_if("a", b"", 0, None).unwrap();
+    let rb = s.put_if("b", b"", 0, None).unwrap();
+    assert!(rb > ra, "{}", b.name());
+    // A failed compare takes no revision.
+    conflict_current(s.put_if("b", b"", ra, None));
+    assert_eq!(s.put_if("c", b"", 0, None).unwrap(), rb + 1);
+    // A delete and re-create gives a key a revision it never had before, so a
+    // compare on the old revision fails.
+    s.delete_if("a", ra).unwrap();
+    let ra2 = s.put_if("a", b"", 0, None).unwrap();
+    assert!(ra2 > rb);
+    assert_eq!(conflict_current(s.put_if("a", b"", ra, None)).1, ra2);
 }
 
-#[test]
-fn delete_if_compares_on_revision() {
-    for b in backends() {
-        let s = &b.store;
-        let r = s.put_if("k", b"v", 0, None).unwrap();
-        assert_eq!(
-            conflict_current(s.delete_if("k", r + 100)),
-            ("k".to_owned(), r)
-        );
-        assert_eq!(conflict_current(s.delete_if("k", 0)).1, r);
-        assert!(s.get("k").unwrap().is_some(), "{}", b.name);
-        s.delete_if("k", r).unwrap();
-        assert_eq!(s.get("k").unwrap(), None);
-        // Deleting an absent key: expect 0 is a no-op, anything else a conflict.
-        s.delete_if("k", 0).unwrap();
-        assert_eq!(conflict_current(s.delete_if("k", r)).1, 0);
-    }
+fn delete_if_compares_on_revision(b: &dyn Backend) {
+    let s = b.store();
+    let r = s.put_if("k", b"v", 0, None).unwrap();
+    assert_eq!(
+        conflict_current(s.delete_if("k", r + 100)),
+        ("k".to_owned(), r)
+    );
+    assert_eq!(conflict_current(s.delete_if("k", 0)).1, r);
+    assert!(s.get("k").unwrap().is_some(), "{}", b.name());
+    s.delete_if("k", r).unwrap();
+    assert_eq!(s.get("k").unwrap(), None);
+    // Deleting an absent key: expect 0 is a no-op, anything else a conflict.
+    s.delete_if("k", 0).unwrap();
+    assert_eq!(conflict_current(s.delete_if("k", r)).1, 0);
+    // The no-op took no revision.
+    let next = s.put_if("other", b"", 0, None).unwrap();
+    let after = s.put_if("other2", b"", 0, None).unwrap();
+    assert_eq!(after, next + 1);
 }
 
-#[test]
-fn list_by_prefix_is_sorted() {
-    for b in backends() {
-        let s = &b.store;
-        for key in ["/x/c", "/x/a", "/y/a", "/x/b", "/x", "/w/z"] {
-            s.put_if(key, key.as_bytes(), 0, None).unwrap();
-        }
-        let listed: Vec<String> = s
-            .list("/x/")
-            .unwrap()
-            .into_iter()
-            .map(|(k, _, _)| k)
-            .collect();
-        assert_eq!(listed, ["/x/a", "/x/b", "/x/c"], "{}", b.name);
-        let all = s.list("").unwrap();
-        assert_eq!(all.len(), 6);
-        assert!(all.windows(2).all(|w| w[0].0 < w[1].0));
-        for (key, value, revision) in &all {
-            assert_eq!(value, key.as_bytes());
-            assert_eq!(s.get(key).unwrap().unwrap().1, *revision);
-        }
-        assert!(s.list("/nothing").unwrap().is_empty());
+fn list_by_prefix_is_sorted(b: &dyn Backend) {
+    let s = b.store();
+    for key in ["/x/c", "/x/a", "/y/a", "/x/b", "/x", "/w/z"] {
+        s.put_if(key, key.as_bytes(), 0, None).unwrap();
     }
+    let listed: Vec<String> = s
+        .list("/x/")
+        .unwrap()
+        .into_iter()
+        .map(|(k, _, _)| k)
+        .collect();
+    assert_eq!(listed, ["/x/a", "/x/b", "/x/c"], "{}", b.name());
+    let all = s.list("").unwrap();
+    assert_eq!(all.len(), 6);
+    assert!(all.windows(2).all(|w| w[0].0 < w[1].0));
+    for (key, value, revision) in &all {
+        assert_eq!(value, key.as_bytes());
+        assert_eq!(s.get(key).unwrap().unwrap().1, *revision);
+    }
+    assert!(s.list("/nothing").unwrap().is_empty());
 }
 
-#[test]
-fn guarded_put_checks_both_keys() {
-    for b in backends() {
-        let s = &b.store;
-        let g = s.put_if("guard", b"me", 0, None).unwrap();
-        let guard = Guard {
-            key: "guard".to_owned(),
-            revision: g,
-        };
-        let r = s.put_if_guarded(&guard, "k", b"1", 0, None).unwrap();
-        // The guard moves: the guarded write fails and names the guard key.
-        let g2 = s.put_if("guard", b"other", g, None).unwrap();
-        assert_eq!(
-            conflict_current(s.put_if_guarded(&guard, "k", b"2", r, None)),
-            ("guard".to_owned(), g2),
-            "{}",
-            b.name
-        );
-        assert_eq!(s.get("k").unwrap(), Some((b"1".to_vec(), r)));
-        // A good guard with a stale key revision fails on the key.
-        let guard2 = Guard {
-            key: "guard".to_owned(),
-            revision: g2,
-        };
-        assert_eq!(
-            conflict_current(s.put_if_guarded(&guard2, "k", b"2", 0, None)).0,
-            "k"
-        );
-    }
+fn guarded_put_checks_both_keys(b: &dyn Backend) {
+    let s = b.store();
+    let g = s.put_if("guard", b"me", 0, None).unwrap();
+    let guard = Guard {
+        key: "guard".to_owned(),
+        revision: g,
+    };
+    let r = s.put_if_guarded(&guard, "k", b"1", 0, None).unwrap();
+    assert!(r > g);
+    // The guard moves: the guarded write fails and names the guard key.
+    let g2 = s.put_if("guard", b"other", g, None).unwrap();
+    assert_eq!(
+        conflict_current(s.put_if_guarded(&guard, "k", b"2", r, None)),
+        ("guard".to_owned(), g2),
+        "{}",
+        b.name()
+    );
+    assert_eq!(s.get("k").unwrap(), Some((b"1".to_vec(), r)));
+    // A good guard with a stale key revision fails on the key.
+    let guard2 = Guard {
+        key: "guard".to_owned(),
+        revision: g2,
+    };
+    assert_eq!(
+        conflict_current(s.put_if_guarded(&guard2, "k", b"2", 0, None)),
+        ("k".to_owned(), r)
+    );
+    // Both wrong: the guard is reported.
+    assert_eq!(
+        conflict_current(s.put_if_guarded(&guard, "k", b"2", 0, None)).0,
+        "guard"
+    );
+    // A guard on an absent key is revision 0.
+    let absent = Guard {
+        key: "nobody".to_owned(),
+        revision: 0,
+    };
+    let r2 = s.put_if_guarded(&absent, "k", b"3", r, None).unwrap();
+    assert_eq!(s.get("k").unwrap(), Some((b"3".to_vec(), r2)));
 }
 
-#[test]
-fn lease_expiry_deletes_its_keys() {
-    for b in backends() {
-        let s = &b.store;
-        let lease = s.grant_lease(TTL_NS).unwrap();
-        let r = s.put_if("held", b"x", 0, Some(lease)).unwrap();
-        s.put_if("free", b"y", 0, None).unwrap();
+fn lease_expiry_deletes_its_keys(b: &dyn Backend) {
+    let s = b.store();
+    let lease = s.grant_lease(b.ttl_ns()).unwrap();
+    let r = s.put_if("held", b"x", 0, Some(lease)).unwrap();
+    s.put_if("free", b"y", 0, None).unwrap();
 
-        b.clock.advance_ns(TTL_NS - 1);
-        assert_eq!(
-            s.get("held").unwrap(),
-            Some((b"x".to_vec(), r)),
-            "{}",
-            b.name
-        );
-        b.clock.advance_ns(1);
-        assert_eq!(s.get("held").unwrap(), None, "{}", b.name);
-        assert!(s.get("free").unwrap().is_some());
-        assert!(matches!(s.keep_alive(lease), Err(StoreError::LeaseExpired(l)) if l == lease));
-        // A key cannot be attached to an expired lease.
-        assert!(matches!(
-            s.put_if("held", b"x", 0, Some(lease)),
-            Err(StoreError::LeaseExpired(_))
-        ));
-        // The key is absent again, so a new holder can create it.
-        let lease2 = s.grant_lease(TTL_NS).unwrap();
-        assert_ne!(lease2, lease);
-        assert!(s.put_if("held", b"z", 0, Some(lease2)).unwrap() > r);
-    }
+    b.pass_ns(b.safe_ns());
+    assert_eq!(
+        s.get("held").unwrap(),
+        Some((b"x".to_vec(), r)),
+        "{}",
+        b.name()
+    );
+    b.expire(lease);
+    assert_eq!(s.get("held").unwrap(), None, "{}", b.name());
+    assert!(s.get("free").unwrap().is_some());
+    assert!(matches!(s.keep_alive(lease), Err(StoreError::LeaseExpired(l)) if l == lease));
+    // A key cannot be attached to an expired lease.
+    assert!(matches!(
+        s.put_if("held", b"x", 0, Some(lease)),
+        Err(StoreError::LeaseExpired(_))
+    ));
+    assert_eq!(s.get("held").unwrap(), None);
+    // The key is absent again, so a new holder can create it.
+    let lease2 = s.grant_lease(b.ttl_ns()).unwrap();
+    assert_ne!(lease2, lease);
+    assert!(s.put_if("held", b"z", 0, Some(lease2)).unwrap() > r);
 }
 
+/// The embedded store's expiry is exact: alive 1 ns before the deadline, gone at
+/// it. (etcd's TTLs are whole seconds and its expiry lags: not a conformance rule.)
 #[test]
-fn keep_alive_before_expiry_extends_by_the_ttl() {
-    for b in backends() {
+fn embedded_lease_expires_exactly_at_its_deadline() {
+    for b in [Embedded::in_memory(), Embedded::on_file()] {
         let s = &b.store;
         let lease = s.grant_lease(TTL_NS).unwrap();
         s.put_if("held", b"x", 0, Some(lease)).unwrap();
-        for _ in 0..5 {
-            b.clock.advance_ns(TTL_NS - 1);
-            s.keep_alive(lease).unwrap();
-        }
+        b.clock.advance_ns(TTL_NS - 1);
         assert!(s.get("held").unwrap().is_some(), "{}", b.name);
-        b.clock.advance_ns(TTL_NS);
+        b.clock.advance_ns(1);
         assert_eq!(s.get("held").unwrap(), None, "{}", b.name);
     }
 }
 
-#[test]
-fn revoke_deletes_keys_now_and_is_idempotent() {
-    for b in backends() {
-        let s = &b.store;
-        let lease = s.grant_lease(TTL_NS).unwrap();
-        s.put_if("a", b"", 0, Some(lease)).unwrap();
-        s.put_if("b", b"", 0, Some(lease)).unwrap();
-        s.revoke(lease).unwrap();
-        assert!(s.list("").unwrap().is_empty(), "{}", b.name);
-        s.revoke(lease).unwrap();
-        assert!(matches!(
-            s.keep_alive(lease),
-            Err(StoreError::LeaseExpired(_))
-        ));
-    }
-}
-
-#[test]
-fn unknown_leases_are_refused() {
-    for b in backends() {
-        let s = &b.store;
-        let never = LeaseId(999);
-        assert!(matches!(s.keep_alive(never), Err(StoreError::UnknownLease(l)) if l == never));
-        assert!(matches!(s.revoke(never), Err(StoreError::UnknownLease(_))));
-        assert!(matches!(
-            s.revoke(LeaseId(0)),
-            Err(StoreError::UnknownLease(_))
-        ));
-        assert!(matches!(
-            s.put_if("k", b"", 0, Some(never)),
-            Err(StoreError::UnknownLease(_))
-        ));
-        assert_eq!(s.get("k").unwrap(), None, "{}", b.name);
-    }
-}
-
-#[test]
-fn putting_without_a_lease_detaches_the_key() {
-    for b in backends() {
-        let s = &b.store;
-        let lease = s.grant_lease(TTL_NS).unwrap();
-        let r = s.put_if("k", b"1", 0, Some(lease)).unwrap();
-        s.put_if("k", b"2", r, None).unwrap();
-        b.clock.advance_ns(TTL_NS);
-        assert_eq!(s.get("k").unwrap().unwrap().0, b"2", "{}", b.name);
-    }
-}
-
-#[test]
-fn unavailable_store_fails_every_call_and_changes_nothing() {
-    for b in backends() {
-        let s = &b.store;
-        let lease = s.grant_lease(TTL_NS).unwrap();
-        let r = s.put_if("k", b"v", 0, None).unwrap();
-        s.set_available(false);
-        let unavailable = |e: StoreError| matches!(e, StoreError::Unavailable(_));
-        assert!(unavailable(s.get("k").unwrap_err()));
-        assert!(unavailable(s.put_if("k", b"w", r, None).unwrap_err()));
-        let guard = Guard {
-            key: "k".to_owned(),
-            revision: r,
-        };
-        assert!(unavailable(
-            s.put_if_guarded(&guard, "j", b"", 0, None).unwrap_err()
-        ));
-        assert!(unavailable(s.delete_if("k", r).unwrap_err()));
-        assert!(unavailable(s.list("").unwrap_err()));
-        assert!(unavailable(s.grant_lease(TTL_NS).unwrap_err()));
-        assert!(unavailable(s.keep_alive(lease).unwrap_err()));
-        assert!(unavailable(s.revoke(lease).unwrap_err()));
-        s.set_available(true);
-        assert_eq!(s.get("k").unwrap(), Some((b"v".to_vec(), r)), "{}", b.name);
+fn keep_alive_before_expiry_extends_by_the_ttl(b: &dyn Backend) {
+    let s = b.store();
+    let lease = s.grant_lease(b.ttl_ns()).unwrap();
+    s.put_if("held", b"x", 0, Some(lease)).unwrap();
+    // Five renewals span more than two TTLs.
+    for _ in 0..5 {
+        b.pass_ns(b.safe_ns());
         s.keep_alive(lease).unwrap();
     }
+    assert!(5 * b.safe_ns() > 2 * b.ttl_ns());
+    assert!(s.get("held").unwrap().is_some(), "{}", b.name());
+    b.expire(lease);
+    assert_eq!(s.get("held").unwrap(), None, "{}", b.name());
 }
 
-#[test]
-fn oversized_values_are_refused() {
-    for b in backends() {
-        let s = &b.store;
-        let big = vec![0u8; rowankv_cm::store::VALUE_BYTES_MAX + 1];
-        assert!(matches!(
-            s.put_if("k", &big, 0, None),
-            Err(StoreError::LimitExceeded { .. })
-        ));
-        let long_key = "k".repeat(rowankv_cm::store::KEY_BYTES_MAX + 1);
-        assert!(matches!(
-            s.put_if(&long_key, b"", 0, None),
-            Err(StoreError::LimitExceeded { .. })
-        ));
-        assert!(s.list("").unwrap().is_empty(), "{}", b.name);
-    }
+fn revoke_deletes_keys_now_and_is_idempotent(b: &dyn Backend) {
+    let s = b.store();
+    let lease = s.grant_lease(LONG_TTL_NS).unwrap();
+    let other = s.grant_lease(LONG_TTL_NS).unwrap();
+    s.put_if("a", b"", 0, Some(lease)).unwrap();
+    s.put_if("b", b"", 0, Some(lease)).unwrap();
+    s.put_if("c", b"", 0, Some(other)).unwrap();
+    s.revoke(lease).unwrap();
+    let left: Vec<String> = s.list("").unwrap().into_iter().map(|(k, _, _)| k).collect();
+    assert_eq!(left, ["c"], "{}", b.name());
+    s.revoke(lease).unwrap();
+    assert!(matches!(
+        s.keep_alive(lease),
+        Err(StoreError::LeaseExpired(_))
+    ));
+    s.keep_alive(other).unwrap();
+}
+
+fn unknown_leases_are_refused(b: &dyn Backend) {
+    let s = b.store();
+    let never = LeaseId(999);
+    assert!(matches!(s.keep_alive(never), Err(StoreError::UnknownLease(l)) if l == never));
+    assert!(matches!(s.revoke(never), Err(StoreError::UnknownLease(_))));
+    assert!(matches!(
+        s.revoke(LeaseId(0)),
+        Err(StoreError::UnknownLease(_))
+    ));
+    assert!(matches!(
+        s.keep_alive(LeaseId(0)),
+        Err(StoreError::UnknownLease(_))
+    ));
+    assert!(matches!(
+        s.put_if("k", b"", 0, Some(never)),
+        Err(StoreError::UnknownLease(_))
+    ));
+    // Lease 0 is no lease (etcd's "none"), never a silent "no lease".
+    assert!(matches!(
+        s.put_if("k", b"", 0, Some(LeaseId(0))),
+        Err(StoreError::UnknownLease(_))
+    ));
+    assert!(matches!(
+        s.put_if("k", b"", 0, Some(LeaseId(u64::MAX))),
+        Err(StoreError::UnknownLease(_))
+    ));
+    assert_eq!(s.get("k").unwrap(), None, "{}", b.name());
+}
+
+fn putting_without_a_lease_detaches_the_key(b: &dyn Backend) {
+    let s = b.store();
+    let lease = s.grant_lease(b.ttl_ns()).unwrap();
+    let r = s.put_if("k", b"1", 0, Some(lease)).unwrap();
+    s.put_if("k", b"2", r, None).unwrap();
+    let r2 = s.put_if("j", b"3", 0, Some(lease)).unwrap();
+    b.expire(lease);
+    assert_eq!(s.get("k").unwrap().unwrap().0, b"2", "{}", b.name());
+    assert_eq!(s.get("j").unwrap(), None);
+    // Re-attaching to another lease moves the key to that lease.
+    let lease2 = s.grant_lease(b.ttl_ns()).unwrap();
+    let long = s.grant_lease(LONG_TTL_NS).unwrap();
+    let rj = s.put_if("j", b"4", 0, Some(lease2)).unwrap();
+    assert!(rj > r2);
+    s.put_if("j", b"5", rj, Some(long)).unwrap();
+    b.expire(lease2);
+    assert_eq!(s.get("j").unwrap().unwrap().0, b"5", "{}", b.name());
+}
+
+fn unavailable_store_fails_every_call_and_changes_nothing(b: &dyn Backend) {
+    let s = b.store();
+    // Long enough to outlive an etcd restart.
+    let lease = s.grant_lease(LONG_TTL_NS).unwrap();
+    let r = s.put_if("k", b"v", 0, None).unwrap();
+    b.set_available(false);
+    let unavailable = |e: StoreError| match e {
+        StoreError::Unavailable(message) => {
+            assert!(!message.is_empty());
+            true
+        }
+        _ => false,
+    };
+    assert!(unavailable(s.get("k").unwrap_err()));
+    assert!(unavailable(s.put_if("k", b"w", r, None).unwrap_err()));
+    let guard = Guard {
+        key: "k".to_owned(),
+        revision: r,
+    };
+    assert!(unavailable(
+        s.put_if_guarded(&guard, "j", b"", 0, None).unwrap_err()
+    ));
+    assert!(unavailable(s.delete_if("k", r).unwrap_err()));
+    assert!(unavailable(s.list("").unwrap_err()));
+    assert!(unavailable(s.grant_lease(b.ttl_ns()).unwrap_err()));
+    assert!(unavailable(s.keep_alive(lease).unwrap_err()));
+    assert!(unavailable(s.revoke(lease).unwrap_err()));
+    b.set_available(true);
+    assert_eq!(
+        s.get("k").unwrap(),
+        Some((b"v".to_vec(), r)),
+        "{}",
+        b.name()
+    );
+    assert_eq!(s.get("j").unwrap(), None);
+    s.keep_alive(lease).unwrap();
+    assert!(s.put_if("k", b"w", r, None).unwrap() > r);
+}
+
+fn oversized_values_are_refused(b: &dyn Backend) {
+    let s = b.store();
+    let big = vec![0u8; rowankv_cm::store::VALUE_BYTES_MAX + 1];
+    assert!(matches!(
+        s.put_if("k", &big, 0, None),
+        Err(StoreError::LimitExceeded { .. })
+    ));
+    let long_key = "k".repeat(rowankv_cm::store::KEY_BYTES_MAX + 1);
+    assert!(matches!(
+        s.put_if(&long_key, b"", 0, None),
+        Err(StoreError::LimitExceeded { .. })
+    ));
+    let guard = Guard {
+        key: "g".to_owned(),
+        revision: 0,
+    };
+    assert!(matches!(
+        s.put_if_guarded(&guard, "k", &big, 0, None),
+        Err(StoreError::LimitExceeded { .. })
+    ));
+    assert!(s.list("").unwrap().is_empty(), "{}", b.name());
+    // The largest key is accepted.
+    let longest = "k".repeat(rowankv_cm::store::KEY_BYTES_MAX);
+    let r = s.put_if(&longest, b"v", 0, None).unwrap();
+    assert_eq!(s.get(&longest).unwrap(), Some((b"v".to_vec(), r)));
+}
+
+fn concurrent_compare_and_put_admits_one_winner_per_revision(b: &dyn Backend) {
+    let store = b.store();
+    // Nothing else writes while the threads run, so every win moves the store's
+    // revision by exactly one and every refused compare by none.
+    let base = store.put_if("counter", b"start", 0, None).unwrap();
+    let threads_count = 8;
+    let rounds_count = 50;
+    let wins: u32 = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..threads_count)
+            .map(|t| {
+                scope.spawn(move || {
+                    let mut wins = 0u32;
+                    for _ in 0..rounds_count {
+                        let expect = store.get("counter").unwrap().map_or(0, |(_, r)| r);
+                        match store.put_if("counter", &[t], expect, None) {
+                            Ok(_) => wins += 1,
+                            Err(StoreError::Conflict { .. }) => {}
+                            Err(e) => panic!("{e}"),
+                        }
+                    }
+                    wins
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).sum()
+    });
+    assert!(wins >= 1);
+    assert_eq!(
+        store.get("counter").unwrap().unwrap().1,
+        base + u64::from(wins),
+        "{}",
+        b.name()
+    );
 }
 
 // ---- The file backend ----------------------------------------------------------
@@ -536,31 +789,4 @@ fn a_failed_write_leaves_the_store_as_it_was() {
     drop(s);
     let s = EmbeddedStore::open(&path, ManualClock::new()).unwrap();
     assert_eq!(s.get("k").unwrap(), Some((b"w".to_vec(), r2)));
-}
-
-#[test]
-fn concurrent_compare_and_put_admits_one_winner_per_revision() {
-    let clock: Arc<dyn Clock> = ManualClock::new();
-    let store = Arc::new(EmbeddedStore::in_memory(clock));
-    let threads_count = 8;
-    let rounds_count = 50;
-    let handles: Vec<_> = (0..threads_count)
-        .map(|t| {
-            let store = store.clone();
-            std::thread::spawn(move || {
-                let mut wins = 0u32;
-                for _ in 0..rounds_count {
-                    let expect = store.get("counter").unwrap().map_or(0, |(_, r)| r);
-                    if store.put_if("counter", &[t], expect, None).is_ok() {
-                        wins += 1;
-                    }
-                }
-                wins
-            })
-        })
-        .collect();
-    let wins: u32 = handles.into_iter().map(|h| h.join().unwrap()).sum();
-    // Each successful put is the only one that moved the key off the revision it
-    // read, so the key's revision counts the wins exactly.
-    assert_eq!(store.get("counter").unwrap().unwrap().1, u64::from(wins));
 }
