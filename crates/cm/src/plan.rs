@@ -98,6 +98,7 @@ mod tests {
             .map(|i| Member {
                 node: NodeId(i),
                 workers: 2,
+                address: None,
             })
             .collect();
         Config::initial(9, &members, per_server, rf).unwrap()

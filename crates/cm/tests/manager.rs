@@ -18,6 +18,7 @@ fn initial(cluster_id: u64) -> Config {
         .map(|i| Member {
             node: NodeId(i),
             workers: 2,
+            address: None,
         })
         .collect();
     Config::initial(cluster_id, &members, 4, 3).unwrap()

@@ -369,6 +369,7 @@ pub fn build(
                 .map(|i| Member {
                     node: NodeId(i as u32),
                     workers: s.workers as u16,
+                    address: None,
                 })
                 .collect();
             let initial = Config::initial(

@@ -10,7 +10,8 @@
 //!
 //! # Invariants of a valid configuration ([`Config::validate`])
 //!
-//! - at least one member, no node listed twice;
+//! - at least one member, no node listed twice, no address given to two members,
+//!   every address `host:port`;
 //! - `1 <= replication_factor` (at most the members initially; failures may leave
 //!   fewer members than it);
 //! - shards non-empty, at most `u16::MAX` of them, with ids exactly `0..n` in order;
@@ -55,6 +56,10 @@ pub struct Member {
     pub node: NodeId,
     /// Worker threads the server runs (each with its own log).
     pub workers: u16,
+    /// Where the server's NIC engine is reached (`host:port`): set for a server
+    /// that runs as a process (`docs/deployment.md`), `None` in one process.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub address: Option<String>,
 }
 
 /// One shard's range of the routing hash space and its replicas.
@@ -174,9 +179,27 @@ impl Config {
             return Err(invalid("no members".into()));
         }
         let mut nodes = BTreeSet::new();
+        let mut addresses = BTreeSet::new();
         for member in &self.members {
             if !nodes.insert(member.node) {
                 return Err(invalid(format!("member {} is listed twice", member.node)));
+            }
+            if let Some(a) = &member.address {
+                let well_formed = a
+                    .rsplit_once(':')
+                    .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok());
+                if !well_formed {
+                    return Err(invalid(format!(
+                        "member {}'s address {a:?} is not host:port",
+                        member.node
+                    )));
+                }
+                if !addresses.insert(a.as_str()) {
+                    return Err(invalid(format!(
+                        "member {}'s address {a} is another member's too",
+                        member.node
+                    )));
+                }
             }
         }
         // More replicas than members is a cluster that failures left degraded.
@@ -325,6 +348,7 @@ mod tests {
             .map(|i| Member {
                 node: NodeId(i),
                 workers: 1,
+                address: None,
             })
             .collect()
     }

@@ -12,6 +12,7 @@ fn members(n: u32) -> Vec<Member> {
         .map(|i| Member {
             node: NodeId(i),
             workers: 4,
+            address: None,
         })
         .collect()
 }
@@ -136,10 +137,12 @@ fn initial_rejects_impossible_requests() {
                 Member {
                     node: NodeId(1),
                     workers: 1,
+                    address: None,
                 },
                 Member {
                     node: NodeId(1),
                     workers: 1,
+                    address: None,
                 },
             ],
             4,
@@ -221,6 +224,7 @@ fn validate_rejects_each_broken_invariant() {
         c.members.push(Member {
             node: NodeId(4),
             workers: 1,
+            address: None,
         });
         c.shards[2].joining.push(NodeId(4));
     });
@@ -228,6 +232,7 @@ fn validate_rejects_each_broken_invariant() {
         c.members.push(Member {
             node: NodeId(4),
             workers: 1,
+            address: None,
         });
         c.shards[2].backups.push(NodeId(4));
     });
@@ -341,4 +346,45 @@ fn a_degraded_shard_and_a_joining_backup_are_valid() {
     assert!(c.backup_shards(gone).any(|s| s.shard == c.shards[1].shard));
     let back = Config::from_json(&c.to_json()).unwrap();
     assert_eq!(back, c, "joining backups survive JSON");
+}
+
+#[test]
+fn members_carry_their_addresses_and_no_two_share_one() {
+    let mut m = members(3);
+    for (i, member) in m.iter_mut().enumerate() {
+        member.address = Some(format!("10.0.0.{}:7300", i + 1));
+    }
+    let config = Config::initial(0xC1A5, &m, 4, 3).unwrap();
+    let back = Config::from_json(&config.to_json()).unwrap();
+    assert_eq!(back, config);
+    assert_eq!(
+        back.member(NodeId(2)).unwrap().address.as_deref(),
+        Some("10.0.0.2:7300")
+    );
+
+    let mut shared = config.clone();
+    shared.members[2].address = shared.members[0].address.clone();
+    let e = shared.validate().unwrap_err().to_string();
+    assert!(e.contains("another member's"), "{e}");
+
+    for bad in ["10.0.0.9", ":7300", "10.0.0.9:port", "10.0.0.9:70000"] {
+        let mut c = config.clone();
+        c.members[1].address = Some(bad.into());
+        let e = c.validate().unwrap_err().to_string();
+        assert!(e.contains("not host:port"), "{bad}: {e}");
+    }
+}
+
+#[test]
+fn a_configuration_stored_without_addresses_still_reads_and_writes_none() {
+    // What a CM stored before members had addresses (and an in-process cluster
+    // stores now): no `address` key at all.
+    let config = standard();
+    let json = String::from_utf8(config.to_json()).unwrap();
+    assert!(
+        !json.contains("address"),
+        "an absent address is not written"
+    );
+    let back = Config::from_json(json.as_bytes()).unwrap();
+    assert!(back.members.iter().all(|m| m.address.is_none()));
 }
