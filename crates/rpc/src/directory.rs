@@ -1,6 +1,9 @@
-//! Connection set-up between endpoints, in process: the stand-in for a connection
-//! manager (rdma_cm) that resolves a node's worker and exchanges queue pair
-//! addresses.
+//! Connection set-up between endpoints: the connection manager (after rdma_cm)
+//! that resolves a node's service (a worker, a role) and exchanges queue pair
+//! addresses. In one process ([`Directory::new`]) requests travel on channels; a
+//! process deployment ([`Directory::network`]) also listens on a TCP address and
+//! reaches services of other processes through theirs (`crate::netcm`): the same
+//! acceptors serve both, so no role knows which it runs on.
 //!
 //! A worker registers an acceptor under (node, worker) and, in its poll loop, takes
 //! connection requests from it: it opens a queue pair, connects it to the caller's,
@@ -9,6 +12,7 @@
 //! answers when it next polls.
 
 use std::collections::HashMap;
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -18,6 +22,7 @@ use rowankv_fabric::{Nic, QpAddr};
 use rowankv_types::NodeId;
 
 use crate::endpoint::{Endpoint, PeerId};
+use crate::netcm::{Network, Route};
 
 /// A request to connect to a worker.
 pub struct ConnectRequest {
@@ -74,15 +79,47 @@ pub enum ConnectError {
 /// Where to send a connection request for each (node, worker).
 type Acceptors = HashMap<(NodeId, u16), Sender<ConnectRequest>>;
 
-/// Registered acceptors by (node, worker). Cheap to clone.
+/// Registered acceptors by (node, worker), and in a process deployment the
+/// network side. Cheap to clone.
 #[derive(Clone, Default)]
 pub struct Directory {
     inner: Arc<RwLock<Acceptors>>,
+    network: Option<Arc<Network>>,
 }
 
 impl Directory {
+    /// Connection set-up inside one process.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// Connection set-up for a process: this process's services are also offered
+    /// on `listen` (TCP) to peers that prove `cluster_id` and `secret`, and
+    /// services of other nodes are reached at the addresses given to
+    /// [`Directory::set_address`].
+    pub fn network(cluster_id: u64, secret: &[u8], listen: SocketAddr) -> std::io::Result<Self> {
+        let inner: Arc<RwLock<Acceptors>> = Arc::default();
+        let routes = inner.clone();
+        let route: Route =
+            Arc::new(move |node, service| routes.read().get(&(node, service)).cloned());
+        let network = Network::start(cluster_id, secret.to_vec(), listen, route)?;
+        Ok(Directory {
+            inner,
+            network: Some(Arc::new(network)),
+        })
+    }
+
+    /// Where this process listens for connection requests (network only).
+    pub fn local_address(&self) -> Option<SocketAddr> {
+        self.network.as_ref().map(|n| n.local_address())
+    }
+
+    /// Where `node`'s process takes connection requests (`host:port`), for a
+    /// network directory; ignored in one process.
+    pub fn set_address(&self, node: NodeId, address: impl Into<String>) {
+        if let Some(n) = &self.network {
+            n.set_address(node, address.into());
+        }
     }
 
     /// Register (or replace, after a restart) the acceptor of a worker.
@@ -127,12 +164,19 @@ impl Directory {
         node: NodeId,
         worker: u16,
     ) -> Result<(PeerId, Receiver<Result<QpAddr, String>>), ConnectError> {
-        let tx = self
-            .inner
-            .read()
-            .get(&(node, worker))
-            .cloned()
-            .ok_or(ConnectError::Unknown { node, worker })?;
+        let local = self.inner.read().get(&(node, worker)).cloned();
+        let Some(tx) = local else {
+            // Another process's service, through its listener.
+            let network = self.network.as_ref();
+            let address = network
+                .and_then(|n| n.address(node))
+                .ok_or(ConnectError::Unknown { node, worker })?;
+            let (peer, addr) = ep.open()?;
+            let reply = network
+                .expect("an address is only known to a network directory")
+                .request(address, node, worker, addr);
+            return Ok((peer, reply));
+        };
         let (peer, addr) = ep.open()?;
         let (reply_tx, reply_rx) = channel::bounded(1);
         tx.send(ConnectRequest {
