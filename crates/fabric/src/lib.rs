@@ -2,8 +2,9 @@
 //!
 //! This crate owns the verbs-like interface (`Fabric`, `Nic`, `QueuePair`,
 //! `CompletionQueue`, `SharedReceiveQueue`, `FaultInjector`), the seam to the memory a
-//! NIC reaches (`RegionMemory`), the `LoopbackFabric` backend, and the conformance
-//! suite every backend must pass (`conformance`). It depends only on `rowankv-types`;
+//! NIC reaches (`RegionMemory`), the `LoopbackFabric` backend (in process), the
+//! `TcpFabric` backend (processes and hosts, `docs/format/tcp-fabric.md`), and the
+//! conformance suite every backend must pass (`conformance`). It depends only on `rowankv-types`;
 //! nothing above it (pmem, rowan, engine, ...) may be named here.
 //!
 //! Invariants every backend keeps:
@@ -20,8 +21,10 @@
 pub mod conformance;
 pub mod loopback;
 pub mod memory;
+pub mod tcp;
 mod verbs;
 
 pub use loopback::{LoopbackCq, LoopbackFabric, LoopbackNic, LoopbackQp, LoopbackSrq};
 pub use memory::{DramMemory, PowerFailure, RegionMemory};
+pub use tcp::{AddressBook, TcpConfig, TcpCq, TcpFabric, TcpNic, TcpQp, TcpSrq};
 pub use verbs::*;

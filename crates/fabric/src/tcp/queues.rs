@@ -1,0 +1,277 @@
+//! Completion queues and shared receive queues of the tcp backend. They live in the
+//! node's process; the NIC engine's threads fill them (receive completions and
+//! landed messages from the inbound connections, send completions from the queue
+//! pairs' response readers), the application polls and posts.
+//!
+//! The semantics are those of `loopback` (bounded and ring CQs, multi-packet
+//! striding, posting order), which defines them.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+
+use crate::verbs::*;
+
+pub(crate) struct CqEntry {
+    pub(crate) wc: Completion,
+    /// For send completions: the queue pair's retired counter and the request's
+    /// sequence number; polling the entry retires every slot up to it.
+    pub(crate) retire: Option<(Arc<AtomicU64>, u64)>,
+}
+
+struct CqState {
+    entries: VecDeque<CqEntry>,
+    overflowed: bool,
+    overwritten: u64,
+}
+
+pub(crate) struct CqInner {
+    kind: CqKind,
+    state: Mutex<CqState>,
+}
+
+/// Outcome of pushing a completion.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Pushed {
+    Ok,
+    /// A bounded CQ overflowed: the queue pair that pushed enters the error state.
+    Overflow,
+}
+
+impl CqInner {
+    pub(crate) fn new(kind: CqKind) -> Result<Self, FabricError> {
+        let capacity = match kind {
+            CqKind::Bounded { capacity } | CqKind::Ring { capacity } => capacity,
+        };
+        if capacity == 0 {
+            return Err(FabricError::Invalid("completion queue capacity 0".into()));
+        }
+        Ok(CqInner {
+            kind,
+            state: Mutex::new(CqState {
+                entries: VecDeque::with_capacity(capacity.min(1 << 16)),
+                overflowed: false,
+                overwritten: 0,
+            }),
+        })
+    }
+
+    pub(crate) fn push(&self, entry: CqEntry) -> Pushed {
+        let mut s = self.state.lock();
+        match self.kind {
+            CqKind::Bounded { capacity } => {
+                if s.overflowed || s.entries.len() >= capacity {
+                    s.overflowed = true;
+                    return Pushed::Overflow;
+                }
+                s.entries.push_back(entry);
+            }
+            CqKind::Ring { capacity } => {
+                if s.entries.len() >= capacity {
+                    // The NIC overwrites the oldest entry of the ring.
+                    s.entries.pop_front();
+                    s.overwritten += 1;
+                }
+                s.entries.push_back(entry);
+            }
+        }
+        Pushed::Ok
+    }
+}
+
+/// A completion queue on the tcp fabric.
+#[derive(Clone)]
+pub struct TcpCq {
+    pub(crate) inner: Arc<CqInner>,
+}
+
+impl CompletionQueue for TcpCq {
+    fn poll(&self, out: &mut [Completion]) -> Result<usize, FabricError> {
+        let mut s = self.inner.state.lock();
+        if s.overflowed {
+            if let CqKind::Bounded { capacity } = self.inner.kind {
+                return Err(FabricError::CqOverflow { capacity });
+            }
+        }
+        let n = out.len().min(s.entries.len());
+        for slot in out.iter_mut().take(n) {
+            let e = s.entries.pop_front().expect("counted above");
+            if let Some((retired, seq)) = e.retire {
+                retired.fetch_max(seq + 1, Ordering::AcqRel);
+            }
+            *slot = e.wc;
+        }
+        Ok(n)
+    }
+
+    fn overwritten(&self) -> u64 {
+        self.inner.state.lock().overwritten
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Shared receive queues
+
+struct SrqState {
+    buffers: VecDeque<RecvBuffer>,
+    /// Multi-packet: bytes of the front buffer already consumed.
+    cursor: usize,
+}
+
+pub(crate) struct SrqInner {
+    config: SrqConfig,
+    /// Held while a message is claimed and landed (see [`SrqInner::claim_and_land`]).
+    state: Mutex<SrqState>,
+}
+
+/// Where a message lands, decided under the SRQ lock (and written under it).
+pub(crate) struct Landing {
+    pub(crate) wr_id: u64,
+    pub(crate) mr: MemoryRegion,
+    /// Offset of the message within the receive buffer.
+    pub(crate) offset_in_buffer: usize,
+    /// Offset of the message within the region.
+    pub(crate) offset_in_region: usize,
+}
+
+pub(crate) enum LandError {
+    NoBuffer,
+    /// The receiving queue pair left the ready state.
+    Closed,
+    /// The message is larger than a receive buffer; the completion names it.
+    TooLarge {
+        wr_id: u64,
+    },
+}
+
+impl SrqInner {
+    pub(crate) fn new(config: SrqConfig) -> Result<Self, FabricError> {
+        if config.buffers_max == 0 || config.stride_bytes == Some(0) {
+            return Err(FabricError::Invalid(format!("bad SRQ config {config:?}")));
+        }
+        Ok(SrqInner {
+            config,
+            state: Mutex::new(SrqState {
+                buffers: VecDeque::new(),
+                cursor: 0,
+            }),
+        })
+    }
+
+    /// Claim the place of a `len`-byte message and run `land` on it before any
+    /// later message can claim one, so that messages land whole and in the order
+    /// they were claimed (as a NIC lands them). `open` is asked under the lock.
+    pub(crate) fn claim_and_land(
+        &self,
+        len: usize,
+        open: impl FnOnce() -> bool,
+        land: impl FnOnce(&Landing),
+    ) -> Result<Landing, LandError> {
+        let mut s = self.state.lock();
+        if !open() {
+            return Err(LandError::Closed);
+        }
+        let landing = Self::claim(&mut s, &self.config, len)?;
+        land(&landing);
+        Ok(landing)
+    }
+
+    fn claim(s: &mut SrqState, config: &SrqConfig, len: usize) -> Result<Landing, LandError> {
+        match config.stride_bytes {
+            None => {
+                let b = s.buffers.front().ok_or(LandError::NoBuffer)?;
+                if len > b.len_bytes {
+                    let wr_id = b.wr_id;
+                    // A single-message buffer is consumed by the failed message,
+                    // as on hardware (and loopback).
+                    s.buffers.pop_front();
+                    return Err(LandError::TooLarge { wr_id });
+                }
+                let b = s.buffers.pop_front().expect("checked");
+                Ok(Landing {
+                    wr_id: b.wr_id,
+                    offset_in_region: b.offset,
+                    offset_in_buffer: 0,
+                    mr: b.mr,
+                })
+            }
+            Some(stride) => {
+                let front_len = s.buffers.front().ok_or(LandError::NoBuffer)?.len_bytes;
+                if s.cursor > 0 && s.cursor + len > front_len {
+                    // Does not fit in the rest of this buffer: take the next one.
+                    // (A message too large for a whole, unused buffer is refused
+                    // below without consuming that buffer.)
+                    s.buffers.pop_front();
+                    s.cursor = 0;
+                }
+                let b = s.buffers.front().ok_or(LandError::NoBuffer)?;
+                if len > b.len_bytes {
+                    return Err(LandError::TooLarge { wr_id: b.wr_id });
+                }
+                let at = s.cursor;
+                let landing = Landing {
+                    wr_id: b.wr_id,
+                    mr: b.mr.clone(),
+                    offset_in_buffer: at,
+                    offset_in_region: b.offset + at,
+                };
+                let b_len = b.len_bytes;
+                s.cursor = at + len.div_ceil(stride) * stride;
+                if s.cursor >= b_len {
+                    s.buffers.pop_front();
+                    s.cursor = 0;
+                }
+                Ok(landing)
+            }
+        }
+    }
+}
+
+/// A shared receive queue on the tcp fabric.
+#[derive(Clone)]
+pub struct TcpSrq {
+    pub(crate) inner: Arc<SrqInner>,
+}
+
+impl SharedReceiveQueue for TcpSrq {
+    fn post_recv(&self, buffers: &[RecvBuffer]) -> Result<(), FabricError> {
+        for b in buffers {
+            if b.offset
+                .checked_add(b.len_bytes)
+                .is_none_or(|end| end > b.mr.len_bytes())
+                || b.len_bytes == 0
+            {
+                return Err(FabricError::Invalid(format!(
+                    "receive buffer [{}, +{}) outside its region of {} bytes",
+                    b.offset,
+                    b.len_bytes,
+                    b.mr.len_bytes()
+                )));
+            }
+            if let Some(stride) = self.inner.config.stride_bytes {
+                if b.len_bytes % stride != 0 {
+                    return Err(FabricError::Invalid(format!(
+                        "multi-packet buffer of {} bytes is not a multiple of the {stride} B stride",
+                        b.len_bytes
+                    )));
+                }
+            }
+        }
+        let mut s = self.inner.state.lock();
+        let max = self.inner.config.buffers_max;
+        if s.buffers.len() + buffers.len() > max {
+            return Err(FabricError::RecvQueueFull {
+                posted: s.buffers.len(),
+                buffers_max: max,
+            });
+        }
+        s.buffers.extend(buffers.iter().cloned());
+        Ok(())
+    }
+
+    fn posted(&self) -> usize {
+        self.inner.state.lock().buffers.len()
+    }
+}
