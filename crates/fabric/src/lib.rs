@@ -21,6 +21,7 @@
 pub mod conformance;
 pub mod loopback;
 pub mod memory;
+mod srq;
 pub mod tcp;
 mod verbs;
 

@@ -33,6 +33,7 @@ use parking_lot::{Mutex, ReentrantMutex, RwLock};
 use rowankv_types::{Clock, NodeId, QpNum, Rkey, SystemClock};
 
 use crate::memory::{PowerFailure, RegionMemory};
+use crate::srq::{claim, LandError, Landing, SrqState};
 use crate::verbs::*;
 
 /// The in-process fabric. Cheap to clone; clones share the same network.
@@ -312,10 +313,7 @@ impl Nic for LoopbackNic {
         Ok(LoopbackSrq {
             inner: Arc::new(SrqInner {
                 config,
-                state: ReentrantMutex::new(RefCell::new(SrqState {
-                    buffers: VecDeque::new(),
-                    cursor: 0,
-                })),
+                state: ReentrantMutex::new(RefCell::new(SrqState::new())),
             }),
         })
     }
@@ -477,12 +475,6 @@ impl CompletionQueue for LoopbackCq {
 // ---------------------------------------------------------------------------
 // Shared receive queues
 
-struct SrqState {
-    buffers: VecDeque<RecvBuffer>,
-    /// Multi-packet: bytes of the front buffer already consumed.
-    cursor: usize,
-}
-
 struct SrqInner {
     config: SrqConfig,
     /// Held while a message lands (see [`SrqInner::claim_and_land`]).
@@ -490,26 +482,6 @@ struct SrqInner {
     /// write on the same thread (a hook that lands it "between" two blocks);
     /// other threads wait.
     state: ReentrantMutex<RefCell<SrqState>>,
-}
-
-/// Where a message lands, decided under the SRQ lock (and written under it).
-struct Landing {
-    wr_id: u64,
-    mr: MemoryRegion,
-    /// Offset of the message within the receive buffer.
-    offset_in_buffer: usize,
-    /// Offset of the message within the region.
-    offset_in_region: usize,
-}
-
-enum LandError {
-    NoBuffer,
-    /// The receiving queue pair left the ready state.
-    Closed,
-    /// The message is larger than a receive buffer; the completion names it.
-    TooLarge {
-        wr_id: u64,
-    },
 }
 
 impl SrqInner {
@@ -534,54 +506,9 @@ impl SrqInner {
         if !open() {
             return Err(LandError::Closed);
         }
-        let landing = Self::claim(&mut guard.borrow_mut(), &self.config, len)?;
+        let landing = claim(&mut guard.borrow_mut(), &self.config, len)?;
         land(&landing);
         Ok(landing)
-    }
-
-    fn claim(s: &mut SrqState, config: &SrqConfig, len: usize) -> Result<Landing, LandError> {
-        match config.stride_bytes {
-            None => {
-                let b = s.buffers.pop_front().ok_or(LandError::NoBuffer)?;
-                if len > b.len_bytes {
-                    return Err(LandError::TooLarge { wr_id: b.wr_id });
-                }
-                Ok(Landing {
-                    wr_id: b.wr_id,
-                    offset_in_region: b.offset,
-                    offset_in_buffer: 0,
-                    mr: b.mr,
-                })
-            }
-            Some(stride) => {
-                let front_len = s.buffers.front().ok_or(LandError::NoBuffer)?.len_bytes;
-                if s.cursor > 0 && s.cursor + len > front_len {
-                    // Does not fit in the rest of this buffer: take the next one.
-                    // (A message too large for a whole, unused buffer is refused
-                    // below without consuming that buffer.)
-                    s.buffers.pop_front();
-                    s.cursor = 0;
-                }
-                let b = s.buffers.front().ok_or(LandError::NoBuffer)?;
-                if len > b.len_bytes {
-                    return Err(LandError::TooLarge { wr_id: b.wr_id });
-                }
-                let at = s.cursor;
-                let landing = Landing {
-                    wr_id: b.wr_id,
-                    mr: b.mr.clone(),
-                    offset_in_buffer: at,
-                    offset_in_region: b.offset + at,
-                };
-                let b_len = b.len_bytes;
-                s.cursor = at + len.div_ceil(stride) * stride;
-                if s.cursor >= b_len {
-                    s.buffers.pop_front();
-                    s.cursor = 0;
-                }
-                Ok(landing)
-            }
-        }
     }
 }
 

@@ -12,7 +12,10 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 
+use crate::srq::{claim, SrqState};
 use crate::verbs::*;
+
+pub(crate) use crate::srq::{LandError, Landing};
 
 pub(crate) struct CqEntry {
     pub(crate) wc: Completion,
@@ -114,36 +117,10 @@ impl CompletionQueue for TcpCq {
 // ---------------------------------------------------------------------------
 // Shared receive queues
 
-struct SrqState {
-    buffers: VecDeque<RecvBuffer>,
-    /// Multi-packet: bytes of the front buffer already consumed.
-    cursor: usize,
-}
-
 pub(crate) struct SrqInner {
     config: SrqConfig,
     /// Held while a message is claimed and landed (see [`SrqInner::claim_and_land`]).
     state: Mutex<SrqState>,
-}
-
-/// Where a message lands, decided under the SRQ lock (and written under it).
-pub(crate) struct Landing {
-    pub(crate) wr_id: u64,
-    pub(crate) mr: MemoryRegion,
-    /// Offset of the message within the receive buffer.
-    pub(crate) offset_in_buffer: usize,
-    /// Offset of the message within the region.
-    pub(crate) offset_in_region: usize,
-}
-
-pub(crate) enum LandError {
-    NoBuffer,
-    /// The receiving queue pair left the ready state.
-    Closed,
-    /// The message is larger than a receive buffer; the completion names it.
-    TooLarge {
-        wr_id: u64,
-    },
 }
 
 impl SrqInner {
@@ -153,10 +130,7 @@ impl SrqInner {
         }
         Ok(SrqInner {
             config,
-            state: Mutex::new(SrqState {
-                buffers: VecDeque::new(),
-                cursor: 0,
-            }),
+            state: Mutex::new(SrqState::new()),
         })
     }
 
@@ -173,59 +147,9 @@ impl SrqInner {
         if !open() {
             return Err(LandError::Closed);
         }
-        let landing = Self::claim(&mut s, &self.config, len)?;
+        let landing = claim(&mut s, &self.config, len)?;
         land(&landing);
         Ok(landing)
-    }
-
-    fn claim(s: &mut SrqState, config: &SrqConfig, len: usize) -> Result<Landing, LandError> {
-        match config.stride_bytes {
-            None => {
-                let b = s.buffers.front().ok_or(LandError::NoBuffer)?;
-                if len > b.len_bytes {
-                    let wr_id = b.wr_id;
-                    // A single-message buffer is consumed by the failed message,
-                    // as on hardware (and loopback).
-                    s.buffers.pop_front();
-                    return Err(LandError::TooLarge { wr_id });
-                }
-                let b = s.buffers.pop_front().expect("checked");
-                Ok(Landing {
-                    wr_id: b.wr_id,
-                    offset_in_region: b.offset,
-                    offset_in_buffer: 0,
-                    mr: b.mr,
-                })
-            }
-            Some(stride) => {
-                let front_len = s.buffers.front().ok_or(LandError::NoBuffer)?.len_bytes;
-                if s.cursor > 0 && s.cursor + len > front_len {
-                    // Does not fit in the rest of this buffer: take the next one.
-                    // (A message too large for a whole, unused buffer is refused
-                    // below without consuming that buffer.)
-                    s.buffers.pop_front();
-                    s.cursor = 0;
-                }
-                let b = s.buffers.front().ok_or(LandError::NoBuffer)?;
-                if len > b.len_bytes {
-                    return Err(LandError::TooLarge { wr_id: b.wr_id });
-                }
-                let at = s.cursor;
-                let landing = Landing {
-                    wr_id: b.wr_id,
-                    mr: b.mr.clone(),
-                    offset_in_buffer: at,
-                    offset_in_region: b.offset + at,
-                };
-                let b_len = b.len_bytes;
-                s.cursor = at + len.div_ceil(stride) * stride;
-                if s.cursor >= b_len {
-                    s.buffers.pop_front();
-                    s.cursor = 0;
-                }
-                Ok(landing)
-            }
-        }
     }
 }
 
