@@ -33,7 +33,7 @@ use parking_lot::{Mutex, ReentrantMutex, RwLock};
 use rowankv_types::{Clock, NodeId, QpNum, Rkey, SystemClock};
 
 use crate::memory::{PowerFailure, RegionMemory};
-use crate::srq::{claim, LandError, Landing, SrqState};
+use crate::srq::{claim, post, LandError, Landing, SrqState};
 use crate::verbs::*;
 
 /// The in-process fabric. Cheap to clone; clones share the same network.
@@ -520,39 +520,9 @@ pub struct LoopbackSrq {
 
 impl SharedReceiveQueue for LoopbackSrq {
     fn post_recv(&self, buffers: &[RecvBuffer]) -> Result<(), FabricError> {
-        for b in buffers {
-            if b.offset
-                .checked_add(b.len_bytes)
-                .is_none_or(|end| end > b.mr.len_bytes())
-                || b.len_bytes == 0
-            {
-                return Err(FabricError::Invalid(format!(
-                    "receive buffer [{}, +{}) outside its region of {} bytes",
-                    b.offset,
-                    b.len_bytes,
-                    b.mr.len_bytes()
-                )));
-            }
-            if let Some(stride) = self.inner.config.stride_bytes {
-                if b.len_bytes % stride != 0 {
-                    return Err(FabricError::Invalid(format!(
-                        "multi-packet buffer of {} bytes is not a multiple of the {stride} B stride",
-                        b.len_bytes
-                    )));
-                }
-            }
-        }
         let guard = self.inner.state.lock();
         let mut s = guard.borrow_mut();
-        let max = self.inner.config.buffers_max;
-        if s.buffers.len() + buffers.len() > max {
-            return Err(FabricError::RecvQueueFull {
-                posted: s.buffers.len(),
-                buffers_max: max,
-            });
-        }
-        s.buffers.extend(buffers.iter().cloned());
-        Ok(())
+        post(&mut s, &self.inner.config, buffers)
     }
 
     fn posted(&self) -> usize {

@@ -1,11 +1,11 @@
-//! What every backend's shared receive queue does alike: which posted buffer, and
-//! where in it, a message lands (seed 000 §3.2's multi-packet buffers: fixed
+//! What every backend's shared receive queue does alike: which buffers may be
+//! posted, and which posted buffer, and where in it, a message lands (seed 000 §3.2's multi-packet buffers: fixed
 //! stride, consumed strictly in posting order). The backends differ only in the
 //! lock around it and in how the bytes get there.
 
 use std::collections::VecDeque;
 
-use crate::verbs::{MemoryRegion, RecvBuffer, SrqConfig};
+use crate::verbs::{FabricError, MemoryRegion, RecvBuffer, SrqConfig};
 
 /// The posted buffers of a shared receive queue.
 pub(crate) struct SrqState {
@@ -41,6 +41,47 @@ pub(crate) enum LandError {
     TooLarge {
         wr_id: u64,
     },
+}
+
+/// Post `buffers` (all or none): each must lie inside its region, be non-empty
+/// and, for a multi-packet queue, a whole number of strides; the queue holds at
+/// most `config.buffers_max`.
+pub(crate) fn post(
+    s: &mut SrqState,
+    config: &SrqConfig,
+    buffers: &[RecvBuffer],
+) -> Result<(), FabricError> {
+    for b in buffers {
+        if b.offset
+            .checked_add(b.len_bytes)
+            .is_none_or(|end| end > b.mr.len_bytes())
+            || b.len_bytes == 0
+        {
+            return Err(FabricError::Invalid(format!(
+                "receive buffer [{}, +{}) outside its region of {} bytes",
+                b.offset,
+                b.len_bytes,
+                b.mr.len_bytes()
+            )));
+        }
+        if let Some(stride) = config.stride_bytes {
+            if b.len_bytes % stride != 0 {
+                return Err(FabricError::Invalid(format!(
+                    "multi-packet buffer of {} bytes is not a multiple of the {stride} B stride",
+                    b.len_bytes
+                )));
+            }
+        }
+    }
+    let max = config.buffers_max;
+    if s.buffers.len() + buffers.len() > max {
+        return Err(FabricError::RecvQueueFull {
+            posted: s.buffers.len(),
+            buffers_max: max,
+        });
+    }
+    s.buffers.extend(buffers.iter().cloned());
+    Ok(())
 }
 
 /// Claim room for a message of `len` bytes. A single-message buffer is consumed

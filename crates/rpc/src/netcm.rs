@@ -46,8 +46,8 @@ type HmacSha256 = Hmac<Sha256>;
 #[derive(Debug, Serialize, Deserialize)]
 struct Hello {
     version: u32,
-    /// 32 random bytes, hex.
-    nonce: String,
+    /// 32 random bytes.
+    nonce: Vec<u8>,
 }
 
 /// The caller's request.
@@ -61,8 +61,8 @@ struct Request {
     /// The caller's queue pair.
     from_node: u32,
     from_qpn: u32,
-    /// HMAC-SHA256(secret, nonce ‖ the fields above), hex.
-    proof: String,
+    /// HMAC-SHA256(secret, nonce ‖ the fields above).
+    proof: Vec<u8>,
 }
 
 /// The listener's answer.
@@ -71,20 +71,6 @@ struct Reply {
     /// The service's queue pair, connected to the caller's; or why not.
     qp: Option<(u32, u32)>,
     error: Option<String>,
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-fn unhex(text: &str) -> Option<Vec<u8>> {
-    if !text.len().is_multiple_of(2) || text.len() > 2 * FRAME_BYTES_MAX {
-        return None;
-    }
-    (0..text.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(text.get(i..i + 2)?, 16).ok())
-        .collect()
 }
 
 fn mac(secret: &[u8], nonce: &[u8], r: &Request) -> HmacSha256 {
@@ -215,7 +201,7 @@ impl Network {
             service,
             from_node: from.node.0,
             from_qpn: from.qpn.0,
-            proof: String::new(),
+            proof: Vec::new(),
         };
         let secret = self.secret.clone();
         let _ = std::thread::Builder::new()
@@ -246,10 +232,13 @@ fn exchange(address: &str, mut request: Request, secret: &[u8]) -> Result<QpAddr
             hello.version
         ));
     }
-    let nonce = unhex(&hello.nonce)
-        .filter(|n| n.len() == 32)
-        .ok_or_else(|| format!("{address} sent a malformed nonce"))?;
-    request.proof = hex(&mac(secret, &nonce, &request).finalize().into_bytes());
+    if hello.nonce.len() != 32 {
+        return Err(format!("{address} sent a malformed nonce"));
+    }
+    request.proof = mac(secret, &hello.nonce, &request)
+        .finalize()
+        .into_bytes()
+        .to_vec();
     write_frame(&mut s, &request).map_err(|e| format!("{address}: {e}"))?;
     let reply: Reply = read_frame(&mut s).map_err(|e| format!("{address}: {e}"))?;
     match (reply.qp, reply.error) {
@@ -271,7 +260,7 @@ fn serve(mut s: TcpStream, peer: SocketAddr, cluster_id: u64, secret: &[u8], rou
     let nonce: [u8; 32] = rand::random();
     let hello = Hello {
         version: PROTOCOL_VERSION,
-        nonce: hex(&nonce),
+        nonce: nonce.to_vec(),
     };
     if write_frame(&mut s, &hello).is_err() {
         return;
@@ -283,9 +272,8 @@ fn serve(mut s: TcpStream, peer: SocketAddr, cluster_id: u64, secret: &[u8], rou
                 r.version
             ));
         }
-        let proof = unhex(&r.proof).ok_or("a malformed proof")?;
         mac(secret, &nonce, &r)
-            .verify_slice(&proof)
+            .verify_slice(&r.proof)
             .map_err(|_| "refused: the cluster secret was not proven".to_string())?;
         if r.cluster_id != cluster_id {
             return Err(format!(

@@ -14,6 +14,7 @@ use std::net::{SocketAddr, ToSocketAddrs};
 use std::path::{Path, PathBuf};
 
 use rowankv_pmem::Medium;
+use rowankv_wire::config::check_host_port;
 use serde::Deserialize;
 
 use crate::replication::Strategy;
@@ -238,17 +239,9 @@ impl Checker<'_> {
         }
     }
 
-    /// A `host:port` that names somewhere (resolved now only to check it).
+    /// A `host:port` ([`check_host_port`]).
     fn address(&self, key: &'static str, text: &str) -> Result<(), DeployConfigError> {
-        let (host, port) = text
-            .rsplit_once(':')
-            .ok_or_else(|| self.bad(key, format!("{text:?} is not host:port")))?;
-        if host.is_empty() {
-            return Err(self.bad(key, format!("{text:?} has no host")));
-        }
-        port.parse::<u16>()
-            .map_err(|_| self.bad(key, format!("{text:?}: {port:?} is not a port")))?;
-        Ok(())
+        check_host_port(text).map_err(|why| self.bad(key, why))
     }
 
     fn listen(&self, key: &'static str, text: &str) -> Result<SocketAddr, DeployConfigError> {

@@ -5,9 +5,14 @@
 //! that schedules the roles, and the in-process cluster that puts servers, the
 //! CMs and the fabric together.
 //!
-//! Layering: the server depends on the engine, the fabric, the wire formats and
-//! the CM's interface (`ConfigSource`); the `cluster` module alone names the CM's
-//! embedded implementation, to assemble a cluster in one process.
+//! It also reads the deployment files of `rowankv server` and `rowankv cm`
+//! (`deploy`, `docs/deployment.md`).
+//!
+//! Layering: the server depends on the engine, the fabric, the RPC transport
+//! (`rowankv-rpc`), the wire formats and the CM's interface (`ConfigSource`).
+//! Two modules still name the `cm` crate, which the process deployment moves out
+//! of this crate: `cm_role` (the CM's role) and `cluster` (which assembles
+//! servers, CMs and the embedded store in one process).
 //!
 //! Guarantees kept here:
 //! - a PUT/DEL is answered `Ok` only after its entry is durable in the primary's

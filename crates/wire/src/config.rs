@@ -50,6 +50,21 @@ pub fn routing_hash(key: &[u8]) -> u64 {
     xxhash_rust::xxh3::xxh3_64_with_seed(key, ROUTING_SEED)
 }
 
+/// Checks that `text` is `host:port`: a non-empty host and a port number. The
+/// one rule for every address of a deployment (configuration members, the
+/// deployment files).
+pub fn check_host_port(text: &str) -> Result<(), String> {
+    let (host, port) = text
+        .rsplit_once(':')
+        .ok_or_else(|| format!("{text:?} is not host:port"))?;
+    if host.is_empty() {
+        return Err(format!("{text:?} is not host:port: no host"));
+    }
+    port.parse::<u16>()
+        .map_err(|_| format!("{text:?} is not host:port: {port:?} is not a port"))?;
+    Ok(())
+}
+
 /// A server of the cluster.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Member {
@@ -185,15 +200,8 @@ impl Config {
                 return Err(invalid(format!("member {} is listed twice", member.node)));
             }
             if let Some(a) = &member.address {
-                let well_formed = a
-                    .rsplit_once(':')
-                    .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok());
-                if !well_formed {
-                    return Err(invalid(format!(
-                        "member {}'s address {a:?} is not host:port",
-                        member.node
-                    )));
-                }
+                check_host_port(a)
+                    .map_err(|why| invalid(format!("member {}'s address: {why}", member.node)))?;
                 if !addresses.insert(a.as_str()) {
                     return Err(invalid(format!(
                         "member {}'s address {a} is another member's too",

@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 
-use crate::srq::{claim, SrqState};
+use crate::srq::{claim, post, SrqState};
 use crate::verbs::*;
 
 pub(crate) use crate::srq::{LandError, Landing};
@@ -161,38 +161,7 @@ pub struct TcpSrq {
 
 impl SharedReceiveQueue for TcpSrq {
     fn post_recv(&self, buffers: &[RecvBuffer]) -> Result<(), FabricError> {
-        for b in buffers {
-            if b.offset
-                .checked_add(b.len_bytes)
-                .is_none_or(|end| end > b.mr.len_bytes())
-                || b.len_bytes == 0
-            {
-                return Err(FabricError::Invalid(format!(
-                    "receive buffer [{}, +{}) outside its region of {} bytes",
-                    b.offset,
-                    b.len_bytes,
-                    b.mr.len_bytes()
-                )));
-            }
-            if let Some(stride) = self.inner.config.stride_bytes {
-                if b.len_bytes % stride != 0 {
-                    return Err(FabricError::Invalid(format!(
-                        "multi-packet buffer of {} bytes is not a multiple of the {stride} B stride",
-                        b.len_bytes
-                    )));
-                }
-            }
-        }
-        let mut s = self.inner.state.lock();
-        let max = self.inner.config.buffers_max;
-        if s.buffers.len() + buffers.len() > max {
-            return Err(FabricError::RecvQueueFull {
-                posted: s.buffers.len(),
-                buffers_max: max,
-            });
-        }
-        s.buffers.extend(buffers.iter().cloned());
-        Ok(())
+        post(&mut self.inner.state.lock(), &self.inner.config, buffers)
     }
 
     fn posted(&self) -> usize {
