@@ -148,6 +148,8 @@ pub struct DlwaPoint {
     /// True when the media model's timing mode charged media bytes against an
     /// emulated media bandwidth (throughputs are then not raw loopback rates).
     pub media_timing: bool,
+    /// That bandwidth per DIMM when `media_timing` is on.
+    pub media_write_bytes_per_sec_per_dimm: Option<u64>,
 }
 
 /// Errors of the experiment (setup failures; a failed write is a bug and panics).
@@ -441,6 +443,11 @@ pub fn run_point(
         remote_ops,
         local_ops,
         media_timing: opts.media.timing.is_some(),
+        media_write_bytes_per_sec_per_dimm: opts
+            .media
+            .timing
+            .as_ref()
+            .map(|t| t.media_write_bytes_per_sec_per_dimm),
     })
 }
 

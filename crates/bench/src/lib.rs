@@ -14,10 +14,14 @@
 //!   of a PUT-only run, cold start.
 //! - [`ycsb`]: seed 000 §6.3 — YCSB on an in-process cluster, the five replication
 //!   strategies side by side (throughput, latency, DLWA per server, CPU per op).
+//!
+//! [`plot`] draws the results of `dlwa`, `ycsb` and the failover run as PNG files
+//! (`--plot`), from the result records alone, with a font compiled in.
 #![forbid(unsafe_code)]
 
 pub mod coldstart;
 pub mod dlwa;
 pub mod engine_bench;
+pub mod plot;
 pub mod table;
 pub mod ycsb;

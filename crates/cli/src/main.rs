@@ -8,11 +8,12 @@
 //! crates below it.
 #![forbid(unsafe_code)]
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
 use rowankv_bench::dlwa::{self, DlwaOptions, Mode};
+use rowankv_bench::plot::{self, PlotError};
 
 mod demo;
 mod recovery_cmd;
@@ -118,6 +119,9 @@ struct YcsbArgs {
     /// Print one JSON object per strategy (an array).
     #[arg(long)]
     json: bool,
+    /// Also draw throughput and PUT/GET latency per strategy into this PNG file.
+    #[arg(long, value_name = "FILE.png")]
+    plot: Option<PathBuf>,
 }
 
 #[derive(Args)]
@@ -178,6 +182,10 @@ struct DlwaArgs {
     /// Seed of the issue schedule.
     #[arg(long)]
     seed: Option<u64>,
+    /// Also draw DLWA and the remote write rate per configuration into this PNG
+    /// file (Figures 2 and 8 style).
+    #[arg(long, value_name = "FILE.png")]
+    plot: Option<PathBuf>,
 }
 
 fn main() -> Result<()> {
@@ -277,6 +285,7 @@ fn bench_ycsb(args: YcsbArgs) -> Result<()> {
         opts.seed = v;
     }
     opts.progress = !args.json;
+    check_plot_target(args.plot.as_deref());
     let results = ycsb::run(&opts)
         .map_err(anyhow::Error::msg)
         .context("YCSB")?;
@@ -298,7 +307,7 @@ fn bench_ycsb(args: YcsbArgs) -> Result<()> {
         );
         print!("{}", ycsb::table(&results));
     }
-    Ok(())
+    write_plot(args.plot.as_deref(), |p| plot::ycsb_compare(&results, p))
 }
 
 fn bench_dlwa(args: DlwaArgs) -> Result<()> {
@@ -345,6 +354,7 @@ fn bench_dlwa(args: DlwaArgs) -> Result<()> {
         * opts.write_sizes_bytes.len()
         * opts.modes.len()
         * opts.local_writer_counts.len();
+    check_plot_target(args.plot.as_deref());
     let mut done = 0;
     let points = dlwa::run(&opts, |p| {
         done += 1;
@@ -362,7 +372,7 @@ fn bench_dlwa(args: DlwaArgs) -> Result<()> {
         }
         print!("{}", dlwa::table(&points));
     }
-    Ok(())
+    write_plot(args.plot.as_deref(), |p| plot::dlwa(&points, p))
 }
 
 fn bench_engine(args: EngineArgs) -> Result<()> {
@@ -392,5 +402,29 @@ fn bench_engine(args: EngineArgs) -> Result<()> {
     } else {
         print!("{}", engine_bench::table(&ms));
     }
+    Ok(())
+}
+
+/// Before a run: warn at once if `--plot` names a file that cannot be written, so
+/// that a long benchmark is not run for a plot that will fail (it still runs and
+/// prints its results).
+pub(crate) fn check_plot_target(path: Option<&Path>) {
+    if let Some(Err(e)) = path.map(plot::check_target) {
+        eprintln!(
+            "warning: {e}; the benchmark runs and prints its results, but the plot will fail"
+        );
+    }
+}
+
+/// After a run whose results are printed: draw the plot if `--plot` was given.
+pub(crate) fn write_plot(
+    path: Option<&Path>,
+    draw: impl FnOnce(&Path) -> Result<(), PlotError>,
+) -> Result<()> {
+    let Some(path) = path else {
+        return Ok(());
+    };
+    draw(path).context("--plot")?;
+    eprintln!("plot written to {}", path.display());
     Ok(())
 }

@@ -1,8 +1,11 @@
 //! `rowankv bench failover` and `rowankv bench coldstart` (seed 000 §6.5).
 
+use std::path::PathBuf;
+
 use anyhow::{Context, Result};
 use clap::Args;
 use rowankv_bench::coldstart::{self, ColdStartOptions};
+use rowankv_bench::plot;
 use rowankv_bench::ycsb::{self, YcsbOptions};
 use rowankv_server::Strategy;
 
@@ -26,6 +29,10 @@ pub struct FailoverArgs {
     /// Print results as JSON.
     #[arg(long)]
     json: bool,
+    /// Also draw each run's throughput timeline, with the kill, the commit of the
+    /// new configuration and the shards served again marked, into this PNG file.
+    #[arg(long, value_name = "FILE.png")]
+    plot: Option<PathBuf>,
 }
 
 fn median(mut v: Vec<f64>) -> Option<f64> {
@@ -48,6 +55,7 @@ pub fn failover(args: FailoverArgs) -> Result<()> {
         progress: !args.json,
         ..YcsbOptions::default()
     };
+    crate::check_plot_target(args.plot.as_deref());
     let mut results = Vec::new();
     for run in 0..args.runs {
         let r = ycsb::run(&opts)
@@ -72,7 +80,7 @@ pub fn failover(args: FailoverArgs) -> Result<()> {
     }
     if args.json {
         println!("{}", serde_json::to_string_pretty(&results)?);
-        return Ok(());
+        return crate::write_plot(args.plot.as_deref(), |p| plot::failover(&results, p));
     }
     let f: Vec<_> = results.iter().filter_map(|r| r.failover.clone()).collect();
     let m = |get: fn(&ycsb::FailoverTimes) -> Option<f64>| {
@@ -90,10 +98,14 @@ pub fn failover(args: FailoverArgs) -> Result<()> {
     println!("live servers evicted (leases renewed late) over all runs: {evicted}");
     let lost: u64 = results.iter().map(|r| r.lost_writes).sum();
     println!("acknowledged writes lost over all runs: {lost}");
+    let plotted = crate::write_plot(args.plot.as_deref(), |p| plot::failover(&results, p));
     if lost > 0 {
+        if let Err(e) = plotted {
+            eprintln!("error: {e:#}");
+        }
         anyhow::bail!("{lost} acknowledged writes were not readable after failover");
     }
-    Ok(())
+    plotted
 }
 
 #[derive(Args)]

@@ -6,5 +6,5 @@ pub mod workload;
 
 pub use runner::{
     run, table, timeline_report, FailoverTimes, TimedEvent, YcsbOptions, YcsbResult,
-    SCALED_MEDIA_BANDWIDTH,
+    SCALED_MEDIA_BANDWIDTH, TIMELINE_STEP_NS,
 };

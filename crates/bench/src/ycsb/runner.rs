@@ -136,6 +136,8 @@ pub struct YcsbResult {
     pub timeouts: u64,
     pub load_seconds: f64,
     pub media_timing: bool,
+    /// Media write bandwidth per DIMM of the timing mode, when `media_timing` is on.
+    pub media_write_bytes_per_sec_per_dimm: Option<u64>,
     /// Operations completed per 100 ms of the measured phase.
     pub timeline: Vec<u64>,
     /// Failover events, ms into the measured phase.
@@ -173,8 +175,8 @@ pub struct FailoverTimes {
     pub others_failed: Vec<u32>,
 }
 
-/// Buckets of the throughput timeline.
-const TIMELINE_STEP_NS: u64 = 100_000_000;
+/// Buckets of the throughput timeline ([`YcsbResult::timeline`]).
+pub const TIMELINE_STEP_NS: u64 = 100_000_000;
 
 const PHASE_LOAD: u8 = 0;
 const PHASE_WAIT: u8 = 1;
@@ -700,6 +702,7 @@ fn run_one(opts: &YcsbOptions, strategy: Strategy) -> Result<YcsbResult, String>
         timeouts: counters.timeouts.load(Ordering::Relaxed),
         load_seconds,
         media_timing: opts.media_bandwidth.is_some(),
+        media_write_bytes_per_sec_per_dimm: opts.media_bandwidth,
         timeline,
         events,
         failover,

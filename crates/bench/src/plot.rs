@@ -1,0 +1,995 @@
+//! Plots of the experiments' results, as PNG files (`--plot FILE.png`).
+//!
+//! Three plots, each drawn from the result records of one run and nothing else:
+//! - [`dlwa`]: seed 000 Figures 2 and 8 — DLWA against the number of remote write
+//!   streams, one line per (mode, write size), one column per local-writer count;
+//!   the remote write rate of the same points below.
+//! - [`ycsb_compare`]: seed 000 §6.3 — throughput, PUT latency and GET latency
+//!   (p50, p99, p99.9) per replication strategy.
+//! - [`failover`]: seed 000 Figure 14 — throughput per 100 ms of each run, with the
+//!   kill, the commit of the new configuration and the moment every shard of the
+//!   killed server was served again marked.
+//!
+//! This module owns the look of every plot (canvas sizes, fonts, colours, axes,
+//! the title and the caption), so the three stay alike. Every plot's caption says
+//! which timing model produced the figures (the media model's timing mode on, with
+//! its bandwidth, or off), as every line the benchmarks print does.
+//!
+//! Text is drawn with DejaVu Sans compiled into the crate (`assets/`, with its
+//! licence) and rendered by `ab_glyph`: no system font, fontconfig or font file is
+//! needed at run time. Plotting must never depend on the benchmarks' internals:
+//! it reads only the public result records.
+
+use std::error::Error;
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+use plotters::coord::Shift;
+use plotters::prelude::*;
+use plotters::style::text_anchor::{HPos, Pos, VPos};
+
+use crate::dlwa::{DlwaPoint, Mode};
+use crate::ycsb::{YcsbResult, TIMELINE_STEP_NS};
+
+/// The embedded typeface (DejaVu Sans 2.37; licence in `assets/`).
+const FONT_TTF: &[u8] = include_bytes!("../assets/DejaVuSans.ttf");
+/// The family name the font is registered under: plotters' default for axis
+/// labels and legends, so every text of a chart finds it.
+const FONT_FAMILY: &str = "sans-serif";
+
+const TITLE_PX: u32 = 26;
+const PANEL_TITLE_PX: u32 = 18;
+const LABEL_PX: u32 = 15;
+const CAPTION_PX: u32 = 15;
+/// Height of one caption line, and the blank above the first.
+const CAPTION_LINE_PX: u32 = 21;
+const MARGIN_PX: u32 = 14;
+/// Average advance of a caption character as a fraction of the font size
+/// (DejaVu Sans), used to wrap caption lines to the canvas width.
+const CAPTION_CHAR_EM: f64 = 0.48;
+
+const DLWA_SIZE_PX: (u32, u32) = (1400, 960);
+const YCSB_SIZE_PX: (u32, u32) = (1500, 640);
+const FAILOVER_WIDTH_PX: u32 = 1300;
+const FAILOVER_PANEL_HEIGHT_PX: u32 = 380;
+/// Bound on the runs drawn by [`failover`] (one panel each); more are an error.
+pub const FAILOVER_RUNS_MAX: usize = 10;
+
+const GREY: RGBColor = RGBColor(110, 110, 110);
+/// Strategies in the order and colours of every plot.
+const STRATEGY_COLOURS: [(&str, RGBColor); 5] = [
+    ("rowan", RGBColor(31, 119, 180)),
+    ("rpc", RGBColor(255, 127, 14)),
+    ("rwrite", RGBColor(214, 39, 40)),
+    ("batch", RGBColor(44, 160, 44)),
+    ("share", RGBColor(148, 103, 189)),
+];
+/// Per-sender WRITE logs: warm colours, one per write size.
+const WRITE_COLOURS: [RGBColor; 4] = [
+    RGBColor(214, 39, 40),
+    RGBColor(255, 127, 14),
+    RGBColor(140, 86, 75),
+    RGBColor(227, 119, 194),
+];
+/// Rowan: cool colours, one per write size.
+const ROWAN_COLOURS: [RGBColor; 4] = [
+    RGBColor(31, 119, 180),
+    RGBColor(23, 190, 207),
+    RGBColor(44, 160, 44),
+    RGBColor(60, 60, 140),
+];
+/// p50, p99, p99.9.
+const PERCENTILE_COLOURS: [RGBColor; 3] = [
+    RGBColor(158, 202, 225),
+    RGBColor(66, 146, 198),
+    RGBColor(8, 69, 148),
+];
+const KILL_COLOUR: RGBColor = RGBColor(214, 39, 40);
+const COMMIT_COLOUR: RGBColor = RGBColor(148, 103, 189);
+const SERVED_COLOUR: RGBColor = RGBColor(44, 160, 44);
+const THROUGHPUT_COLOUR: RGBColor = RGBColor(31, 119, 180);
+
+/// Why a plot could not be written.
+#[derive(Debug, thiserror::Error)]
+pub enum PlotError {
+    #[error("plot file {0}: the name must end in .png")]
+    NotPng(PathBuf),
+    #[error("plot file {path}: directory {dir} does not exist")]
+    NoDirectory { path: PathBuf, dir: PathBuf },
+    #[error("plot file {path}: cannot write it: {source}")]
+    Write {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("plot file {path}: {message}")]
+    Draw { path: PathBuf, message: String },
+    #[error("nothing to plot: {0}")]
+    NoData(String),
+    #[error("the embedded plot font (DejaVu Sans) could not be parsed")]
+    Font,
+}
+
+type DrawResult<T> = Result<T, Box<dyn Error>>;
+type Area<'a> = DrawingArea<BitMapBackend<'a>, Shift>;
+
+/// Check, before a long run, that `path` can take a plot: it ends in `.png` and
+/// its directory exists. (Whether the directory is writable shows only when the
+/// file is written.)
+pub fn check_target(path: &Path) -> Result<(), PlotError> {
+    let is_png = path
+        .extension()
+        .and_then(|e| e.to_str())
+        .is_some_and(|e| e.eq_ignore_ascii_case("png"));
+    if !is_png {
+        return Err(PlotError::NotPng(path.to_path_buf()));
+    }
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    if !dir.is_dir() {
+        return Err(PlotError::NoDirectory {
+            path: path.to_path_buf(),
+            dir: dir.to_path_buf(),
+        });
+    }
+    Ok(())
+}
+
+/// Register the embedded font with plotters, once per process.
+fn register_font() -> Result<(), PlotError> {
+    static REGISTERED: OnceLock<bool> = OnceLock::new();
+    let ok = *REGISTERED.get_or_init(|| {
+        plotters::style::register_font(FONT_FAMILY, FontStyle::Normal, FONT_TTF).is_ok()
+    });
+    if ok {
+        Ok(())
+    } else {
+        Err(PlotError::Font)
+    }
+}
+
+/// Draw onto a `size` canvas with `draw` and write it to `path` as PNG.
+fn render(
+    path: &Path,
+    size: (u32, u32),
+    draw: impl FnOnce(&Area<'_>) -> DrawResult<()>,
+) -> Result<(), PlotError> {
+    check_target(path)?;
+    register_font()?;
+    // Create the file before drawing: the file system's answer (permission
+    // denied, a directory, read-only) is clearer than the PNG encoder's.
+    std::fs::File::create(path).map_err(|source| PlotError::Write {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let drawn = {
+        let root = BitMapBackend::new(path, size).into_drawing_area();
+        draw(&root).and_then(|()| {
+            // Written here, not when the backend is dropped: the drop ignores errors.
+            root.present().map_err(|e| Box::new(e) as Box<dyn Error>)
+        })
+    };
+    drawn.map_err(|e| {
+        // No half-drawn or empty plot left behind. Best effort: the error that
+        // matters is the drawing's.
+        let _ = std::fs::remove_file(path);
+        PlotError::Draw {
+            path: path.to_path_buf(),
+            message: e.to_string(),
+        }
+    })
+}
+
+/// What the media model's timing mode did in a run, as the caption says it.
+fn timing_model(timings: impl IntoIterator<Item = (bool, Option<u64>)>) -> String {
+    let mut seen: Vec<(bool, Option<u64>)> = timings.into_iter().collect();
+    seen.sort_unstable();
+    seen.dedup();
+    let one = |(on, bandwidth): (bool, Option<u64>)| {
+        match (on, bandwidth) {
+        (true, Some(b)) => format!(
+            "media timing ON ({} MB/s media write bandwidth per DIMM): throughput is limited by emulated PM bandwidth",
+            b / 1_000_000
+        ),
+        (true, None) => {
+            "media timing ON: throughput is limited by emulated PM bandwidth".to_string()
+        }
+        (false, _) => {
+            "media timing OFF: DLWA is counted, throughput is not limited by emulated PM bandwidth"
+                .to_string()
+        }
+    }
+    };
+    let described = match seen.as_slice() {
+        [single] => one(*single),
+        _ => format!(
+            "mixed within this run: {}",
+            seen.iter().map(|s| one(*s)).collect::<Vec<_>>().join("; ")
+        ),
+    };
+    format!("Timing model: the Optane media model on every pool; {described}.")
+}
+
+/// Split `text` into lines of at most `chars_max` characters at spaces.
+fn wrap(text: &str, chars_max: usize) -> Vec<String> {
+    let mut lines = Vec::new();
+    let mut line = String::new();
+    for word in text.split(' ') {
+        if !line.is_empty() && line.chars().count() + 1 + word.chars().count() > chars_max {
+            lines.push(std::mem::take(&mut line));
+        }
+        if !line.is_empty() {
+            line.push(' ');
+        }
+        line.push_str(word);
+    }
+    if !line.is_empty() {
+        lines.push(line);
+    }
+    lines
+}
+
+/// White canvas, the title on top, the caption (wrapped) at the bottom; returns
+/// the area in between for the panels.
+fn frame<'a>(root: &Area<'a>, title: &str, caption: &[String]) -> DrawResult<Area<'a>> {
+    root.fill(&WHITE)?;
+    let (width, _) = root.dim_in_pixel();
+    let chars_max =
+        ((width - 2 * MARGIN_PX) as f64 / (CAPTION_PX as f64 * CAPTION_CHAR_EM)) as usize;
+    let lines: Vec<String> = caption.iter().flat_map(|c| wrap(c, chars_max)).collect();
+    let body = root.titled(title, (FONT_FAMILY, TITLE_PX))?;
+    let (_, body_height) = body.dim_in_pixel();
+    let foot_px = (lines.len() as u32 + 1) * CAPTION_LINE_PX;
+    let (body, foot) = body.split_vertically(body_height.saturating_sub(foot_px));
+    let style = TextStyle::from((FONT_FAMILY, CAPTION_PX)).color(&BLACK);
+    for (i, line) in lines.iter().enumerate() {
+        foot.draw_text(
+            line,
+            &style,
+            (
+                MARGIN_PX as i32,
+                (CAPTION_LINE_PX / 2 + i as u32 * CAPTION_LINE_PX) as i32,
+            ),
+        )?;
+    }
+    Ok(body)
+}
+
+/// A legend line sample in `colour`.
+fn legend_line(colour: RGBColor) -> impl Fn((i32, i32)) -> PathElement<(i32, i32)> {
+    move |(x, y)| PathElement::new(vec![(x, y), (x + 22, y)], colour.stroke_width(3))
+}
+
+/// A legend box sample in `colour`.
+fn legend_box(colour: RGBColor) -> impl Fn((i32, i32)) -> Rectangle<(i32, i32)> {
+    move |(x, y)| Rectangle::new([(x, y - 6), (x + 16, y + 6)], colour.filled())
+}
+
+fn strategy_colour(name: &str) -> RGBColor {
+    STRATEGY_COLOURS
+        .iter()
+        .find(|(n, _)| *n == name)
+        .map_or(GREY, |(_, c)| *c)
+}
+
+/// YCSB's name of a workload: A, B, … (the load phase keeps its name).
+fn workload_name(workload: &str) -> String {
+    if workload.len() == 1 {
+        workload.to_uppercase()
+    } else {
+        workload.to_string()
+    }
+}
+
+/// `n` with a comma between thousands: 100,000.
+fn thousands(n: u64) -> String {
+    let digits = n.to_string();
+    let mut out = String::with_capacity(digits.len() + digits.len() / 3);
+    for (i, d) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(d);
+    }
+    out
+}
+
+/// `lo..hi` padded so that a flat or single-valued series still has a range.
+fn padded(lo: f64, hi: f64, fraction: f64, at_least: f64) -> (f64, f64) {
+    let pad = ((hi - lo) * fraction).max(at_least);
+    (lo - pad, hi + pad)
+}
+
+// ---------------------------------------------------------------------------
+// DLWA (seed 000 Figures 2 and 8)
+
+/// DLWA (and the remote write rate) against the number of remote write streams:
+/// one column per local-writer count, one line per (mode, write size).
+pub fn dlwa(points: &[DlwaPoint], path: &Path) -> Result<(), PlotError> {
+    if points.is_empty() {
+        return Err(PlotError::NoData("the DLWA run has no points".into()));
+    }
+    let mut locals: Vec<usize> = points.iter().map(|p| p.local_writer_count).collect();
+    locals.sort_unstable();
+    locals.dedup();
+    let mut sizes: Vec<usize> = points.iter().map(|p| p.write_size_bytes).collect();
+    sizes.sort_unstable();
+    sizes.dedup();
+    let remote_ops: u64 = points.iter().map(|p| p.remote_ops).max().unwrap_or(0);
+    let caption = vec![
+        timing_model(
+            points
+                .iter()
+                .map(|p| (p.media_timing, p.media_write_bytes_per_sec_per_dimm)),
+        ),
+        format!(
+            "DLWA = media bytes / request bytes over each point's measured window (local writes included). \
+             Up to {} measured remote writes per point, loopback fabric, emulated PM on the receiver.",
+            thousands(remote_ops)
+        ),
+    ];
+    render(path, DLWA_SIZE_PX, |root| {
+        let body = frame(
+            root,
+            "DLWA of many WRITE streams vs one Rowan stream (seed 000 Fig. 2 / Fig. 8)",
+            &caption,
+        )?;
+        let rows = body.split_evenly((2, locals.len()));
+        let (cols, dlwa_row) = (locals.len(), &rows[..locals.len()]);
+        let rate_row = &rows[cols..];
+        let senders_max = points.iter().map(|p| p.senders).max().unwrap_or(1).max(1) as f64;
+        let x_range = 0.0..senders_max * 1.05;
+        let (dlwa_lo, dlwa_hi) = padded(
+            points.iter().map(|p| p.dlwa).fold(f64::INFINITY, f64::min),
+            points.iter().map(|p| p.dlwa).fold(0.0, f64::max),
+            0.08,
+            0.02,
+        );
+        let rate_hi = points
+            .iter()
+            .map(|p| p.ops_per_sec / 1e6)
+            .fold(0.0, f64::max)
+            .max(1e-3)
+            * 1.15;
+        for (col, &local) in locals.iter().enumerate() {
+            let letter = (b'a' + col as u8) as char;
+            let which = if local == 0 {
+                "no local writers".to_string()
+            } else {
+                format!("{local} local writers on the receiver")
+            };
+            let panel = |metric: fn(&DlwaPoint) -> f64,
+                         area: &Area<'_>,
+                         title: String,
+                         y: std::ops::Range<f64>,
+                         y_desc: &str,
+                         legend: bool|
+             -> DrawResult<()> {
+                let mut chart = ChartBuilder::on(area)
+                    .caption(title, (FONT_FAMILY, PANEL_TITLE_PX))
+                    .margin(MARGIN_PX)
+                    .x_label_area_size(40)
+                    .y_label_area_size(60)
+                    .build_cartesian_2d(x_range.clone(), y)?;
+                chart
+                    .configure_mesh()
+                    .x_label_formatter(&|x| format!("{x:.0}"))
+                    .x_desc("remote write streams (senders)")
+                    .y_desc(y_desc)
+                    .label_style((FONT_FAMILY, LABEL_PX))
+                    .draw()?;
+                for mode in [Mode::Write, Mode::Rowan] {
+                    for (i, &size) in sizes.iter().enumerate() {
+                        let mut line: Vec<(f64, f64)> = points
+                            .iter()
+                            .filter(|p| {
+                                p.mode == mode
+                                    && p.write_size_bytes == size
+                                    && p.local_writer_count == local
+                            })
+                            .map(|p| (p.senders as f64, metric(p)))
+                            .collect();
+                        if line.is_empty() {
+                            continue;
+                        }
+                        line.sort_by(|a, b| a.0.total_cmp(&b.0));
+                        let colour = match mode {
+                            Mode::Write => WRITE_COLOURS[i % WRITE_COLOURS.len()],
+                            Mode::Rowan => ROWAN_COLOURS[i % ROWAN_COLOURS.len()],
+                        };
+                        chart
+                            .draw_series(
+                                LineSeries::new(line, colour.stroke_width(2)).point_size(4),
+                            )?
+                            .label(format!("{mode} {size} B"))
+                            .legend(legend_line(colour));
+                    }
+                }
+                if legend {
+                    chart
+                        .configure_series_labels()
+                        .position(SeriesLabelPosition::UpperLeft)
+                        .label_font((FONT_FAMILY, LABEL_PX))
+                        .background_style(WHITE.mix(0.85))
+                        .border_style(BLACK)
+                        .draw()?;
+                }
+                Ok(())
+            };
+            panel(
+                |p| p.dlwa,
+                &dlwa_row[col],
+                format!("({letter}) DLWA, {which}"),
+                dlwa_lo..dlwa_hi,
+                "DLWA (media / request bytes)",
+                true,
+            )?;
+            panel(
+                |p| p.ops_per_sec / 1e6,
+                &rate_row[col],
+                format!("({letter}') remote writes, {which}"),
+                0.0..rate_hi,
+                "remote writes (M/s)",
+                false,
+            )?;
+        }
+        Ok(())
+    })
+}
+
+// ---------------------------------------------------------------------------
+// YCSB, strategies side by side (seed 000 §6.3)
+
+/// Throughput and PUT/GET latency per replication strategy of one YCSB run.
+pub fn ycsb_compare(results: &[YcsbResult], path: &Path) -> Result<(), PlotError> {
+    let Some(first) = results.first() else {
+        return Err(PlotError::NoData("the YCSB run has no results".into()));
+    };
+    let caption = vec![
+        timing_model(
+            results
+                .iter()
+                .map(|r| (r.media_timing, r.media_write_bytes_per_sec_per_dimm)),
+        ),
+        format!(
+            "Measured phase {:.1} s per strategy after loading {} objects; in-process cluster on the loopback fabric. \
+             Latency: fixed-bound histograms (1 µs to 60 s, 3 significant digits), log scale. Errors + timeouts: {}.",
+            first.seconds,
+            thousands(first.records),
+            results
+                .iter()
+                .map(|r| format!("{} {}", r.strategy, r.errors + r.timeouts))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    ];
+    let title = format!(
+        "YCSB-{}, {} sizes: {} servers, RF {}, {} workers/server, {} clients — replication strategies side by side",
+        workload_name(&first.workload),
+        first.sizes,
+        first.servers,
+        first.replication_factor,
+        first.workers,
+        first.clients
+    );
+    let names: Vec<String> = results.iter().map(|r| r.strategy.clone()).collect();
+    render(path, YCSB_SIZE_PX, |root| {
+        let body = frame(root, &title, &caption)?;
+        let panels = body.split_evenly((1, 3));
+        // Strategy i is centred at i * SLOT_UNITS on an integer axis, so that bars
+        // can sit side by side within its slot and the labels fall on the centres.
+        const SLOT_UNITS: i32 = 100;
+        let n = results.len() as i32;
+        let x_range = || {
+            (-SLOT_UNITS / 2..n * SLOT_UNITS - SLOT_UNITS / 2)
+                .with_key_points((0..n).map(|i| i * SLOT_UNITS).collect())
+        };
+        let name_at = |x: &i32| {
+            if x.rem_euclid(SLOT_UNITS) == 0 {
+                names
+                    .get((x / SLOT_UNITS) as usize)
+                    .cloned()
+                    .unwrap_or_default()
+            } else {
+                String::new()
+            }
+        };
+        let centre = |i: usize| i as i32 * SLOT_UNITS;
+
+        // Throughput.
+        let kops: Vec<f64> = results.iter().map(|r| r.ops_per_sec / 1e3).collect();
+        let hi = kops.iter().copied().fold(0.0, f64::max).max(1e-3) * 1.18;
+        let mut chart = ChartBuilder::on(&panels[0])
+            .caption("Throughput", (FONT_FAMILY, PANEL_TITLE_PX))
+            .margin(MARGIN_PX)
+            .x_label_area_size(40)
+            .y_label_area_size(70)
+            .build_cartesian_2d(x_range(), 0.0..hi)?;
+        chart
+            .configure_mesh()
+            .disable_x_mesh()
+            .x_label_formatter(&name_at)
+            .y_desc("operations per second (thousands)")
+            .y_label_formatter(&|v| format!("{v:.0}"))
+            .label_style((FONT_FAMILY, LABEL_PX))
+            .draw()?;
+        let half_bar = SLOT_UNITS * 35 / 100;
+        chart.draw_series(kops.iter().enumerate().map(|(i, &v)| {
+            let x = centre(i);
+            Rectangle::new(
+                [(x - half_bar, 0.0), (x + half_bar, v)],
+                strategy_colour(&names[i]).filled(),
+            )
+        }))?;
+        let above = TextStyle::from((FONT_FAMILY, LABEL_PX))
+            .color(&BLACK)
+            .pos(Pos::new(HPos::Center, VPos::Bottom));
+        chart.draw_series(
+            kops.iter()
+                .enumerate()
+                .map(|(i, &v)| Text::new(format!("{v:.1}"), (centre(i), v), above.clone())),
+        )?;
+
+        // Latency panels: (title, p50/p99/p99.9 in µs per result, whether any
+        // operation of the kind was measured).
+        let latency = [
+            (
+                "PUT latency",
+                results
+                    .iter()
+                    .map(|r| [r.put_p50_us, r.put_p99_us, r.put_p999_us])
+                    .collect::<Vec<_>>(),
+                results.iter().any(|r| r.puts > 0),
+            ),
+            (
+                "GET latency",
+                results
+                    .iter()
+                    .map(|r| [r.get_p50_us, r.get_p99_us, r.get_p999_us])
+                    .collect(),
+                results.iter().any(|r| r.gets > 0),
+            ),
+        ];
+        for (k, (what, values, measured)) in latency.iter().enumerate() {
+            let measured = *measured;
+            let lo_seen = values
+                .iter()
+                .flatten()
+                .copied()
+                .filter(|&v| v > 0.0)
+                .fold(f64::INFINITY, f64::min);
+            let hi_seen = values.iter().flatten().copied().fold(0.0, f64::max);
+            let (lo, hi) = if measured && lo_seen.is_finite() {
+                (lo_seen / 2.0, hi_seen * 3.0)
+            } else {
+                (1.0, 10.0)
+            };
+            let title = if measured {
+                format!("{what}: p50, p99, p99.9")
+            } else {
+                format!("{what}: none in this workload")
+            };
+            let mut chart = ChartBuilder::on(&panels[k + 1])
+                .caption(title, (FONT_FAMILY, PANEL_TITLE_PX))
+                .margin(MARGIN_PX)
+                .x_label_area_size(40)
+                .y_label_area_size(70)
+                .build_cartesian_2d(x_range(), (lo..hi).log_scale())?;
+            chart
+                .configure_mesh()
+                .disable_x_mesh()
+                .x_label_formatter(&name_at)
+                .y_label_formatter(&|v| format!("{v:.0}"))
+                .y_desc("µs (log scale)")
+                .label_style((FONT_FAMILY, LABEL_PX))
+                .draw()?;
+            if !measured {
+                continue;
+            }
+            let width = SLOT_UNITS * 24 / 100;
+            for (j, label) in ["p50", "p99", "p99.9"].iter().enumerate() {
+                let colour = PERCENTILE_COLOURS[j];
+                chart
+                    .draw_series(values.iter().enumerate().filter(|(_, v)| v[j] > 0.0).map(
+                        |(i, v)| {
+                            let x = centre(i) + (j as i32 - 1) * width;
+                            Rectangle::new(
+                                [(x - width / 2, lo), (x + width / 2, v[j])],
+                                colour.filled(),
+                            )
+                        },
+                    ))?
+                    .label(*label)
+                    .legend(legend_box(colour));
+            }
+            chart
+                .configure_series_labels()
+                .position(SeriesLabelPosition::UpperLeft)
+                .label_font((FONT_FAMILY, LABEL_PX))
+                .background_style(WHITE.mix(0.85))
+                .border_style(BLACK)
+                .draw()?;
+        }
+        Ok(())
+    })
+}
+
+// ---------------------------------------------------------------------------
+// Failover timeline (seed 000 Figure 14)
+
+/// Throughput per timeline step of each run, with the failover events marked.
+pub fn failover(runs: &[YcsbResult], path: &Path) -> Result<(), PlotError> {
+    let Some(first) = runs.first() else {
+        return Err(PlotError::NoData(
+            "the failover benchmark has no runs".into(),
+        ));
+    };
+    if runs.len() > FAILOVER_RUNS_MAX {
+        return Err(PlotError::NoData(format!(
+            "{} runs: a failover plot draws at most {FAILOVER_RUNS_MAX}",
+            runs.len()
+        )));
+    }
+    if runs.iter().all(|r| r.timeline.is_empty()) {
+        return Err(PlotError::NoData(
+            "the failover runs recorded no throughput timeline".into(),
+        ));
+    }
+    let step_s = TIMELINE_STEP_NS as f64 / 1e9;
+    let caption = vec![
+        timing_model(
+            runs.iter()
+                .map(|r| (r.media_timing, r.media_write_bytes_per_sec_per_dimm)),
+        ),
+        format!(
+            "Throughput: operations completed per {:.0} ms step of the measured phase. Marked: the kill, \
+             the commit of the new configuration, and the moment every shard of the killed server was served again.",
+            step_s * 1e3
+        ),
+    ];
+    let title = format!(
+        "Failover under YCSB-{} ({} objects, {} servers, RF {}): throughput timeline (seed 000 Fig. 14)",
+        workload_name(&first.workload),
+        thousands(first.records),
+        first.servers,
+        first.replication_factor
+    );
+    let height = FAILOVER_PANEL_HEIGHT_PX * runs.len() as u32 + 140;
+    render(path, (FAILOVER_WIDTH_PX, height), |root| {
+        let body = frame(root, &title, &caption)?;
+        let panels = body.split_evenly((runs.len(), 1));
+        let steps_max = runs.iter().map(|r| r.timeline.len()).max().unwrap_or(1);
+        let x_hi = steps_max as f64 * step_s;
+        let peak = runs
+            .iter()
+            .flat_map(|r| r.timeline.iter())
+            .copied()
+            .max()
+            .unwrap_or(0) as f64
+            / step_s
+            / 1e3;
+        // Headroom above the peak for the legend.
+        let y_hi = peak.max(1e-3) * 1.6;
+        for (run, (r, area)) in runs.iter().zip(&panels).enumerate() {
+            let f = r.failover.as_ref();
+            let ms = |v: Option<f64>| v.map_or("not reached".to_string(), |v| format!("{v:.1} ms"));
+            let panel_title = match f {
+                Some(f) => format!(
+                    "run {}: s{} killed at {:.0} ms; {} ops/s over the phase",
+                    run + 1,
+                    f.killed,
+                    f.kill_at_ms,
+                    thousands(r.ops_per_sec as u64)
+                ),
+                None => format!(
+                    "run {}: no kill; {} ops/s over the phase",
+                    run + 1,
+                    thousands(r.ops_per_sec as u64)
+                ),
+            };
+            let mut chart = ChartBuilder::on(area)
+                .caption(panel_title, (FONT_FAMILY, PANEL_TITLE_PX))
+                .margin(MARGIN_PX)
+                .x_label_area_size(40)
+                .y_label_area_size(70)
+                .build_cartesian_2d(0.0..x_hi, 0.0..y_hi)?;
+            chart
+                .configure_mesh()
+                .x_desc("seconds into the measured phase")
+                .y_desc("ops/s (thousands)")
+                .y_label_formatter(&|v| format!("{v:.0}"))
+                .label_style((FONT_FAMILY, LABEL_PX))
+                .draw()?;
+            // A step per bucket: the rate is the bucket's, flat across it.
+            let steps: Vec<(f64, f64)> = r
+                .timeline
+                .iter()
+                .enumerate()
+                .flat_map(|(i, &n)| {
+                    let rate = n as f64 / step_s / 1e3;
+                    [(i as f64 * step_s, rate), ((i + 1) as f64 * step_s, rate)]
+                })
+                .collect();
+            chart
+                .draw_series(
+                    AreaSeries::new(steps, 0.0, THROUGHPUT_COLOUR.mix(0.25))
+                        .border_style(THROUGHPUT_COLOUR.stroke_width(2)),
+                )?
+                .label("throughput")
+                .legend(legend_line(THROUGHPUT_COLOUR));
+            if let Some(f) = f {
+                let after = |v: Option<f64>| v.map(|v| f.kill_at_ms + v);
+                let marks = [
+                    (
+                        Some(f.kill_at_ms),
+                        format!("s{} killed", f.killed),
+                        KILL_COLOUR,
+                    ),
+                    (
+                        after(f.committed_ms),
+                        format!("configuration committed (+{})", ms(f.committed_ms)),
+                        COMMIT_COLOUR,
+                    ),
+                    (
+                        after(f.all_served_ms),
+                        format!(
+                            "all {} shards served again (+{})",
+                            f.shards_promoted,
+                            ms(f.all_served_ms)
+                        ),
+                        SERVED_COLOUR,
+                    ),
+                ];
+                for (at_ms, label, colour) in marks {
+                    let series = match at_ms {
+                        Some(at) => {
+                            let x = at / 1e3;
+                            vec![(x, 0.0), (x, y_hi)]
+                        }
+                        // Not reached: listed in the legend, nothing drawn.
+                        None => Vec::new(),
+                    };
+                    chart
+                        .draw_series(LineSeries::new(series, colour.stroke_width(2)))?
+                        .label(label)
+                        .legend(legend_line(colour));
+                }
+            }
+            chart
+                .configure_series_labels()
+                .position(SeriesLabelPosition::UpperRight)
+                .label_font((FONT_FAMILY, LABEL_PX))
+                .background_style(WHITE.mix(0.85))
+                .border_style(BLACK)
+                .draw()?;
+        }
+        Ok(())
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ycsb::{FailoverTimes, TimedEvent};
+
+    fn dlwa_points() -> Vec<DlwaPoint> {
+        let mut points = Vec::new();
+        for local in [0, 18] {
+            for size in [64, 128] {
+                for mode in [Mode::Write, Mode::Rowan] {
+                    for senders in [1, 36, 144] {
+                        let dlwa = match mode {
+                            Mode::Write => 1.0 + senders as f64 / 200.0 * 64.0 / size as f64,
+                            Mode::Rowan => 1.0 + local as f64 / 10_000.0,
+                        };
+                        points.push(DlwaPoint {
+                            mode,
+                            write_size_bytes: size,
+                            senders,
+                            local_writers: local > 0,
+                            local_writer_count: local,
+                            dlwa,
+                            ops_per_sec: 1.5e6 / dlwa,
+                            local_ops_per_sec: 0.0,
+                            request_bytes: 1000 * size as u64,
+                            media_bytes: (1000.0 * size as f64 * dlwa) as u64,
+                            remote_ops: 1000,
+                            local_ops: 0,
+                            media_timing: false,
+                            media_write_bytes_per_sec_per_dimm: None,
+                        });
+                    }
+                }
+            }
+        }
+        points
+    }
+
+    fn ycsb_result(strategy: &str, ops_per_sec: f64) -> YcsbResult {
+        YcsbResult {
+            strategy: strategy.into(),
+            workload: "a".into(),
+            sizes: "zippydb".into(),
+            servers: 3,
+            replication_factor: 3,
+            workers: 4,
+            clients: 8,
+            records: 20_000,
+            seconds: 4.0,
+            ops: (ops_per_sec * 4.0) as u64,
+            ops_per_sec,
+            puts: 1000,
+            gets: 1000,
+            put_p50_us: 80.0,
+            put_p99_us: 900.0,
+            put_p999_us: 4000.0,
+            get_p50_us: 40.0,
+            get_p99_us: 300.0,
+            get_p999_us: 1200.0,
+            dlwa_per_server: vec![1.0, 1.1, 1.2],
+            dlwa_max: 1.2,
+            cpu_us_per_op: 12.0,
+            errors: 0,
+            timeouts: 0,
+            load_seconds: 1.0,
+            media_timing: true,
+            media_write_bytes_per_sec_per_dimm: Some(4_000_000),
+            timeline: Vec::new(),
+            events: Vec::new(),
+            failover: None,
+            verified_keys: 0,
+            lost_writes: 0,
+        }
+    }
+
+    fn failover_run(run: u64) -> YcsbResult {
+        let mut r = ycsb_result("rowan", 30_000.0);
+        // 40 steps of 100 ms: a dip after the kill at 2 s.
+        r.timeline = (0..40u64)
+            .map(|i| match i {
+                20 => 300,
+                21 => 1500,
+                _ => 3000 + 37 * ((i + run) % 5),
+            })
+            .collect();
+        r.events = vec![TimedEvent {
+            at_ms: 2051.0,
+            what: "configuration t2 committed".into(),
+        }];
+        r.failover = Some(FailoverTimes {
+            killed: 2,
+            kill_at_ms: 2000.0,
+            detected_ms: Some(40.0),
+            stored_ms: Some(45.0),
+            committed_ms: Some(51.0),
+            all_served_ms: if run == 0 { Some(120.0) } else { None },
+            shards_promoted: 48,
+            others_failed: Vec::new(),
+        });
+        r
+    }
+
+    /// The PNG at `path` decodes with the `size` given, is of a plausible size,
+    /// and has text (dark pixels) in its title band.
+    fn check_png(path: &Path, size: (u32, u32)) {
+        let bytes = std::fs::metadata(path).expect("plot written").len();
+        assert!(bytes > 10_000, "{}: only {bytes} bytes", path.display());
+        let decoder = png::Decoder::new(std::fs::File::open(path).unwrap());
+        let mut reader = decoder.read_info().expect("a PNG header");
+        let mut pixels = vec![0; reader.output_buffer_size()];
+        let info = reader.next_frame(&mut pixels).expect("a PNG frame");
+        assert_eq!((info.width, info.height), size, "{}", path.display());
+        assert_eq!(info.color_type, png::ColorType::Rgb);
+        let row = info.line_size;
+        let title_dark = pixels[..row * 30]
+            .chunks(3)
+            .filter(|px| px.iter().all(|&c| c < 100))
+            .count();
+        assert!(
+            title_dark > 200,
+            "no title text drawn ({title_dark} dark pixels)"
+        );
+    }
+
+    #[test]
+    fn dlwa_plot_renders() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("dlwa.png");
+        dlwa(&dlwa_points(), &path).unwrap();
+        check_png(&path, DLWA_SIZE_PX);
+    }
+
+    #[test]
+    fn ycsb_compare_plot_renders() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("ycsb.png");
+        let mut results: Vec<YcsbResult> = STRATEGY_COLOURS
+            .iter()
+            .enumerate()
+            .map(|(i, (s, _))| ycsb_result(s, 20_000.0 + 5_000.0 * i as f64))
+            .collect();
+        // A strategy without GETs measured must not break the log scale.
+        results[1].get_p50_us = 0.0;
+        ycsb_compare(&results, &path).unwrap();
+        check_png(&path, YCSB_SIZE_PX);
+    }
+
+    #[test]
+    fn ycsb_plot_of_a_put_only_workload_renders() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("load.png");
+        let mut r = ycsb_result("rowan", 10_000.0);
+        (r.gets, r.get_p50_us, r.get_p99_us, r.get_p999_us) = (0, 0.0, 0.0, 0.0);
+        ycsb_compare(&[r], &path).unwrap();
+        check_png(&path, YCSB_SIZE_PX);
+    }
+
+    #[test]
+    fn failover_plot_renders_one_panel_per_run() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("failover.png");
+        let runs = vec![failover_run(0), failover_run(1)];
+        failover(&runs, &path).unwrap();
+        check_png(
+            &path,
+            (FAILOVER_WIDTH_PX, 2 * FAILOVER_PANEL_HEIGHT_PX + 140),
+        );
+    }
+
+    #[test]
+    fn bad_targets_are_clear_errors() {
+        let dir = tempfile::tempdir().unwrap();
+        let missing = dir.path().join("no/such/dir/plot.png");
+        let err = dlwa(&dlwa_points(), &missing).unwrap_err();
+        assert!(matches!(err, PlotError::NoDirectory { .. }), "{err}");
+        assert!(err.to_string().contains("does not exist"), "{err}");
+
+        let err = dlwa(&dlwa_points(), &dir.path().join("plot.jpg")).unwrap_err();
+        assert!(err.to_string().contains("must end in .png"), "{err}");
+
+        // A directory where the file should be: the write itself fails.
+        let taken = dir.path().join("taken.png");
+        std::fs::create_dir(&taken).unwrap();
+        let err = dlwa(&dlwa_points(), &taken).unwrap_err();
+        assert!(matches!(err, PlotError::Write { .. }), "{err}");
+        assert!(err.to_string().contains("taken.png"), "{err}");
+    }
+
+    #[test]
+    fn empty_results_are_errors_not_panics() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("empty.png");
+        assert!(matches!(dlwa(&[], &path), Err(PlotError::NoData(_))));
+        assert!(matches!(
+            ycsb_compare(&[], &path),
+            Err(PlotError::NoData(_))
+        ));
+        assert!(matches!(failover(&[], &path), Err(PlotError::NoData(_))));
+        assert!(!path.exists());
+    }
+
+    #[test]
+    fn caption_names_the_timing_model() {
+        let on = timing_model([(true, Some(4_000_000))]);
+        assert!(on.contains("media timing ON (4 MB/s"), "{on}");
+        let off = timing_model([(false, None), (false, None)]);
+        assert!(off.contains("media timing OFF"), "{off}");
+        let mixed = timing_model([(false, None), (true, Some(2_000_000_000))]);
+        assert!(mixed.contains("mixed"), "{mixed}");
+    }
+
+    #[test]
+    fn thousands_are_separated() {
+        assert_eq!(thousands(0), "0");
+        assert_eq!(thousands(999), "999");
+        assert_eq!(thousands(100_000), "100,000");
+        assert_eq!(thousands(1_234_567), "1,234,567");
+    }
+
+    #[test]
+    fn captions_wrap_at_spaces() {
+        assert_eq!(wrap("aa bb cc", 5), vec!["aa bb", "cc"]);
+        assert_eq!(wrap("", 5), Vec::<String>::new());
+    }
+}
