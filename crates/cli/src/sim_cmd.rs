@@ -35,7 +35,8 @@ pub struct SimArgs {
     #[arg(long)]
     no_faults: bool,
     /// Run a deliberately broken build: `serve-without-lease`,
-    /// `commit-unsettled-tlog-segments` or `abandon-failed-writes`.
+    /// `commit-unsettled-tlog-segments`, `abandon-failed-writes`,
+    /// `ignore-request-ids` or `announce-writes-late`.
     #[arg(long)]
     planted: Option<String>,
     /// Replicate with this strategy in every seed (default: the seed picks one of

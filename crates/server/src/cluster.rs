@@ -631,7 +631,8 @@ pub fn build(
     let mut cm_crash = Vec::new();
     for &cm in &cm_nodes {
         let nic = fabric.attach(cm).map_err(err("attaching a CM"))?;
-        let (task, crashed) = new_cm(cm, nic, &directory, &store, &events, s, fabric.clock())?;
+        let clock = s.role_clock.clone().unwrap_or_else(|| fabric.clock());
+        let (task, crashed) = new_cm(cm, nic, &directory, &store, &events, s, clock)?;
         cm_crash.push((cm, crashed));
         tasks.push((Owner::Cm(cm), task));
     }
@@ -664,7 +665,10 @@ pub fn cm_task(
         &parts.store,
         &parts.events,
         settings,
-        parts.fabric.clock(),
+        settings
+            .role_clock
+            .clone()
+            .unwrap_or_else(|| parts.fabric.clock()),
     )
 }
 

@@ -72,6 +72,12 @@ pub struct ServerSettings {
     /// Seed of the fault sites in the protocol roles ([`crate::buggify`]); set
     /// only by the simulator. `None`: every site is off.
     pub buggify_seed: Option<u64>,
+    /// The clock the roles read where they decide on time — a worker admitting
+    /// a request or checking its lease before an answer, the CM stamping a
+    /// grant — none of them under a lock. `None`: the fabric's clock. Set only
+    /// by the simulator, whose clock may preempt the role that reads it there
+    /// and run the others meanwhile (a thread descheduled mid-step).
+    pub role_clock: Option<Arc<dyn Clock>>,
     /// A deliberately broken engine for testing the simulator: a full t-log
     /// segment is committed at once, while its last entries may still wait for
     /// their ACKs. Never set outside tests.
@@ -131,6 +137,11 @@ pub struct FailoverSettings {
     /// replication failed is abandoned at once (its version completed, so
     /// CommitVer passes an entry some replicas lack). Never set outside tests.
     pub unsafe_abandon_failed_writes: bool,
+    /// A deliberately broken server for testing the simulator: a worker counts
+    /// a write in flight only at the end of its step, not before it reads the
+    /// configuration the write uses, so a re-replication copy may be taken
+    /// while the write is mid-step and miss it. Never set outside tests.
+    pub unsafe_announce_writes_late: bool,
 }
 
 impl FailoverSettings {
@@ -159,6 +170,7 @@ impl Default for FailoverSettings {
             unsafe_serve_without_lease: false,
             unsafe_abandon_failed_writes: false,
             unsafe_ignore_request_ids: false,
+            unsafe_announce_writes_late: false,
         }
     }
 }
@@ -176,6 +188,7 @@ impl Default for ServerSettings {
             clean_grace_ns: 10_000_000,
             reuse_newest_first: false,
             buggify_seed: None,
+            role_clock: None,
             unsafe_commit_unsettled_tlog_segments: false,
             batch: BatchConfig::default(),
             endpoint: EndpointConfig::default(),
@@ -389,9 +402,15 @@ impl<N: Nic> ServerShared<N> {
         true
     }
 
-    /// The time now on the cluster's clock.
+    /// The time now on the cluster's clock, read where a role decides on it
+    /// (never under a lock: the simulator's role clock may preempt the
+    /// reader here, see [`ServerSettings::role_clock`]).
     pub fn now_ns(&self) -> u64 {
-        self.clock.now_ns()
+        self.settings
+            .role_clock
+            .as_ref()
+            .unwrap_or(&self.clock)
+            .now_ns()
     }
 
     /// Why a client request must not be served at `now_ns`, if it must not.

@@ -312,7 +312,9 @@ impl<N: Nic> Worker<N> {
         // A write is counted in flight under the term it may use before the
         // configuration is read again (`ServerShared::note_write_started`), so a
         // re-replication copy either waits for it or it goes to the new backup.
-        if matches!(f.body, Body::Put { .. } | Body::Del { .. }) {
+        if matches!(f.body, Body::Put { .. } | Body::Del { .. })
+            && !self.shared.settings.failover.unsafe_announce_writes_late
+        {
             self.shared
                 .note_write_started(self.index, self.config.term.0);
         }

@@ -3,6 +3,7 @@
 
 pub mod check;
 pub mod history;
+pub mod preempt;
 pub mod sim;
 
 pub use sim::{run, FaultCounts, PlantedBug, RunResult, SimConfig};

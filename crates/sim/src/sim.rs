@@ -40,18 +40,19 @@ use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use rowankv_client::{Client, ClientConfig, ClientError, Op, Output};
-use rowankv_cm::{CoordStore, EmbeddedStore};
+use rowankv_cm::{ConfigManager, CoordStore, EmbeddedStore};
 use rowankv_engine::Engine;
 use rowankv_fabric::{Fabric, FaultInjector, LoopbackFabric, LoopbackNic};
 use rowankv_pmem::{Medium, Pool, PoolOptions, PowerFailure};
 use rowankv_server::{
     build, ClusterConfig, EventKind, EventLog, FailoverSettings, Owner, Parts, Placement,
-    Recovered, ServerSettings, Step, Strategy, Task, CLIENT_NODE_BASE,
+    Recovered, ServerSettings, ServerShared, Step, Strategy, CLIENT_NODE_BASE,
 };
-use rowankv_types::{Clock, ManualClock, NodeId, RequestId, Term};
+use rowankv_types::{Clock, NodeId, RequestId, ShardId, Term};
 
 use crate::check::{check, ConfigCommit, Report};
 use crate::history::{History, OpKind, Operation, Status};
+use crate::preempt::{Interjection, Policy, Roles, SimClock};
 
 /// A deliberately broken build, to show that the checks catch what they claim.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -69,14 +70,19 @@ pub enum PlantedBug {
     /// Servers execute every write that arrives, ignoring request records: a
     /// write delayed past its client's retry executes again, later.
     IgnoreRequestIds,
+    /// A worker counts a write in flight only at the end of its step, so a
+    /// re-replication copy taken while the write is mid-step misses it, and
+    /// the write goes only to the old term's backups.
+    AnnounceWritesLate,
 }
 
 impl PlantedBug {
-    pub const ALL: [PlantedBug; 4] = [
+    pub const ALL: [PlantedBug; 5] = [
         PlantedBug::ServeWithoutLease,
         PlantedBug::CommitUnsettledTlogSegments,
         PlantedBug::AbandonFailedWrites,
         PlantedBug::IgnoreRequestIds,
+        PlantedBug::AnnounceWritesLate,
     ];
 
     /// The name `rowankv sim --planted` takes.
@@ -86,6 +92,7 @@ impl PlantedBug {
             PlantedBug::CommitUnsettledTlogSegments => "commit-unsettled-tlog-segments",
             PlantedBug::AbandonFailedWrites => "abandon-failed-writes",
             PlantedBug::IgnoreRequestIds => "ignore-request-ids",
+            PlantedBug::AnnounceWritesLate => "announce-writes-late",
         }
     }
 }
@@ -115,6 +122,8 @@ pub struct SimConfig {
     pub faults: bool,
     /// Every fault is a stall of the whole machine (a test of failure detection).
     pub stalls_only: bool,
+    /// Roles are preempted inside their steps now and then (with `faults`).
+    pub preempt: bool,
     pub planted: Option<PlantedBug>,
     /// The replication strategy; `None`: drawn from the seed (all five in turn).
     pub strategy: Option<Strategy>,
@@ -130,6 +139,7 @@ impl SimConfig {
             servers: 5,
             faults: true,
             stalls_only: false,
+            preempt: true,
             planted: None,
             strategy: None,
         }
@@ -163,6 +173,10 @@ pub struct FaultCounts {
     pub stalls: u32,
     /// Writes of unknown outcome sent again through a new client's connection.
     pub client_retries: u32,
+    /// Roles preempted inside a step while the others ran.
+    pub preemptions: u32,
+    /// Backups an operator moved to another server (re-replication).
+    pub moves: u32,
 }
 
 impl FaultCounts {
@@ -176,6 +190,8 @@ impl FaultCounts {
             + self.power_failures
             + self.stalls
             + self.client_retries
+            + self.preemptions
+            + self.moves
     }
 }
 
@@ -197,8 +213,19 @@ const OPS_PER_FAULT: f64 = 150.0;
 const CLIENT_TIMEOUT: Duration = Duration::from_millis(120);
 /// A client sends an unanswered attempt again after this (same request record).
 const CLIENT_ATTEMPT_TIMEOUT: Duration = Duration::from_millis(30);
+/// The chance that a role's read of its clock mid-step preempts it.
+const PREEMPT_PER_READ: f64 = 0.03;
+/// The same while a reconfiguration the simulator started is under way, for
+/// this long after it started.
+/// A planned move waits this long for its primary to be preempted.
+const MOVE_WAIT_NS: u64 = 20_000_000;
+/// The chance that a read of the clock by a role of that primary preempts it
+/// for the move.
+const MOVE_PREEMPT_PER_READ: f64 = 0.5;
+/// An audit waits at most this long for the cluster to settle.
+const AUDIT_WAIT_NS: u64 = 40_000_000;
 
-fn settings(sim: &SimConfig) -> ServerSettings {
+fn settings(sim: &SimConfig, clock: &Arc<SimClock>) -> ServerSettings {
     let planted = sim.planted;
     let small = sim.small_segments();
     let mut s = ServerSettings {
@@ -211,6 +238,7 @@ fn settings(sim: &SimConfig) -> ServerSettings {
         clean_grace_ns: if small { 200_000 } else { 10_000_000 },
         reuse_newest_first: small,
         buggify_seed: Some(sim.seed),
+        role_clock: Some(clock.clone()),
         unsafe_commit_unsettled_tlog_segments: planted
             == Some(PlantedBug::CommitUnsettledTlogSegments),
         failover: FailoverSettings {
@@ -222,6 +250,7 @@ fn settings(sim: &SimConfig) -> ServerSettings {
             unsafe_serve_without_lease: planted == Some(PlantedBug::ServeWithoutLease),
             unsafe_abandon_failed_writes: planted == Some(PlantedBug::AbandonFailedWrites),
             unsafe_ignore_request_ids: planted == Some(PlantedBug::IgnoreRequestIds),
+            unsafe_announce_writes_late: planted == Some(PlantedBug::AnnounceWritesLate),
         },
         ..ServerSettings::default()
     };
@@ -231,14 +260,14 @@ fn settings(sim: &SimConfig) -> ServerSettings {
     s
 }
 
-fn cluster_config(sim: &SimConfig) -> ClusterConfig {
+fn cluster_config(sim: &SimConfig, clock: &Arc<SimClock>) -> ClusterConfig {
     ClusterConfig {
         cluster_id: 0x5349_4d00 ^ sim.seed,
         servers: sim.servers,
         shards_per_server: 2,
         replication_factor: 3,
         strategy: sim.strategy(),
-        settings: settings(sim),
+        settings: settings(sim, clock),
         pool_bytes: if sim.small_segments() {
             1 << 20
         } else {
@@ -258,6 +287,9 @@ fn cluster_config(sim: &SimConfig) -> ClusterConfig {
     }
 }
 
+/// A move's shard, from, to, and whether its configuration was committed.
+type MoveOutcome = (ShardId, NodeId, NodeId, Result<(), String>);
+
 /// A client's closed loop.
 struct SimClient {
     id: u32,
@@ -275,12 +307,15 @@ struct Paused {
 /// A whole simulated cluster.
 struct World {
     rng: ChaCha8Rng,
-    clock: Arc<ManualClock>,
+    clock: Arc<SimClock>,
+    /// The clock as the fabric, the store, the engines and the clients read it
+    /// (never preempting).
+    plain_clock: Arc<dyn Clock>,
     config: ClusterConfig,
     store: Arc<dyn CoordStore>,
     events: Arc<EventLog>,
     parts: Parts,
-    tasks: Vec<(Owner, Box<dyn Task>)>,
+    tasks: Roles,
     clients: Vec<SimClient>,
     keys: Vec<String>,
     history: History,
@@ -300,6 +335,21 @@ struct World {
     /// still delivered (a delayed write arrives after its retry).
     retired: Vec<Client<LoopbackNic>>,
     stalls_only: bool,
+    /// Every shard's full backups as last seen in the stored configuration,
+    /// and its term: a backup that appears there was just copied.
+    seen_backups: (Term, Vec<Vec<NodeId>>),
+    /// Shards with a new full backup to audit once the clients are idle, and
+    /// since when.
+    audits: Vec<(ShardId, u64)>,
+    /// What the audits found wrong.
+    audit_failures: Vec<String>,
+    /// Moves under way: the shard and its new backup. Each counts as a removal
+    /// until the new backup is a full one.
+    moving: Vec<(ShardId, NodeId)>,
+    /// A move planned, waiting for its primary to be preempted: until when.
+    pending_move: Option<u64>,
+    /// What the planned move's commit gave.
+    move_outcome: Arc<std::sync::Mutex<Option<MoveOutcome>>>,
     /// Values padded to up to this many bytes, so that logs fill segments fast
     /// (the small-pool profile); 0: short values.
     value_pad_max: usize,
@@ -307,20 +357,26 @@ struct World {
 
 impl World {
     fn new(sim: &SimConfig) -> World {
-        let clock = ManualClock::new();
-        clock.advance_ns(1_000_000);
-        let dyn_clock: Arc<dyn Clock> = clock.clone();
-        let config = cluster_config(sim);
+        let clock = SimClock::new(1_000_000);
+        let dyn_clock = clock.plain();
+        let config = cluster_config(sim, &clock);
         let store: Arc<dyn CoordStore> = Arc::new(EmbeddedStore::in_memory(dyn_clock.clone()));
         let events = Arc::new(EventLog::new());
         let fabric = LoopbackFabric::with_clock(dyn_clock.clone());
         let mut parts = build(&config, fabric, store.clone(), None, events.clone())
             .expect("building the simulated cluster");
-        let tasks = std::mem::take(&mut parts.tasks);
+        let tasks = Roles::new(std::mem::take(&mut parts.tasks));
+        if sim.faults && sim.preempt {
+            clock.set_policy(Some(Policy {
+                per_read: PREEMPT_PER_READ,
+                rng: ChaCha8Rng::seed_from_u64(sim.seed ^ 0x7072_6565_6d70_7421),
+            }));
+        }
         let keys = (0..sim.keys).map(|k| format!("k{k}")).collect();
         let mut w = World {
             rng: ChaCha8Rng::seed_from_u64(sim.seed),
             clock,
+            plain_clock: dyn_clock,
             config,
             store,
             events,
@@ -340,6 +396,12 @@ impl World {
             next_client_id: 0,
             retired: Vec::new(),
             stalls_only: sim.stalls_only,
+            seen_backups: (Term(0), Vec::new()),
+            audits: Vec::new(),
+            audit_failures: Vec::new(),
+            moving: Vec::new(),
+            pending_move: None,
+            move_outcome: Arc::default(),
             value_pad_max: if sim.small_segments() { 2400 } else { 0 },
         };
         let now = w.clock.now_ns();
@@ -364,14 +426,13 @@ impl World {
         let client_id = self.next_client_id;
         let nic = self.parts.fabric.attach(node).expect("attaching a client");
         let now = self.now();
-        let tasks = &mut self.tasks;
         let paused: Vec<NodeId> = self.paused.iter().map(|p| p.node).collect();
+        let cells = self
+            .tasks
+            .cells(|owner| !matches!(owner, Owner::Server(n) if paused.contains(&n)));
         let mut pump = || {
-            for (owner, t) in tasks.iter_mut() {
-                if matches!(owner, Owner::Server(n) if paused.contains(n)) {
-                    continue;
-                }
-                t.step(now);
+            for cell in &cells {
+                crate::preempt::step_cell(cell, now);
             }
         };
         let client = Client::connect_pumped(
@@ -384,7 +445,7 @@ impl World {
                 retries_max: 8,
                 worker_hint: id as usize,
                 backoff: Duration::from_micros(200),
-                clock: self.clock.clone(),
+                clock: self.plain_clock.clone(),
                 attempt_timeout: CLIENT_ATTEMPT_TIMEOUT,
                 // Never reused in a run, across reconnections and cold starts:
                 // the servers' request tables outlive a client.
@@ -407,27 +468,32 @@ impl World {
     }
 
     /// Step every runnable role once, in a random order. Whether any worked.
+    /// A role may be preempted mid-step, at a read of its clock, while the
+    /// others run on (`crate::preempt`).
     fn step_roles(&mut self) -> bool {
         let now = self.now();
+        let paused: Vec<NodeId> = self.paused.iter().map(|p| p.node).collect();
+        self.clock.set_runnable(
+            self.tasks
+                .cells(|owner| !matches!(owner, Owner::Server(n) if paused.contains(&n))),
+        );
         let mut order: Vec<usize> = (0..self.tasks.len()).collect();
         order.shuffle(&mut self.rng);
         let mut did = false;
         let mut done = Vec::new();
         for i in order {
-            let owner = self.tasks[i].0;
+            let owner = self.tasks.owner(i);
             if self.is_paused(owner) {
                 continue;
             }
-            match self.tasks[i].1.step(now) {
-                Step::Worked => did = true,
-                Step::Done => done.push(i),
-                Step::Idle => {}
+            // A role the loop steps is free: none is mid-step between steps.
+            match self.clock.step(owner, self.tasks.cell(i), now) {
+                Some(Step::Worked) => did = true,
+                Some(Step::Done) => done.push(i),
+                Some(Step::Idle) | None => {}
             }
         }
-        done.sort_unstable();
-        for i in done.into_iter().rev() {
-            self.tasks.remove(i);
-        }
+        self.tasks.remove(done);
         did
     }
 
@@ -644,7 +710,7 @@ impl World {
                     self.power_failure_at = Some(at);
                 }
             }
-            15..=34 => {
+            15..=29 => {
                 let n = pick(&mut self.rng, &servers);
                 let long = self.may_remove() && self.rng.gen_bool(0.5);
                 let d = if long {
@@ -664,7 +730,7 @@ impl World {
                 });
                 self.log(format!("pause {n} for {:.1} ms", d as f64 / 1e6));
             }
-            35..=54 => {
+            35..=49 => {
                 let mut nodes: Vec<NodeId> = servers.clone();
                 nodes.extend(self.parts.cm_crash.iter().map(|(n, _)| *n));
                 nodes.extend(self.clients.iter().map(|c| c.client.node()));
@@ -746,6 +812,7 @@ impl World {
                 self.faults.cm_crashes += 1;
                 self.log(format!("crash CM {cm}"));
             }
+            30..=34 | 50..=54 | 97..=99 if self.may_remove() => self.move_backup(),
             85..=92 => {
                 self.power_failure();
                 self.faults.power_failures += 1;
@@ -819,8 +886,7 @@ impl World {
                 self.history.push(op);
             }
         }
-        let dyn_clock: Arc<dyn Clock> = self.clock.clone();
-        let fabric = LoopbackFabric::with_clock(dyn_clock);
+        let fabric = LoopbackFabric::with_clock(self.plain_clock.clone());
         let mut parts = build(
             &self.config,
             fabric,
@@ -829,7 +895,7 @@ impl World {
             self.events.clone(),
         )
         .expect("cold start");
-        self.tasks = std::mem::take(&mut parts.tasks);
+        self.tasks = Roles::new(std::mem::take(&mut parts.tasks));
         self.parts = parts;
         self.next_client_node = 0;
         self.retired.clear();
@@ -870,7 +936,7 @@ impl World {
             rowankv_server::cluster::cm_task(node, nic, &self.parts, &self.config.settings)
                 .expect("restarting a CM");
         self.parts.cm_crash[j].1 = crashed;
-        self.tasks.push((Owner::Cm(node), task));
+        self.tasks.push(Owner::Cm(node), task);
     }
 
     fn run_ops(&mut self, budget: usize, faults: bool) {
@@ -884,8 +950,19 @@ impl World {
                 self.log("power failure of every server, during a failover".into());
             }
             let a = self.step_roles();
+            self.settle_move();
+            self.watch_backups();
             let before = issued;
-            let b = self.step_clients(&mut issued, budget);
+            // No new operation while an audit waits for the clients to finish.
+            let open = if self.audits.is_empty() {
+                budget
+            } else {
+                issued
+            };
+            let b = self.step_clients(&mut issued, open);
+            if !self.audits.is_empty() && self.clients.iter().all(|c| c.current.is_none()) {
+                self.run_audits();
+            }
             // About one fault per `OPS_PER_FAULT` operations, at random moments.
             for _ in before..issued {
                 if faults && self.rng.gen_bool(1.0 / OPS_PER_FAULT) {
@@ -1000,51 +1077,247 @@ impl World {
 }
 
 impl World {
+    /// The server running as `n`, unless it stopped.
+    fn live(&self, n: NodeId) -> Option<&Arc<ServerShared<LoopbackNic>>> {
+        self.parts
+            .servers
+            .iter()
+            .find(|s| s.node == n && !s.stopped())
+    }
+
+    /// Digest everything landed at `n`, as a quiescent backup does: segments
+    /// still being filled are not digested in normal operation.
+    fn digest_all(&self, n: NodeId) {
+        use rowankv_engine::{Owner, SegmentState};
+        let Some(s) = self.live(n) else { return };
+        let segs = s.engine.segments_in(
+            &[Owner::Control, Owner::Backup],
+            &[SegmentState::Using, SegmentState::Used],
+        );
+        for seg in segs {
+            let _ = s.blog.digest_now(seg);
+        }
+    }
+
+    /// What `n` indexes of `shard`: key → (version, value or `<deleted>`).
+    fn index_of(&self, n: NodeId, shard: ShardId) -> Option<Index> {
+        use rowankv_engine::entry;
+        let s = self.live(n)?;
+        let mut index = Index::new();
+        s.engine
+            .for_each_indexed_entry(shard, |bytes| {
+                if let Ok(e) = entry::parse_entry(bytes) {
+                    let value = match e.kind {
+                        entry::Kind::Put => e.value.to_vec(),
+                        _ => DELETED.to_vec(),
+                    };
+                    index.insert(e.key.to_vec(), (e.version.0, value));
+                }
+            })
+            .ok()?;
+        Some(index)
+    }
+
+    /// An operator moves one backup of a shard to a server outside it (as
+    /// rebalancing does), at a moment when a role of the shard's primary is
+    /// preempted mid-step (`preempt::Interjection`): a worker that read its
+    /// configuration before the move may be in the middle of a write while the
+    /// move is prepared, committed and the copy taken. The shard has one full
+    /// backup fewer until the new one is copied, so a move counts as a removal
+    /// from when it is planned. Only when no reconfiguration is under way.
+    fn move_backup(&mut self) {
+        if self.pending_move.is_some() {
+            return;
+        }
+        let Ok(c) = self.parts.source.fetch() else {
+            return;
+        };
+        let settled = self
+            .parts
+            .servers
+            .iter()
+            .filter(|s| !s.stopped() && c.members.iter().any(|m| m.node == s.node))
+            .all(|s| s.committed_term() >= c.term);
+        if !settled || c.shards.iter().any(|a| !a.joining.is_empty()) {
+            return;
+        }
+        let runnable: Vec<NodeId> = c
+            .members
+            .iter()
+            .map(|m| m.node)
+            .filter(|n| self.live(*n).is_some() && !self.paused.iter().any(|p| p.node == *n))
+            .collect();
+        let candidates: Vec<(ShardId, NodeId, NodeId, NodeId)> = c
+            .shards
+            .iter()
+            .filter(|a| runnable.contains(&a.primary))
+            .flat_map(|a| {
+                let to: Vec<NodeId> = runnable
+                    .iter()
+                    .copied()
+                    .filter(|n| !a.is_replica(*n))
+                    .collect();
+                a.backups.iter().flat_map(move |&from| {
+                    to.clone()
+                        .into_iter()
+                        .map(move |t| (a.shard, a.primary, from, t))
+                })
+            })
+            .collect();
+        let Some(&(shard, primary, from, to)) = candidates.choose(&mut self.rng) else {
+            return;
+        };
+        self.removed += 1;
+        self.pending_move = Some(self.now() + MOVE_WAIT_NS);
+        let (store, outcome) = (self.store.clone(), self.move_outcome.clone());
+        self.clock.interject(Interjection {
+            owner: Owner::Server(primary),
+            per_read: MOVE_PREEMPT_PER_READ,
+            action: Box::new(move || {
+                let result = ConfigManager::open(store)
+                    .map_err(|e| e.to_string())
+                    .and_then(|m| {
+                        let next = plan_move(&m.current(), shard, from, to)
+                            .ok_or_else(|| "the configuration changed".to_string())?;
+                        m.commit(next).map(|_| ()).map_err(|e| e.to_string())
+                    });
+                *outcome.lock().expect("the move's outcome") = Some((shard, from, to, result));
+            }),
+        });
+    }
+
+    /// A planned move done, failed, or given up (its primary never preempted
+    /// in time).
+    fn settle_move(&mut self) {
+        let Some(deadline) = self.pending_move else {
+            return;
+        };
+        let done = self.move_outcome.lock().expect("the move's outcome").take();
+        match done {
+            Some((shard, from, to, Ok(()))) => {
+                self.pending_move = None;
+                self.moving.push((shard, to));
+                self.faults.moves += 1;
+                self.log(format!(
+                    "move {shard}'s backup {from} to {to}, its primary preempted mid-step"
+                ));
+            }
+            Some((shard, _, _, Err(e))) => {
+                self.pending_move = None;
+                self.removed -= 1;
+                self.log(format!("no move of {shard}: {e}"));
+            }
+            None if self.now() >= deadline && self.clock.withdraw() => {
+                self.pending_move = None;
+                self.removed -= 1;
+            }
+            None => {}
+        }
+    }
+
+    /// Note every shard whose full backups gained a server since the stored
+    /// configuration was last seen: it is audited once the clients are idle.
+    fn watch_backups(&mut self) {
+        let Ok(c) = self.parts.source.fetch() else {
+            return;
+        };
+        if c.term == self.seen_backups.0 {
+            return;
+        }
+        let now = self.now();
+        for a in &c.shards {
+            let before = self.seen_backups.1.get(a.shard.0 as usize);
+            let gained = a
+                .backups
+                .iter()
+                .any(|b| before.is_some_and(|old| !old.contains(b)));
+            if gained && !self.audits.iter().any(|(s, _)| *s == a.shard) {
+                self.audits.push((a.shard, now));
+            }
+            let before = self.moving.len();
+            self.moving
+                .retain(|(s, to)| !(*s == a.shard && a.backups.contains(to)));
+            // A move done: the shard has all its full replicas again.
+            self.removed -= before - self.moving.len();
+        }
+        self.seen_backups = (c.term, c.shards.iter().map(|a| a.backups.clone()).collect());
+    }
+
+    /// Audit the shards waiting for it, the clients being idle: each full
+    /// backup holds, for every key its primary indexes, that version or a
+    /// later one. A backup copied without a write the primary acknowledged is
+    /// a failover away from losing it, although no client has seen it yet.
+    /// A shard not settled (its term committed by its replicas, its primary
+    /// serving it) waits, up to `AUDIT_WAIT_NS`.
+    fn run_audits(&mut self) {
+        let now = self.now();
+        let pending = std::mem::take(&mut self.audits);
+        for (shard, since) in pending {
+            match self.audit(shard) {
+                Some(failures) => self.audit_failures.extend(failures),
+                None if now.saturating_sub(since) < AUDIT_WAIT_NS => {
+                    self.audits.push((shard, since))
+                }
+                None => {}
+            }
+        }
+    }
+
+    /// One shard's audit, if it is settled: what is wrong.
+    fn audit(&self, shard: ShardId) -> Option<Vec<String>> {
+        let c = self.parts.source.fetch().ok()?;
+        let a = c.shard(shard)?;
+        let settled = |n: NodeId| {
+            self.live(n).is_some_and(|s| s.committed_term() >= c.term)
+                && !self.paused.iter().any(|p| p.node == n)
+        };
+        if !settled(a.primary)
+            || !a.backups.iter().all(|&b| settled(b))
+            || !self.live(a.primary)?.shard_ready(shard)
+        {
+            return None;
+        }
+        for n in std::iter::once(a.primary).chain(a.backups.iter().copied()) {
+            self.digest_all(n);
+        }
+        let want = self.index_of(a.primary, shard)?;
+        let mut out = Vec::new();
+        for &b in &a.backups {
+            let got = self.index_of(b, shard)?;
+            for (k, (v, val)) in &want {
+                let behind = match got.get(k) {
+                    None => val.as_slice() != DELETED,
+                    Some((gv, gval)) => gv < v || (gv == v && gval != val),
+                };
+                if behind {
+                    out.push(format!(
+                        "audit after {b} became a backup of {shard} (term {}): key {:?}: primary {} has {}, backup {b} has {}",
+                        c.term,
+                        String::from_utf8_lossy(k),
+                        a.primary,
+                        show(Some(&(*v, val.clone()))),
+                        show(got.get(k)),
+                    ));
+                    break;
+                }
+            }
+        }
+        Some(out)
+    }
+
     /// Every shard's full replicas against its primary, once every fault is
     /// healed and the cluster settled: the same keys at the same versions with
     /// the same bytes. Divergence is a failover away from a lost or resurrected
     /// write, so it is reported even when no client read has shown it yet.
     fn replicas_agree(&self) -> Vec<String> {
-        use rowankv_engine::{entry, Owner, SegmentState};
-        use std::collections::BTreeMap;
         let Ok(config) = self.parts.source.fetch() else {
             return vec!["no configuration at the end of the run".into()];
         };
-        let live = |n: NodeId| {
-            self.parts
-                .servers
-                .iter()
-                .find(|s| s.node == n && !s.stopped())
-        };
-        // Digest everything landed, as a quiescent backup does: segments still
-        // being filled are not digested in normal operation.
         for n in config.members.iter().map(|m| m.node) {
-            let Some(s) = live(n) else { continue };
-            let segs = s.engine.segments_in(
-                &[Owner::Control, Owner::Backup],
-                &[SegmentState::Using, SegmentState::Used],
-            );
-            for seg in segs {
-                let _ = s.blog.digest_now(seg);
-            }
+            self.digest_all(n);
         }
-        type Index = BTreeMap<Vec<u8>, (u64, Vec<u8>)>;
-        let index_of = |n: NodeId, shard| -> Option<Index> {
-            let s = live(n)?;
-            let mut index = Index::new();
-            s.engine
-                .for_each_indexed_entry(shard, |bytes| {
-                    if let Ok(e) = entry::parse_entry(bytes) {
-                        let value = match e.kind {
-                            entry::Kind::Put => e.value.to_vec(),
-                            _ => b"<deleted>".to_vec(),
-                        };
-                        index.insert(e.key.to_vec(), (e.version.0, value));
-                    }
-                })
-                .ok()?;
-            Some(index)
-        };
+        let live = |n: NodeId| self.live(n);
+        let index_of = |n: NodeId, shard| self.index_of(n, shard);
         let mut out = Vec::new();
         // No request executed twice, on any replica (each would have recorded it
         // with two versions).
@@ -1080,11 +1353,6 @@ impl World {
                 for k in keys {
                     let (w, g) = (want.get(k), got.get(k));
                     if w != g {
-                        let show = |x: Option<&(u64, Vec<u8>)>| {
-                            x.map_or("absent".to_string(), |(v, val)| {
-                                format!("v{v} {:?}", String::from_utf8_lossy(val))
-                            })
-                        };
                         out.push(format!(
                             "{} key {:?}: primary {} has {}, backup {b} has {}",
                             a.shard,
@@ -1102,12 +1370,54 @@ impl World {
     }
 }
 
+/// `c` with `shard`'s backup `from` moved to `to` (joining), if that is still
+/// a move: `from` a full backup, `to` outside the shard, nothing joining.
+fn plan_move(
+    c: &rowankv_wire::config::Config,
+    shard: ShardId,
+    from: NodeId,
+    to: NodeId,
+) -> Option<rowankv_wire::config::Config> {
+    let a = c.shard(shard)?;
+    if !a.backups.contains(&from)
+        || a.is_replica(to)
+        || !c.members.iter().any(|m| m.node == to)
+        || c.shards.iter().any(|a| !a.joining.is_empty())
+    {
+        return None;
+    }
+    let mut next = c.clone();
+    next.term = Term(c.term.0 + 1);
+    let a = &mut next.shards[shard.0 as usize];
+    a.backups.retain(|&b| b != from);
+    a.joining.push(to);
+    Some(next)
+}
+
+/// A shard's index as the checks read it: key → (version, value).
+type Index = std::collections::BTreeMap<Vec<u8>, (u64, Vec<u8>)>;
+
+/// A deleted key's value in an [`Index`].
+const DELETED: &[u8] = b"<deleted>";
+
+fn show(x: Option<&(u64, Vec<u8>)>) -> String {
+    x.map_or("absent".to_string(), |(v, val)| {
+        format!("v{v} {:?}", String::from_utf8_lossy(val))
+    })
+}
+
 /// Run one seed.
 pub fn run(sim: &SimConfig) -> RunResult {
     let mut w = World::new(sim);
     w.run_ops(sim.ops, sim.faults);
     w.read_back();
-    let diverged = w.replicas_agree();
+    let mut diverged = w.replicas_agree();
+    diverged.append(&mut w.audit_failures);
+    if std::env::var_os("SIMDBG").is_some() {
+        for e in w.events.snapshot().iter() {
+            eprintln!("{:.3} {:?}", e.at_ns as f64 / 1e6, e.kind);
+        }
+    }
     let commits: Vec<ConfigCommit> = w
         .events
         .commits()
@@ -1139,6 +1449,7 @@ pub fn run(sim: &SimConfig) -> RunResult {
     for s in &w.parts.servers {
         s.stop();
     }
+    w.faults.preemptions = w.clock.preemptions() as u32;
     RunResult {
         seed: sim.seed,
         history: w.history,

@@ -61,6 +61,23 @@ fn abandoning_a_failed_write_is_caught_within_the_ci_budget() {
     println!("caught at seed {seed}: {what}");
 }
 
+/// A re-replication copy taken while a write of the old term is in the middle
+/// of a worker's step misses it: the simulator preempts a role of the
+/// primary mid-step while an operator moves one of the shard's backups, and
+/// audits the new backup against its primary once it is a full one.
+#[test]
+fn a_copy_that_misses_a_write_mid_step_is_caught_within_the_ci_budget() {
+    let (seed, what) = caught_within_the_ci_budget(
+        PlantedBug::AnnounceWritesLate,
+        &[
+            ViolationKind::LostWrite,
+            ViolationKind::NotLinearizable,
+            ViolationKind::ReplicasDiverge,
+        ],
+    );
+    println!("caught at seed {seed}: {what}");
+}
+
 #[test]
 fn seeds_with_faults_pass_every_check() {
     let mut faults = 0;
@@ -100,6 +117,8 @@ fn every_fault_kind_occurs_and_the_term_moves() {
         kinds.cm_crashes += f.cm_crashes;
         kinds.power_failures += f.power_failures;
         kinds.stalls += f.stalls;
+        kinds.preemptions += f.preemptions;
+        kinds.moves += f.moves;
         failovers += u64::from(r.terms > 1);
     }
     for (what, n) in [
@@ -111,6 +130,8 @@ fn every_fault_kind_occurs_and_the_term_moves() {
         ("CM crashes", kinds.cm_crashes),
         ("power failures", kinds.power_failures),
         ("machine stalls", kinds.stalls),
+        ("preemptions mid-step", kinds.preemptions),
+        ("backup moves", kinds.moves),
     ] {
         assert!(n > 0, "no {what} in 12 seeds: {kinds:?}");
     }
