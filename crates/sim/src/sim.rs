@@ -493,6 +493,9 @@ impl World {
                 Some(Step::Idle) | None => {}
             }
         }
+        // The clock holds no role between steps: the roles hold the clock (a
+        // cycle would keep every pool of the run alive).
+        self.clock.set_runnable(Vec::new());
         self.tasks.remove(done);
         did
     }
@@ -1450,6 +1453,10 @@ pub fn run(sim: &SimConfig) -> RunResult {
         s.stop();
     }
     w.faults.preemptions = w.clock.preemptions() as u32;
+    // Nothing the clock holds outlives the run (a move's action holds the store,
+    // which reads the clock).
+    w.clock.withdraw();
+    w.clock.set_policy(None);
     RunResult {
         seed: sim.seed,
         history: w.history,
