@@ -336,7 +336,7 @@ impl<N: Nic> Client<N> {
                 }
                 pump();
             };
-            c.ep.connect(peer, addr)
+            c.ep.connect(peer, addr.qp)
                 .map_err(|e| ClientError::Connect(e.to_string()))?;
             c.servers.insert(node, peer);
         }

@@ -10,6 +10,13 @@
 //! and replies with its own address. The caller then connects its queue pair. No
 //! worker blocks: the caller waits on the reply (a client at start-up), the worker
 //! answers when it next polls.
+//!
+//! Not every service is an RPC endpoint: a replication path connects a sender's
+//! queue pair to a receiver's (a Rowan receiver's SRQ, a backup's passive log).
+//! Those exchange raw queue pairs ([`Directory::request`], [`Acceptor::serve_pending`]),
+//! with up to [`PRIVATE_BYTES_MAX`] bytes of private data each way, as `rdma_cm`
+//! carries a connection's private data: a remote log's region descriptor travels
+//! in the answer.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -24,11 +31,24 @@ use rowankv_types::NodeId;
 use crate::endpoint::{Endpoint, PeerId};
 use crate::netcm::{Network, Route};
 
-/// A request to connect to a worker.
+/// Largest private data a request or an answer carries.
+pub const PRIVATE_BYTES_MAX: usize = 256;
+
+/// A request to connect to a service.
 pub struct ConnectRequest {
     /// The caller's queue pair.
     pub from: QpAddr,
-    pub reply: Sender<Result<QpAddr, String>>,
+    /// What the caller tells the service (at most [`PRIVATE_BYTES_MAX`] bytes).
+    pub private: Vec<u8>,
+    pub reply: Sender<Result<Accepted, String>>,
+}
+
+/// A service's answer: its queue pair, connected to the caller's, and what it
+/// tells the caller (at most [`PRIVATE_BYTES_MAX`] bytes).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Accepted {
+    pub qp: QpAddr,
+    pub private: Vec<u8>,
 }
 
 /// The worker side: where connection requests arrive.
@@ -48,7 +68,10 @@ impl Acceptor {
             match result {
                 Ok((peer, addr)) => {
                     peers.push(peer);
-                    let _ = req.reply.send(Ok(addr));
+                    let _ = req.reply.send(Ok(Accepted {
+                        qp: addr,
+                        private: Vec::new(),
+                    }));
                 }
                 Err(e) => {
                     let _ = req.reply.send(Err(e.to_string()));
@@ -57,6 +80,35 @@ impl Acceptor {
         }
         peers
     }
+
+    /// Answer every pending request with `accept` (the caller's queue pair
+    /// and private data → this side's, or why not); returns how many were
+    /// accepted. An answer with too much private data is a refusal.
+    pub fn serve_pending(
+        &self,
+        mut accept: impl FnMut(QpAddr, &[u8]) -> Result<Accepted, String>,
+    ) -> usize {
+        let mut accepted = 0;
+        while let Ok(req) = self.rx.try_recv() {
+            let answer = check_private(&req.private)
+                .and_then(|()| accept(req.from, &req.private))
+                .and_then(|a| check_private(&a.private).map(|()| a));
+            accepted += usize::from(answer.is_ok());
+            let _ = req.reply.send(answer);
+        }
+        accepted
+    }
+}
+
+/// Private data within its bound.
+pub(crate) fn check_private(private: &[u8]) -> Result<(), String> {
+    if private.len() > PRIVATE_BYTES_MAX {
+        return Err(format!(
+            "{} bytes of private data, more than {PRIVATE_BYTES_MAX}",
+            private.len()
+        ));
+    }
+    Ok(())
 }
 
 /// Errors of connecting.
@@ -152,38 +204,72 @@ impl Directory {
                 timeout,
             })?
             .map_err(ConnectError::Refused)?;
-        ep.connect(peer, remote)?;
+        ep.connect(peer, remote.qp)?;
         Ok(peer)
     }
 
     /// Start connecting without waiting: the worker's answer arrives on the
-    /// returned channel; call [`Endpoint::connect`] with it.
+    /// returned channel; call [`Endpoint::connect`] with its queue pair.
     pub fn connect_async<N: Nic>(
         &self,
         ep: &mut Endpoint<N>,
         node: NodeId,
         worker: u16,
-    ) -> Result<(PeerId, Receiver<Result<QpAddr, String>>), ConnectError> {
-        let local = self.inner.read().get(&(node, worker)).cloned();
+    ) -> Result<(PeerId, Receiver<Result<Accepted, String>>), ConnectError> {
+        if !self.reaches(node, worker) {
+            return Err(ConnectError::Unknown { node, worker });
+        }
+        let (peer, addr) = ep.open()?;
+        let reply = self.request(node, worker, addr, Vec::new())?;
+        Ok((peer, reply))
+    }
+
+    /// Whether a request to `service` on `node` can be sent: it is registered
+    /// here, or `node`'s process has an address.
+    fn reaches(&self, node: NodeId, service: u16) -> bool {
+        self.inner.read().contains_key(&(node, service))
+            || self
+                .network
+                .as_ref()
+                .is_some_and(|n| n.address(node).is_some())
+    }
+
+    /// Ask `service` on `node` to connect a queue pair of its own to `from`,
+    /// telling it `private`; the answer (its queue pair and private data, or
+    /// why not) arrives on the returned channel. The caller connects `from`
+    /// to the answer's queue pair.
+    pub fn request(
+        &self,
+        node: NodeId,
+        service: u16,
+        from: QpAddr,
+        private: Vec<u8>,
+    ) -> Result<Receiver<Result<Accepted, String>>, ConnectError> {
+        check_private(&private).map_err(ConnectError::Refused)?;
+        let local = self.inner.read().get(&(node, service)).cloned();
         let Some(tx) = local else {
             // Another process's service, through its listener.
             let network = self.network.as_ref();
             let address = network
                 .and_then(|n| n.address(node))
-                .ok_or(ConnectError::Unknown { node, worker })?;
-            let (peer, addr) = ep.open()?;
-            let reply = network
+                .ok_or(ConnectError::Unknown {
+                    node,
+                    worker: service,
+                })?;
+            return Ok(network
                 .expect("an address is only known to a network directory")
-                .request(address, node, worker, addr);
-            return Ok((peer, reply));
+                .request(address, node, service, from, private));
         };
-        let (peer, addr) = ep.open()?;
         let (reply_tx, reply_rx) = channel::bounded(1);
         tx.send(ConnectRequest {
-            from: addr,
+            from,
+            private,
             reply: reply_tx,
         })
-        .map_err(|_| ConnectError::Unknown { node, worker })?;
-        Ok((peer, reply_rx))
+        .map_err(|_| ConnectError::Unknown {
+            node,
+            worker: service,
+        })?;
+        Ok(reply_rx)
     }
 }

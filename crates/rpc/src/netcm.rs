@@ -29,12 +29,12 @@ use rowankv_types::{NodeId, QpNum};
 use serde::{Deserialize, Serialize};
 use sha2::Sha256;
 
-use crate::directory::ConnectRequest;
+use crate::directory::{check_private, Accepted, ConnectRequest};
 
 /// Largest frame of the exchange.
 pub const FRAME_BYTES_MAX: usize = 4096;
 /// Version of the exchange; a listener refuses another.
-pub const PROTOCOL_VERSION: u32 = 1;
+pub const PROTOCOL_VERSION: u32 = 2;
 /// How long either side waits for the other's next frame.
 pub const IO_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long the listener waits for the service to accept.
@@ -61,6 +61,9 @@ struct Request {
     /// The caller's queue pair.
     from_node: u32,
     from_qpn: u32,
+    /// What the caller tells the service (`directory::PRIVATE_BYTES_MAX` at most).
+    #[serde(default)]
+    private: Vec<u8>,
     /// HMAC-SHA256(secret, nonce ‖ the fields above).
     proof: Vec<u8>,
 }
@@ -70,12 +73,15 @@ struct Request {
 struct Reply {
     /// The service's queue pair, connected to the caller's; or why not.
     qp: Option<(u32, u32)>,
+    /// What the service tells the caller.
+    #[serde(default)]
+    private: Vec<u8>,
     error: Option<String>,
 }
 
 fn mac(secret: &[u8], nonce: &[u8], r: &Request) -> HmacSha256 {
     let mut m = HmacSha256::new_from_slice(secret).expect("HMAC takes a key of any length");
-    m.update(b"rowankv-connect-v1");
+    m.update(b"rowankv-connect-v2");
     m.update(nonce);
     m.update(&r.version.to_le_bytes());
     m.update(&r.cluster_id.to_le_bytes());
@@ -83,6 +89,8 @@ fn mac(secret: &[u8], nonce: &[u8], r: &Request) -> HmacSha256 {
     m.update(&r.service.to_le_bytes());
     m.update(&r.from_node.to_le_bytes());
     m.update(&r.from_qpn.to_le_bytes());
+    m.update(&(r.private.len() as u32).to_le_bytes());
+    m.update(&r.private);
     m
 }
 
@@ -192,7 +200,8 @@ impl Network {
         node: NodeId,
         service: u16,
         from: QpAddr,
-    ) -> Receiver<Result<QpAddr, String>> {
+        private: Vec<u8>,
+    ) -> Receiver<Result<Accepted, String>> {
         let (tx, rx) = channel::bounded(1);
         let request = Request {
             version: PROTOCOL_VERSION,
@@ -201,6 +210,7 @@ impl Network {
             service,
             from_node: from.node.0,
             from_qpn: from.qpn.0,
+            private,
             proof: Vec::new(),
         };
         let secret = self.secret.clone();
@@ -214,7 +224,7 @@ impl Network {
 }
 
 /// The caller's side of one exchange.
-fn exchange(address: &str, mut request: Request, secret: &[u8]) -> Result<QpAddr, String> {
+fn exchange(address: &str, mut request: Request, secret: &[u8]) -> Result<Accepted, String> {
     let target = address
         .to_socket_addrs()
         .map_err(|e| format!("resolving {address}: {e}"))?
@@ -242,10 +252,16 @@ fn exchange(address: &str, mut request: Request, secret: &[u8]) -> Result<QpAddr
     write_frame(&mut s, &request).map_err(|e| format!("{address}: {e}"))?;
     let reply: Reply = read_frame(&mut s).map_err(|e| format!("{address}: {e}"))?;
     match (reply.qp, reply.error) {
-        (Some((node, qpn)), None) => Ok(QpAddr {
-            node: NodeId(node),
-            qpn: QpNum(qpn),
-        }),
+        (Some((node, qpn)), None) => {
+            check_private(&reply.private).map_err(|e| format!("{address}'s answer: {e}"))?;
+            Ok(Accepted {
+                qp: QpAddr {
+                    node: NodeId(node),
+                    qpn: QpNum(qpn),
+                },
+                private: reply.private,
+            })
+        }
         (None, Some(why)) => Err(why),
         _ => Err(format!("{address} sent a malformed reply")),
     }
@@ -281,6 +297,7 @@ fn serve(mut s: TcpStream, peer: SocketAddr, cluster_id: u64, secret: &[u8], rou
                 r.cluster_id
             ));
         }
+        check_private(&r.private).map_err(|e| format!("refused: {e}"))?;
         let node = NodeId(r.to_node);
         let acceptor = route(node, r.service)
             .ok_or_else(|| format!("no service {} on {node} here", r.service))?;
@@ -292,6 +309,7 @@ fn serve(mut s: TcpStream, peer: SocketAddr, cluster_id: u64, secret: &[u8], rou
         acceptor
             .send(ConnectRequest {
                 from,
+                private: r.private,
                 reply: reply_tx,
             })
             .map_err(|_| format!("service {} on {node} is gone", r.service))?;
@@ -300,14 +318,16 @@ fn serve(mut s: TcpStream, peer: SocketAddr, cluster_id: u64, secret: &[u8], rou
             .map_err(|_| format!("service {} on {node} did not accept in time", r.service))?
     });
     let reply = match outcome {
-        Ok(qp) => Reply {
-            qp: Some((qp.node.0, qp.qpn.0)),
+        Ok(a) => Reply {
+            qp: Some((a.qp.node.0, a.qp.qpn.0)),
+            private: a.private,
             error: None,
         },
         Err(why) => {
             tracing::warn!(%peer, why, "connection request refused");
             Reply {
                 qp: None,
+                private: Vec::new(),
                 error: Some(why),
             }
         }

@@ -7,10 +7,10 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
-use rowankv_fabric::{Fabric, LoopbackFabric};
-use rowankv_rpc::directory::{ConnectError, Directory};
+use rowankv_fabric::{Fabric, LoopbackFabric, QpAddr};
+use rowankv_rpc::directory::{Accepted, ConnectError, Directory, PRIVATE_BYTES_MAX};
 use rowankv_rpc::endpoint::{Endpoint, EndpointConfig, Event};
-use rowankv_types::{NodeId, Term};
+use rowankv_types::{NodeId, QpNum, Term};
 use rowankv_wire::frame::{self, Body, Envelope, Response};
 
 const CLUSTER: u64 = 0xC0FF_EE00;
@@ -206,4 +206,102 @@ fn hostile_bytes_on_the_listener_are_refused_and_it_goes_on_serving() {
     let server = serve_one(&fabric, &b);
     ping_node_2(&fabric, &a);
     server.join().unwrap().unwrap();
+}
+
+/// A service that is not an RPC endpoint — a replication path's receiver —
+/// gets the caller's queue pair and private data through another process's
+/// listener and answers with its own queue pair and private data (a remote
+/// log's region descriptor travels this way).
+#[test]
+fn a_raw_queue_pair_service_exchanges_private_data_both_ways() {
+    let (a, b) = (directory(CLUSTER, SECRET), directory(CLUSTER, SECRET));
+    a.set_address(NodeId(2), b.local_address().unwrap().to_string());
+    let acceptor = b.register(NodeId(2), 9);
+    let server = std::thread::spawn(move || {
+        let deadline = Instant::now() + WAIT;
+        let mut seen = None;
+        while seen.is_none() && Instant::now() < deadline {
+            acceptor.serve_pending(|from, private| {
+                seen = Some((from, private.to_vec()));
+                Ok(Accepted {
+                    qp: QpAddr {
+                        node: NodeId(2),
+                        qpn: QpNum(77),
+                    },
+                    private: b"where to write".to_vec(),
+                })
+            });
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        seen
+    });
+    let from = QpAddr {
+        node: NodeId(1),
+        qpn: QpNum(5),
+    };
+    let reply = a
+        .request(NodeId(2), 9, from, b"hello".to_vec())
+        .expect("the request sent");
+    let accepted = reply
+        .recv_timeout(WAIT)
+        .expect("an answer")
+        .expect("accepted");
+    assert_eq!(
+        accepted,
+        Accepted {
+            qp: QpAddr {
+                node: NodeId(2),
+                qpn: QpNum(77)
+            },
+            private: b"where to write".to_vec(),
+        }
+    );
+    assert_eq!(
+        server.join().unwrap(),
+        Some((from, b"hello".to_vec())),
+        "the service saw the caller's queue pair and private data"
+    );
+}
+
+/// Private data beyond `PRIVATE_BYTES_MAX` is refused: a caller's before
+/// anything is sent, a service's answer as a refusal the caller sees.
+#[test]
+fn private_data_over_its_bound_is_refused_on_either_side() {
+    let (a, b) = (directory(CLUSTER, SECRET), directory(CLUSTER, SECRET));
+    a.set_address(NodeId(2), b.local_address().unwrap().to_string());
+    let from = QpAddr {
+        node: NodeId(1),
+        qpn: QpNum(5),
+    };
+    let e = a
+        .request(NodeId(2), 9, from, vec![0; PRIVATE_BYTES_MAX + 1])
+        .expect_err("too much private data refused");
+    assert!(e.to_string().contains("private data"), "{e}");
+
+    let acceptor = b.register(NodeId(2), 9);
+    let server = std::thread::spawn(move || {
+        let deadline = Instant::now() + WAIT;
+        while Instant::now() < deadline {
+            let n = acceptor.serve_pending(|_, _| {
+                Ok(Accepted {
+                    qp: QpAddr {
+                        node: NodeId(2),
+                        qpn: QpNum(1),
+                    },
+                    private: vec![1; PRIVATE_BYTES_MAX + 1],
+                })
+            });
+            assert_eq!(n, 0, "an answer over the bound is not an acceptance");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    });
+    let reply = a
+        .request(NodeId(2), 9, from, b"hello".to_vec())
+        .expect("the request sent");
+    let why = reply
+        .recv_timeout(WAIT)
+        .expect("an answer")
+        .expect_err("the oversized answer refused");
+    assert!(why.contains("private data"), "{why}");
+    server.join().unwrap();
 }

@@ -17,10 +17,12 @@ use std::sync::Arc;
 
 use rowankv_cm::{ConfigManager, CoordStore, EmbeddedStore, StoreSource};
 use rowankv_engine::{register_data_area, BackupLog, Engine, EngineConfig};
-use rowankv_fabric::{CqKind, Fabric, FaultInjector, LoopbackFabric, LoopbackNic, Nic, QueuePair};
+use rowankv_fabric::{
+    CqKind, Fabric, FaultInjector, LoopbackFabric, LoopbackNic, Nic, QpAddr, QueuePair,
+};
 use rowankv_pmem::{MediaModelConfig, MediaStats, Medium, Pool, PoolOptions};
 use rowankv_rowan::RowanSender;
-use rowankv_rpc::directory::Directory;
+use rowankv_rpc::directory::{Accepted, Directory};
 use rowankv_rpc::endpoint::{connect_pair, Endpoint, PeerId};
 use rowankv_types::{Clock, NodeId, SegmentId, SystemClock};
 use rowankv_wire::config::{Config, ConfigSource, Member};
@@ -36,6 +38,9 @@ use crate::replication::{
 };
 use crate::runtime::{Executor, Placement, Task};
 use crate::server::{ServerSettings, ServerShared};
+use crate::services::{
+    decode_region, RemoteLog, ReplicationServices, REMOTE_LOG_SERVICE, ROWAN_SERVICE,
+};
 use crate::worker::Worker;
 
 /// Clients attach to the fabric as nodes from this id on.
@@ -470,6 +475,21 @@ pub fn build(
     }
 
     let directory = Directory::new();
+    // Every server's replication paths' receiving side, registered with the
+    // directory: senders connect through it as another process would.
+    let mut services: Vec<ReplicationServices<LoopbackNic>> = (0..n)
+        .map(|a| {
+            let rowan = (config.strategy == Strategy::Rowan)
+                .then(|| directory.register(nodes[a], ROWAN_SERVICE));
+            let remote_log = regions[a].zip(passive_cqs[a].clone()).map(|(region, cq)| {
+                (
+                    directory.register(nodes[a], REMOTE_LOG_SERVICE),
+                    RemoteLog { cq, region },
+                )
+            });
+            ReplicationServices::new(servers[a].clone(), nics[a].clone(), rowan, remote_log)
+        })
+        .collect();
     let mut eps: Vec<Vec<Option<Endpoint<LoopbackNic>>>> = Vec::new();
     for nic in &nics {
         let mut row = Vec::new();
@@ -515,11 +535,14 @@ pub fn build(
                         let qp = nics[a]
                             .create_qp(ep.cq(), ep.cq(), None, qp_depth)
                             .map_err(err("Rowan QP"))?;
-                        let remote = servers[b]
-                            .blog
-                            .accept(qp.addr())
-                            .map_err(err("Rowan accept"))?;
-                        qp.connect(remote).map_err(err("Rowan connect"))?;
+                        let accepted = connect_path(
+                            &directory,
+                            &mut services[b],
+                            nodes[b],
+                            ROWAN_SERVICE,
+                            qp.addr(),
+                        )?;
+                        qp.connect(accepted.qp).map_err(err("Rowan connect"))?;
                         let mtu = servers[a].engine.config().mtu_bytes;
                         senders.insert(nodes[b], RowanSender::new(qp, mtu));
                     }
@@ -533,22 +556,26 @@ pub fn build(
                         let qp = nics[a]
                             .create_qp(ep.cq(), ep.cq(), None, qp_depth)
                             .map_err(err("WRITE QP"))?;
-                        let cq = passive_cqs[b].as_ref().expect("passive CQ");
-                        let target = nics[b]
-                            .create_qp(cq, cq, None, 16)
-                            .map_err(err("passive QP"))?;
-                        qp.connect(target.addr()).map_err(err("connect"))?;
-                        target.connect(qp.addr()).map_err(err("connect"))?;
+                        let node = nodes[b];
                         // The backup's end is the backup log's: destroyed when
                         // the backup adopts a configuration without this server
-                        // (its fence against a removed primary's WRITEs).
-                        servers[b].blog.accept_writer(target);
-                        let node = nodes[b];
+                        // (its fence against a removed primary's WRITEs). The
+                        // answer carries where to WRITE.
+                        let accepted = connect_path(
+                            &directory,
+                            &mut services[b],
+                            node,
+                            REMOTE_LOG_SERVICE,
+                            qp.addr(),
+                        )?;
+                        qp.connect(accepted.qp).map_err(err("connect"))?;
+                        let region = decode_region(&accepted.private, node)
+                            .map_err(|e| ClusterError(format!("{node}'s remote log: {e}")))?;
                         targets.insert(
                             node,
                             RemoteLogTarget {
                                 qp,
-                                region: regions[b].expect("registered"),
+                                region,
                                 peer: peers[&node],
                             },
                         );
@@ -585,7 +612,7 @@ pub fn build(
         .map(|j| NodeId(CM_NODE_BASE + j as u32))
         .collect();
     let mut tasks: Vec<(Owner, Box<dyn Task>)> = Vec::new();
-    for (a, row) in repls.into_iter().enumerate() {
+    for ((a, row), services) in repls.into_iter().enumerate().zip(services) {
         let node = nodes[a];
         for (w, repl) in row.into_iter().enumerate() {
             let ep = eps[a][w].take().expect("endpoint");
@@ -603,6 +630,7 @@ pub fn build(
                 acceptor,
                 directory.clone(),
                 cm_nodes.clone(),
+                services,
             )),
         ));
         let ep = Endpoint::new(nics[a].clone(), s.endpoint.clone()).map_err(err("endpoint"))?;
@@ -648,6 +676,25 @@ pub fn build(
         events,
         passive: (Vec::new(), passive_cqs),
     })
+}
+
+/// Connect a sender's queue pair `from` to `service` on `node` through the
+/// directory, the receiving server answering at once (no role runs yet).
+fn connect_path(
+    directory: &Directory,
+    receiver: &mut ReplicationServices<LoopbackNic>,
+    node: NodeId,
+    service: u16,
+    from: QpAddr,
+) -> Result<Accepted, ClusterError> {
+    let reply = directory
+        .request(node, service, from, Vec::new())
+        .map_err(|e| ClusterError(format!("connecting to service {service} of {node}: {e}")))?;
+    receiver.serve();
+    reply
+        .try_recv()
+        .map_err(|_| ClusterError(format!("service {service} of {node} did not answer")))?
+        .map_err(|e| ClusterError(format!("service {service} of {node} refused: {e}")))
 }
 
 /// A CM's role on `nic` (a new CM, or one restarting after a crash: it starts

@@ -35,7 +35,7 @@ use std::sync::Arc;
 
 use crossbeam::channel::Receiver;
 use rowankv_engine::entry;
-use rowankv_fabric::{Nic, QpAddr};
+use rowankv_fabric::Nic;
 use rowankv_rpc::directory::{Acceptor, Directory};
 use rowankv_rpc::endpoint::{Endpoint, Event, PeerId};
 use rowankv_types::{NodeId, ShardId, Term};
@@ -45,6 +45,7 @@ use rowankv_wire::frame::{self, Body, Envelope, ErrorCode, Response, HEADER_BYTE
 use crate::events::EventKind;
 use crate::runtime::{Periodic, Step, Task};
 use crate::server::ServerShared;
+use crate::services::ReplicationServices;
 use crate::worker::{read_frame, Inbound};
 
 /// The directory port of a server's control role (workers use 0..workers).
@@ -56,7 +57,7 @@ pub const CM_PORT: u16 = 0;
 pub(crate) enum Link {
     Connecting {
         peer: PeerId,
-        reply: Receiver<Result<QpAddr, String>>,
+        reply: Receiver<Result<rowankv_rpc::directory::Accepted, String>>,
         since_ns: u64,
     },
     Up(PeerId),
@@ -126,8 +127,8 @@ impl Links {
             } = link
             {
                 match reply.try_recv() {
-                    Ok(Ok(addr)) => {
-                        let up = ep.connect(*peer, addr).is_ok();
+                    Ok(Ok(accepted)) => {
+                        let up = ep.connect(*peer, accepted.qp).is_ok();
                         done.push((node, up.then_some(*peer)));
                     }
                     Ok(Err(_)) => done.push((node, None)),
@@ -281,6 +282,8 @@ pub struct ControlTask<N: Nic> {
     rowan: Periodic,
     ep: Endpoint<N>,
     acceptor: Acceptor,
+    /// The server's replication paths' receiving side (`crate::services`).
+    services: ReplicationServices<N>,
     directory: Directory,
     /// The CMs, told when a joining backup is ready.
     cms: Vec<NodeId>,
@@ -313,9 +316,11 @@ impl<N: Nic> ControlTask<N> {
         acceptor: Acceptor,
         directory: Directory,
         cms: Vec<NodeId>,
+        services: ReplicationServices<N>,
     ) -> Self {
         let f = &shared.settings.failover;
         ControlTask {
+            services,
             name: format!("s{}-control", shared.node.0),
             rowan: Periodic::new(shared.settings.control_interval_ns),
             expiry: Periodic::new(f.renew_ns),
@@ -1116,6 +1121,7 @@ impl<N: Nic> Task for ControlTask<N> {
             did |= self.shared.blog.try_commit() > 0;
         }
         did |= !self.acceptor.accept_pending(&mut self.ep).is_empty();
+        did |= self.services.serve();
         let timeout = 4 * self.shared.settings.failover.retry_ns;
         self.cm_links.progress(&mut self.ep, now_ns, timeout);
         self.peer_links.progress(&mut self.ep, now_ns, timeout);

@@ -38,6 +38,7 @@ pub mod lease;
 pub mod replication;
 pub mod runtime;
 pub mod server;
+pub mod services;
 pub mod version;
 pub mod worker;
 
