@@ -31,6 +31,8 @@
 //! Time is read from the configured [`Clock`], so a simulation drives timeouts.
 #![forbid(unsafe_code)]
 
+pub mod cm_source;
+
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
@@ -792,10 +794,12 @@ impl<N: Nic> Client<N> {
                 version,
             }),
             Response::NotFound => Err(ClientError::NotFound),
-            Response::Segment { .. } | Response::Entries { .. } => Err(ClientError::Server {
-                code: ErrorCode::Malformed,
-                detail: "unexpected answer to a client request".into(),
-            }),
+            Response::Segment { .. } | Response::Entries { .. } | Response::Config { .. } => {
+                Err(ClientError::Server {
+                    code: ErrorCode::Malformed,
+                    detail: "unexpected answer to a client request".into(),
+                })
+            }
             Response::Error { code, term, detail } => {
                 let routing = matches!(code, ErrorCode::StaleTerm | ErrorCode::NotPrimary);
                 // An internal error leaves a write's outcome unknown: with its

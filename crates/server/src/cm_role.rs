@@ -662,6 +662,39 @@ impl<N: Nic> CmTask<N> {
                     _ => {}
                 }
             }
+            // Any node of the cluster may read the configuration (a server or a
+            // client in another process, which cannot read the store), a page
+            // a frame; a reader that sees the term change between pages starts
+            // again.
+            Body::Config { offset } => {
+                // A standby's cache is not kept current: the store is read
+                // again for the first page (later pages of another term make
+                // the reader start again).
+                let config = match offset {
+                    0 => self
+                        .manager
+                        .reload()
+                        .unwrap_or_else(|_| self.manager.current()),
+                    _ => self.manager.current(),
+                };
+                let json = config.to_json();
+                let page = self
+                    .ep
+                    .config()
+                    .frame_bytes_max
+                    .saturating_sub(frame::HEADER_BYTES + frame::CONFIG_RESPONSE_FIXED_BYTES);
+                let start = (offset as usize).min(json.len());
+                let end = (start + page).min(json.len());
+                self.respond(
+                    peer,
+                    h.request_id,
+                    Response::Config {
+                        term: config.term,
+                        total: json.len() as u32,
+                        chunk: &json[start..end],
+                    },
+                );
+            }
             _ => {
                 let term = self.manager.current().term;
                 self.respond(

@@ -368,7 +368,8 @@ impl<N: Nic> Worker<N> {
             | Body::Commit { .. }
             | Body::Gather { .. }
             | Body::Install { .. }
-            | Body::Ready { .. } => {
+            | Body::Ready { .. }
+            | Body::Config { .. } => {
                 let detail = format!("{:?} goes to a server's control role", f.body.msg_type());
                 self.reject(peer, h.request_id, ErrorCode::UnknownType, &detail);
             }

@@ -126,6 +126,9 @@ pub enum ConfigError {
     Invalid(String),
     #[error("cannot decode configuration: {0}")]
     Decode(String),
+    /// No configuration could be fetched (the CM did not answer).
+    #[error("configuration unavailable: {0}")]
+    Unavailable(String),
 }
 
 fn invalid(message: String) -> ConfigError {

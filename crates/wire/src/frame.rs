@@ -37,6 +37,7 @@
 //! | `Gather`            | 10   | `shard u16, cursor u32` (uncommitted entries of a shard, from cursor) |
 //! | `Install`           | 11   | `shard u16`, then encoded log entries (a non-empty multiple of 64 B)  |
 //! | `Ready`             | 12   | `shard u16, node u32` (`node` holds a full copy of `shard` now)       |
+//! | `Config`            | 13   | `offset u32` (a page of the configuration the CM stores, from offset) |
 //! | `Response`          | 0x80 | `status u8`, then per status (below)                                  |
 //!
 //! | status | response   | rest of the body                                                    |
@@ -47,6 +48,7 @@
 //! | 3      | `Segment`  | `segment u32, offset u64, len_bytes u64`                            |
 //! | 4      | `Error`    | `code u8, term u64 (the server's term), detail_len u16, detail (UTF-8)` |
 //! | 5      | `Entries`  | `next u32, more u8 (0 or 1), then encoded log entries (multiple of 64 B)` |
+//! | 6      | `Config`   | `term u64, total u32, len u32`, then `len` bytes of the configuration's JSON (`Config::to_json`, `total` bytes in all) from the request's offset |
 //!
 //! A write's `request` is the client's request record (exactly-once retries,
 //! RIFL-style): `client u64, seq u64, first_incomplete u64`. All zeros: none (the
@@ -117,6 +119,9 @@ const STATUS_NOT_FOUND: u8 = 2;
 const STATUS_SEGMENT: u8 = 3;
 const STATUS_ERROR: u8 = 4;
 const STATUS_ENTRIES: u8 = 5;
+const STATUS_CONFIG: u8 = 6;
+/// A `Config` response's status, term, total and chunk length.
+pub const CONFIG_RESPONSE_FIXED_BYTES: usize = 1 + 8 + 4 + 4;
 /// `shard u16, cursor u32`.
 const GATHER_BYTES: usize = 2 + 4;
 /// `shard u16, node u32`.
@@ -173,6 +178,7 @@ pub enum MsgType {
     Gather = 10,
     Install = 11,
     Ready = 12,
+    Config = 13,
     Response = 0x80,
 }
 
@@ -191,6 +197,7 @@ impl MsgType {
             10 => MsgType::Gather,
             11 => MsgType::Install,
             12 => MsgType::Ready,
+            13 => MsgType::Config,
             0x80 => MsgType::Response,
             _ => return None,
         })
@@ -253,6 +260,12 @@ pub enum Body<'a> {
         shard: ShardId,
         node: NodeId,
     },
+    /// Ask the CM for the configuration it stores, from byte `offset` of its
+    /// JSON (answered with `Response::Config`, one page a frame): how a
+    /// process that cannot read the coordination store learns it.
+    Config {
+        offset: u32,
+    },
     Response(Response<'a>),
 }
 
@@ -272,6 +285,7 @@ impl Body<'_> {
             Body::Gather { .. } => MsgType::Gather,
             Body::Install { .. } => MsgType::Install,
             Body::Ready { .. } => MsgType::Ready,
+            Body::Config { .. } => MsgType::Config,
             Body::Response(_) => MsgType::Response,
         }
     }
@@ -308,6 +322,7 @@ impl Body<'_> {
             Body::Replicate { entries } => check_entries(entries, "replicate")?,
             Body::GrantSegment { .. } => GRANT_SEGMENT_BYTES,
             Body::Ping | Body::Lease => 0,
+            Body::Config { .. } => 4,
             Body::Prepare { .. } | Body::Commit { .. } => 8,
             Body::Gather { .. } => GATHER_BYTES,
             Body::Install { entries, .. } => 2 + check_entries(entries, "install")?,
@@ -326,6 +341,9 @@ impl Body<'_> {
                 VALUE_RESPONSE_FIXED_BYTES.saturating_add(value.len())
             }
             Body::Response(Response::NotFound) => 1,
+            Body::Response(Response::Config { chunk, .. }) => {
+                CONFIG_RESPONSE_FIXED_BYTES.saturating_add(chunk.len())
+            }
             Body::Response(Response::Segment { .. }) => 1 + 4 + 8 + 8,
             Body::Response(Response::Error { detail, .. }) => {
                 if detail.len() > u16::MAX as usize {
@@ -380,6 +398,13 @@ pub enum Response<'a> {
         next: u32,
         more: bool,
         entries: &'a [u8],
+    },
+    /// A page of the configuration the CM stores (`Config::to_json`): of
+    /// `term`, `total` bytes in all, `chunk` from the request's offset.
+    Config {
+        term: Term,
+        total: u32,
+        chunk: &'a [u8],
     },
 }
 
@@ -573,6 +598,7 @@ pub fn encode(
             out.extend_from_slice(&sealed.unwrap_or(0).to_le_bytes());
         }
         Body::Ping | Body::Lease => {}
+        Body::Config { offset } => out.extend_from_slice(&offset.to_le_bytes()),
         Body::Prepare { term } | Body::Commit { term } => {
             out.extend_from_slice(&term.0.to_le_bytes())
         }
@@ -600,6 +626,13 @@ pub fn encode(
                 out.extend_from_slice(value);
             }
             Response::NotFound => out.push(STATUS_NOT_FOUND),
+            Response::Config { term, total, chunk } => {
+                out.push(STATUS_CONFIG);
+                out.extend_from_slice(&term.0.to_le_bytes());
+                out.extend_from_slice(&total.to_le_bytes());
+                put_u32(out, chunk.len());
+                out.extend_from_slice(chunk);
+            }
             Response::Segment {
                 segment,
                 offset,
@@ -735,6 +768,12 @@ fn decode_body(msg_type: MsgType, bytes: &[u8]) -> Result<Body<'_>, FrameError> 
             Reader::new(bytes, "lease").finish()?;
             Body::Lease
         }
+        MsgType::Config => {
+            let mut r = Reader::new(bytes, "config");
+            let offset = r.u32("offset")?;
+            r.finish()?;
+            Body::Config { offset }
+        }
         MsgType::Prepare | MsgType::Commit => {
             let mut r = Reader::new(bytes, "prepare/commit");
             let term = Term(r.u64("term")?);
@@ -810,6 +849,16 @@ fn decode_response(bytes: &[u8]) -> Result<Response<'_>, FrameError> {
             Response::Value { version, value }
         }
         STATUS_NOT_FOUND => Response::NotFound,
+        STATUS_CONFIG => {
+            let term = Term(r.u64("term")?);
+            let total = r.u32("total")?;
+            let len = r.u32("len")? as usize;
+            Response::Config {
+                term,
+                total,
+                chunk: r.take(len, "chunk")?,
+            }
+        }
         STATUS_SEGMENT => Response::Segment {
             segment: r.u32("segment")?,
             offset: r.u64("offset")?,

@@ -136,6 +136,17 @@ fn samples(entries: &[u8]) -> Vec<Body<'_>> {
             shard: ShardId(3),
             node: NodeId(2),
         },
+        Body::Config { offset: 4000 },
+        Body::Response(Response::Config {
+            term: Term(9),
+            total: 12_345,
+            chunk: b"{\"term\":9}",
+        }),
+        Body::Response(Response::Config {
+            term: Term(1),
+            total: 0,
+            chunk: &[],
+        }),
         Body::Response(Response::Entries {
             next: 17,
             more: true,
@@ -223,6 +234,7 @@ fn msg_types_map_to_their_bytes() {
         (MsgType::Gather, 10),
         (MsgType::Install, 11),
         (MsgType::Ready, 12),
+        (MsgType::Config, 13),
         (MsgType::Response, 0x80),
     ];
     for (t, b) in all {
@@ -230,7 +242,7 @@ fn msg_types_map_to_their_bytes() {
         assert_eq!(MsgType::from_u8(b), Some(t));
     }
     assert_eq!(MsgType::from_u8(0), None);
-    assert_eq!(MsgType::from_u8(13), None);
+    assert_eq!(MsgType::from_u8(14), None);
     assert_eq!(MsgType::from_u8(0x81), None);
 }
 
@@ -521,7 +533,7 @@ fn bad_utf8_in_detail_is_rejected() {
 
 #[test]
 fn unknown_status_is_rejected() {
-    for status in [6u8, 0x7F, 0xFF] {
+    for status in [7u8, 0x7F, 0xFF] {
         assert_eq!(
             decode(&raw_frame(0x80, &[status])),
             Err(FrameError::BadStatus(status))
@@ -863,6 +875,8 @@ proptest! {
             Body::Install { shard: ShardId(log as u16), entries: &entries },
             Body::Ready { shard: ShardId(blocks as u16), node: NodeId(log) },
             Body::Response(Response::Entries { next: log, more: sealed.is_some(), entries: &entries }),
+            Body::Config { offset: log },
+            Body::Response(Response::Config { term: Term(log as u64), total: log, chunk: &entries }),
         ] {
             encode(&mut out, &env, &body, MAX).unwrap();
             prop_assert_eq!(decode(&out).unwrap().body, body);
