@@ -9,7 +9,7 @@
 //! | fault | what happens |
 //! | --- | --- |
 //! | server crash | its NIC leaves the fabric, its roles stop for good; in three crashes of ten, a power failure follows within four leases (mid-failover) |
-//! | pause | a server's roles are not stepped for a while — longer than its lease, sometimes, so that it resumes believing it is still primary |
+//! | pause | a server's roles are not stepped for a while — 1.5 to 6 leases, sometimes, so that it resumes believing it is still primary |
 //! | link cut | two nodes (servers, CMs, clients) cannot reach each other until healed |
 //! | delay | one link delays every operation: up to 8 ms (ACKs held while logs roll and the cleaner runs), 40–300 ms on a client's link (a request arrives after its retry) |
 //! | CM crash | the active CM stops; a standby takes over; the crashed one restarts later as a standby |
@@ -17,6 +17,9 @@
 //!
 //! | fault site | a seeded `buggify` site inside a role fires (`rowankv_server::buggify`) |
 //! | client retry | a write of unknown outcome is sent again by a new client on a new connection, with its request id |
+//! | preemption | a role's read of its clock mid-step runs the other roles for up to a few milliseconds before it answers (`crate::preempt`): a thread descheduled between two things it does |
+//! | backup move | an operator moves one backup of a shard to another server while a role of the shard's primary is preempted mid-step; the new backup is copied, then audited |
+//! | CM partition | a server cannot reach any CM for two to four leases; clients and servers still reach it |
 //!
 //! Faults that remove a server for good (a crash, a pause or a CM link cut
 //! longer than the lease) are limited so that every shard keeps a full replica.
@@ -30,7 +33,12 @@
 //! healed and every key is read back. The history is checked by [`crate::check`];
 //! the cluster itself by `replicas_agree`: every shard's full backups index what
 //! its primary indexes, and no replica's request table shows a request executed
-//! twice.
+//! twice. Whenever a shard gains a full backup during the run (a move or a
+//! failover's re-replication done) and is settled, the clients start no new
+//! operation on its keys until their last ones finish, and it is audited: the
+//! new backup must hold, for every key its primary indexes, that version or a
+//! later one — a copy that missed an acknowledged write is reported before a
+//! client reads it or a later write hides it.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -338,9 +346,11 @@ struct World {
     /// Every shard's full backups as last seen in the stored configuration,
     /// and its term: a backup that appears there was just copied.
     seen_backups: (Term, Vec<Vec<NodeId>>),
-    /// Shards with a new full backup to audit once the clients are idle, and
-    /// since when.
+    /// Shards with a new full backup to audit once no client operation on
+    /// them is in flight, and since when.
     audits: Vec<(ShardId, u64)>,
+    /// Settled shards waiting for their audit: no new operation on them.
+    held: Vec<ShardId>,
     /// What the audits found wrong.
     audit_failures: Vec<String>,
     /// Moves under way: the shard and its new backup. Each counts as a removal
@@ -398,6 +408,7 @@ impl World {
             stalls_only: sim.stalls_only,
             seen_backups: (Term(0), Vec::new()),
             audits: Vec::new(),
+            held: Vec::new(),
             audit_failures: Vec::new(),
             moving: Vec::new(),
             pending_move: None,
@@ -503,6 +514,11 @@ impl World {
     /// Clients: collect completions, start new operations while `more`.
     fn step_clients(&mut self, issued: &mut usize, budget: usize) -> bool {
         let now = self.now();
+        let held_config = if self.held.is_empty() {
+            None
+        } else {
+            self.parts.source.fetch().ok()
+        };
         let mut did = false;
         let mut out = Vec::new();
         // A new client connects to every member at once (as a simulated client
@@ -561,6 +577,12 @@ impl World {
             }
             if self.clients[ci].current.is_none() && *issued < budget {
                 let key = self.keys[self.rng.gen_range(0..self.keys.len())].clone();
+                if held_config
+                    .as_ref()
+                    .is_some_and(|c| self.held.contains(&c.shard_for_key(key.as_bytes()).shard))
+                {
+                    continue;
+                }
                 let roll: u32 = self.rng.gen_range(0..100);
                 let pad = match self.value_pad_max {
                     0 => 0,
@@ -713,11 +735,11 @@ impl World {
                     self.power_failure_at = Some(at);
                 }
             }
-            15..=29 => {
+            15..=34 => {
                 let n = pick(&mut self.rng, &servers);
                 let long = self.may_remove() && self.rng.gen_bool(0.5);
                 let d = if long {
-                    self.rng.gen_range(3 * LEASE_NS..6 * LEASE_NS)
+                    self.rng.gen_range(3 * LEASE_NS / 2..6 * LEASE_NS)
                 } else {
                     self.rng.gen_range(LEASE_NS / 20..LEASE_NS / 3)
                 };
@@ -733,7 +755,7 @@ impl World {
                 });
                 self.log(format!("pause {n} for {:.1} ms", d as f64 / 1e6));
             }
-            35..=49 => {
+            35..=44 => {
                 let mut nodes: Vec<NodeId> = servers.clone();
                 nodes.extend(self.parts.cm_crash.iter().map(|(n, _)| *n));
                 nodes.extend(self.clients.iter().map(|c| c.client.node()));
@@ -793,7 +815,7 @@ impl World {
                     d as f64 / 1e6
                 ));
             }
-            70..=84 if self.cm_restart_at.is_none() => {
+            70..=79 if self.cm_restart_at.is_none() => {
                 // Crash the active CM (the one holding the lease), restart later.
                 let active = self
                     .events
@@ -815,7 +837,26 @@ impl World {
                 self.faults.cm_crashes += 1;
                 self.log(format!("crash CM {cm}"));
             }
-            30..=34 | 50..=54 | 97..=99 if self.may_remove() => self.move_backup(),
+            45..=49 if self.may_remove() => {
+                // A server cut off from every CM (the coordination side of a
+                // partition) while clients and the other servers still reach
+                // it: it must stop answering when its lease ends, before the
+                // CM's replacement serves.
+                let n = pick(&mut self.rng, &servers);
+                let d = self.rng.gen_range(2 * LEASE_NS..4 * LEASE_NS);
+                let cms: Vec<NodeId> = self.parts.cm_crash.iter().map(|(c, _)| *c).collect();
+                for cm in cms {
+                    self.parts.fabric.cut_link(n, cm);
+                    self.links.push((n, cm, now + d));
+                }
+                self.removed += 1;
+                self.faults.link_cuts += 1;
+                self.log(format!(
+                    "cut {n} from every CM for {:.1} ms",
+                    d as f64 / 1e6
+                ));
+            }
+            50..=54 | 80..=84 | 97..=99 if self.may_remove() => self.move_backup(),
             85..=92 => {
                 self.power_failure();
                 self.faults.power_failures += 1;
@@ -957,13 +998,16 @@ impl World {
             self.watch_backups();
             let before = issued;
             // No new operation while an audit waits for the clients to finish.
-            let open = if self.audits.is_empty() {
-                budget
-            } else {
-                issued
-            };
-            let b = self.step_clients(&mut issued, open);
-            if !self.audits.is_empty() && self.clients.iter().all(|c| c.current.is_none()) {
+            // No new operation on a settled shard whose audit waits for the
+            // clients to finish theirs on it.
+            self.held = self
+                .audits
+                .iter()
+                .map(|&(shard, _)| shard)
+                .filter(|&shard| self.settled(shard).is_some())
+                .collect();
+            let b = self.step_clients(&mut issued, budget);
+            if !self.audits.is_empty() {
                 self.run_audits();
             }
             // About one fault per `OPS_PER_FAULT` operations, at random moments.
@@ -1246,18 +1290,30 @@ impl World {
         self.seen_backups = (c.term, c.shards.iter().map(|a| a.backups.clone()).collect());
     }
 
-    /// Audit the shards waiting for it, the clients being idle: each full
-    /// backup holds, for every key its primary indexes, that version or a
-    /// later one. A backup copied without a write the primary acknowledged is
-    /// a failover away from losing it, although no client has seen it yet.
-    /// A shard not settled (its term committed by its replicas, its primary
-    /// serving it) waits, up to `AUDIT_WAIT_NS`.
+    /// Audit the shards waiting for it once they are settled and no client
+    /// operation on them is in flight: each full backup holds, for every key its primary indexes, that
+    /// version or a later one. A backup copied without a write the primary
+    /// acknowledged is a failover away from losing it, although no client has
+    /// seen it yet. A shard not settled (its term committed by its replicas,
+    /// none paused, its primary serving it) waits, up to `AUDIT_WAIT_NS`, and
+    /// holds no client back meanwhile; a settled one holds back new operations
+    /// on its keys only.
     fn run_audits(&mut self) {
         let now = self.now();
         let pending = std::mem::take(&mut self.audits);
         for (shard, since) in pending {
-            match self.audit(shard) {
-                Some(failures) => self.audit_failures.extend(failures),
+            match self.settled(shard) {
+                Some(c)
+                    if !self.clients.iter().any(|sc| {
+                        sc.current.as_ref().is_some_and(|(_, op)| {
+                            c.shard_for_key(op.key.as_bytes()).shard == shard
+                        })
+                    }) =>
+                {
+                    let failures = self.audit(shard).unwrap_or_default();
+                    self.audit_failures.extend(failures);
+                }
+                Some(_) => self.audits.push((shard, since)),
                 None if now.saturating_sub(since) < AUDIT_WAIT_NS => {
                     self.audits.push((shard, since))
                 }
@@ -1266,20 +1322,24 @@ impl World {
         }
     }
 
-    /// One shard's audit, if it is settled: what is wrong.
-    fn audit(&self, shard: ShardId) -> Option<Vec<String>> {
+    /// The configuration, if `shard` is settled in it.
+    fn settled(&self, shard: ShardId) -> Option<Arc<rowankv_wire::config::Config>> {
         let c = self.parts.source.fetch().ok()?;
         let a = c.shard(shard)?;
         let settled = |n: NodeId| {
             self.live(n).is_some_and(|s| s.committed_term() >= c.term)
                 && !self.paused.iter().any(|p| p.node == n)
         };
-        if !settled(a.primary)
-            || !a.backups.iter().all(|&b| settled(b))
-            || !self.live(a.primary)?.shard_ready(shard)
-        {
-            return None;
-        }
+        let ok = settled(a.primary)
+            && a.backups.iter().all(|&b| settled(b))
+            && self.live(a.primary)?.shard_ready(shard);
+        ok.then_some(c)
+    }
+
+    /// One settled shard's audit: what is wrong.
+    fn audit(&self, shard: ShardId) -> Option<Vec<String>> {
+        let c = self.settled(shard)?;
+        let a = c.shard(shard)?;
         for n in std::iter::once(a.primary).chain(a.backups.iter().copied()) {
             self.digest_all(n);
         }
@@ -1416,11 +1476,6 @@ pub fn run(sim: &SimConfig) -> RunResult {
     w.read_back();
     let mut diverged = w.replicas_agree();
     diverged.append(&mut w.audit_failures);
-    if std::env::var_os("SIMDBG").is_some() {
-        for e in w.events.snapshot().iter() {
-            eprintln!("{:.3} {:?}", e.at_ns as f64 / 1e6, e.kind);
-        }
-    }
     let commits: Vec<ConfigCommit> = w
         .events
         .commits()
