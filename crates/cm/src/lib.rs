@@ -40,5 +40,5 @@ pub use manager::{
     ActiveLease, CmError, ConfigManager, NodeRecord, StoreSource, ALLOCATED_NODE_BASE,
     CM_LEASE_KEY, COMMITTED_KEY, CONFIG_KEY, NEXT_NODE_KEY, NODE_RECORD_PREFIX,
 };
-pub use plan::{plan_failover, plan_ready};
+pub use plan::{plan_failover, plan_move, plan_ready};
 pub use store::{CoordStore, EmbeddedStore, Guard, LeaseId, Revision, StoreError};

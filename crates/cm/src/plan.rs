@@ -6,9 +6,10 @@
 //! replica gets a replacement *joining* backup from the servers that do not hold
 //! it yet, least-loaded first, so that re-replication restores the replication
 //! factor. With too few servers left a shard runs degraded (fewer backups).
-//! [`plan_ready`] turns a joining backup whose copy is complete into a backup.
+//! [`plan_ready`] turns a joining backup whose copy is complete into a backup;
+//! [`plan_move`] moves a backup to another server (rebalancing).
 //!
-//! Both are pure functions of the current configuration, so every CM — the
+//! All are pure functions of the current configuration, so every CM — the
 //! active one, or a standby that takes over halfway — computes the same plan.
 
 use std::collections::BTreeMap;
@@ -85,6 +86,29 @@ pub fn plan_ready(current: &Config, shard: ShardId, node: NodeId) -> Option<Conf
     let s = &mut next.shards[shard.0 as usize];
     s.joining.retain(|&n| n != node);
     s.backups.push(node);
+    Some(next)
+}
+
+/// The configuration after an operator moves `shard`'s backup `from` to `to`
+/// (rebalancing): `from` leaves the shard's backups, `to` joins it and is
+/// copied, then made a full backup by [`plan_ready`]. `None` if that is not a
+/// move now: `from` is not a full backup of the shard, `to` is not a member
+/// or already holds the shard, or a shard is still joining a backup (one
+/// reconfiguration at a time).
+pub fn plan_move(current: &Config, shard: ShardId, from: NodeId, to: NodeId) -> Option<Config> {
+    let s = current.shard(shard)?;
+    if !s.backups.contains(&from)
+        || s.is_replica(to)
+        || !current.members.iter().any(|m| m.node == to)
+        || current.shards.iter().any(|a| !a.joining.is_empty())
+    {
+        return None;
+    }
+    let mut next = current.clone();
+    next.term = Term(current.term.0 + 1);
+    let s = &mut next.shards[shard.0 as usize];
+    s.backups.retain(|&b| b != from);
+    s.joining.push(to);
     Some(next)
 }
 
@@ -173,5 +197,31 @@ mod tests {
             joins.values().max().copied().unwrap_or(0),
         );
         assert!(max - min <= 2, "joins spread evenly: {joins:?}");
+    }
+
+    #[test]
+    fn a_move_swaps_a_backup_for_a_joining_one_and_refuses_what_is_not_a_move() {
+        let c = config(4, 1, 3);
+        let s = c.shards[0].clone();
+        let from = s.backups[0];
+        let to = c
+            .members
+            .iter()
+            .map(|m| m.node)
+            .find(|n| !s.is_replica(*n))
+            .unwrap();
+        let next = plan_move(&c, s.shard, from, to).unwrap();
+        assert_eq!(next.term, Term(c.term.0 + 1));
+        let t = &next.shards[0];
+        assert!(!t.backups.contains(&from) && t.joining == vec![to]);
+        assert!(next.validate().is_ok());
+        // Not a move: the primary as `from`, a replica as `to`, a second move
+        // while one is joining.
+        assert!(plan_move(&c, s.shard, s.primary, to).is_none());
+        assert!(plan_move(&c, s.shard, from, s.primary).is_none());
+        assert!(plan_move(&next, next.shards[1].shard, next.shards[1].backups[0], to).is_none());
+        // Once copied, the joining backup becomes a full one.
+        let done = plan_ready(&next, s.shard, to).unwrap();
+        assert!(done.shards[0].backups.contains(&to) && done.shards[0].joining.is_empty());
     }
 }

@@ -1224,7 +1224,7 @@ impl World {
                 let result = ConfigManager::open(store)
                     .map_err(|e| e.to_string())
                     .and_then(|m| {
-                        let next = plan_move(&m.current(), shard, from, to)
+                        let next = rowankv_cm::plan_move(&m.current(), shard, from, to)
                             .ok_or_else(|| "the configuration changed".to_string())?;
                         m.commit(next).map(|_| ()).map_err(|e| e.to_string())
                     });
@@ -1431,30 +1431,6 @@ impl World {
         }
         out
     }
-}
-
-/// `c` with `shard`'s backup `from` moved to `to` (joining), if that is still
-/// a move: `from` a full backup, `to` outside the shard, nothing joining.
-fn plan_move(
-    c: &rowankv_wire::config::Config,
-    shard: ShardId,
-    from: NodeId,
-    to: NodeId,
-) -> Option<rowankv_wire::config::Config> {
-    let a = c.shard(shard)?;
-    if !a.backups.contains(&from)
-        || a.is_replica(to)
-        || !c.members.iter().any(|m| m.node == to)
-        || c.shards.iter().any(|a| !a.joining.is_empty())
-    {
-        return None;
-    }
-    let mut next = c.clone();
-    next.term = Term(c.term.0 + 1);
-    let a = &mut next.shards[shard.0 as usize];
-    a.backups.retain(|&b| b != from);
-    a.joining.push(to);
-    Some(next)
 }
 
 /// A shard's index as the checks read it: key → (version, value).
