@@ -29,7 +29,7 @@ use rowankv_fabric::{Nic, QpAddr};
 use rowankv_types::NodeId;
 
 use crate::endpoint::{Endpoint, PeerId};
-use crate::netcm::{Network, Route};
+use crate::netcm::{FabricPeers, Network, Resolver, Route};
 
 /// Largest private data a request or an answer carries.
 pub const PRIVATE_BYTES_MAX: usize = 256;
@@ -149,12 +149,32 @@ impl Directory {
     /// on `listen` (TCP) to peers that prove `cluster_id` and `secret`, and
     /// services of other nodes are reached at the addresses given to
     /// [`Directory::set_address`].
-    pub fn network(cluster_id: u64, secret: &[u8], listen: SocketAddr) -> std::io::Result<Self> {
+    ///
+    /// `fabric`: on the `tcp` fabric, where this process's engine listens and the
+    /// book its engines find peers in; every exchange then tells the other side
+    /// where this process's engine is, and records where the other's is, before
+    /// either connects a queue pair.
+    pub fn network(
+        cluster_id: u64,
+        secret: &[u8],
+        listen: SocketAddr,
+        fabric: Option<FabricPeers>,
+    ) -> std::io::Result<Self> {
         let inner: Arc<RwLock<Acceptors>> = Arc::default();
         let routes = inner.clone();
-        let route: Route =
-            Arc::new(move |node, service| routes.read().get(&(node, service)).cloned());
-        let network = Network::start(cluster_id, secret.to_vec(), listen, route)?;
+        let route: Route = Arc::new(move |node, service| {
+            let routes = routes.read();
+            match node {
+                Some(node) => routes.get(&(node, service)).cloned(),
+                // Whichever node of this process offers it (a CM's role).
+                None => routes
+                    .iter()
+                    .filter(|((_, s), _)| *s == service)
+                    .min_by_key(|((n, _), _)| *n)
+                    .map(|(_, tx)| tx.clone()),
+            }
+        });
+        let network = Network::start(cluster_id, secret.to_vec(), listen, route, fabric)?;
         Ok(Directory {
             inner,
             network: Some(Arc::new(network)),
@@ -170,7 +190,26 @@ impl Directory {
     /// network directory; ignored in one process.
     pub fn set_address(&self, node: NodeId, address: impl Into<String>) {
         if let Some(n) = &self.network {
-            n.set_address(node, address.into());
+            n.set_address(node, address.into(), false);
+        }
+    }
+
+    /// Name the process at `address` `node` here, whatever node it really is:
+    /// requests to `node` reach whichever node of that process offers the
+    /// service, and the answer's queue pair names the real node. How a process
+    /// that knows only the CMs' addresses reaches them. Network only.
+    pub fn set_alias(&self, node: NodeId, address: impl Into<String>) {
+        if let Some(n) = &self.network {
+            n.set_address(node, address.into(), true);
+        }
+    }
+
+    /// Where to find the connection-manager address of a node that
+    /// [`Directory::set_address`] was not told (a server: the addresses of the
+    /// members of its current configuration). Network only.
+    pub fn set_resolver(&self, resolver: Resolver) {
+        if let Some(n) = &self.network {
+            n.set_resolver(resolver);
         }
     }
 
@@ -249,16 +288,14 @@ impl Directory {
         let local = self.inner.read().get(&(node, service)).cloned();
         let Some(tx) = local else {
             // Another process's service, through its listener.
-            let network = self.network.as_ref();
-            let address = network
-                .and_then(|n| n.address(node))
+            return self
+                .network
+                .as_ref()
+                .and_then(|n| n.request(node, service, from, private))
                 .ok_or(ConnectError::Unknown {
                     node,
                     worker: service,
-                })?;
-            return Ok(network
-                .expect("an address is only known to a network directory")
-                .request(address, node, service, from, private));
+                });
         };
         let (reply_tx, reply_rx) = channel::bounded(1);
         tx.send(ConnectRequest {

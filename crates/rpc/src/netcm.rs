@@ -24,6 +24,7 @@ use std::time::Duration;
 use crossbeam::channel::{self, Receiver, Sender};
 use hmac::{Hmac, Mac};
 use parking_lot::RwLock;
+use rowankv_fabric::tcp::AddressBook;
 use rowankv_fabric::QpAddr;
 use rowankv_types::{NodeId, QpNum};
 use serde::{Deserialize, Serialize};
@@ -34,7 +35,7 @@ use crate::directory::{check_private, Accepted, ConnectRequest};
 /// Largest frame of the exchange.
 pub const FRAME_BYTES_MAX: usize = 4096;
 /// Version of the exchange; a listener refuses another.
-pub const PROTOCOL_VERSION: u32 = 2;
+pub const PROTOCOL_VERSION: u32 = 3;
 /// How long either side waits for the other's next frame.
 pub const IO_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long the listener waits for the service to accept.
@@ -64,6 +65,10 @@ struct Request {
     /// What the caller tells the service (`directory::PRIVATE_BYTES_MAX` at most).
     #[serde(default)]
     private: Vec<u8>,
+    /// Where the caller's fabric engine listens (`host:port`), when it has one:
+    /// the service's side connects its queue pair there.
+    #[serde(default)]
+    from_fabric: Option<String>,
     /// HMAC-SHA256(secret, nonce ‖ the fields above).
     proof: Vec<u8>,
 }
@@ -76,12 +81,15 @@ struct Reply {
     /// What the service tells the caller.
     #[serde(default)]
     private: Vec<u8>,
+    /// Where the answering process's fabric engine listens, when it has one.
+    #[serde(default)]
+    fabric: Option<String>,
     error: Option<String>,
 }
 
 fn mac(secret: &[u8], nonce: &[u8], r: &Request) -> HmacSha256 {
     let mut m = HmacSha256::new_from_slice(secret).expect("HMAC takes a key of any length");
-    m.update(b"rowankv-connect-v2");
+    m.update(b"rowankv-connect-v3");
     m.update(nonce);
     m.update(&r.version.to_le_bytes());
     m.update(&r.cluster_id.to_le_bytes());
@@ -91,6 +99,9 @@ fn mac(secret: &[u8], nonce: &[u8], r: &Request) -> HmacSha256 {
     m.update(&r.from_qpn.to_le_bytes());
     m.update(&(r.private.len() as u32).to_le_bytes());
     m.update(&r.private);
+    let fabric = r.from_fabric.as_deref().unwrap_or("");
+    m.update(&(fabric.len() as u32).to_le_bytes());
+    m.update(fabric.as_bytes());
     m
 }
 
@@ -118,13 +129,57 @@ fn read_frame<T: for<'de> Deserialize<'de>>(s: &mut TcpStream) -> Result<T, Stri
     serde_json::from_slice(&body).map_err(|e| format!("a malformed frame: {e}"))
 }
 
+/// `to_node` of a request for whichever node of the listening process offers
+/// the service (how a process that knows only a CM's address reaches it: the
+/// answer's queue pair names the node).
+pub const ANY_NODE: u32 = u32::MAX;
+
+/// Where a process's fabric engine listens and where it records the engines of
+/// the peers it exchanges with (`rowankv_fabric::tcp::AddressBook`): each
+/// exchange carries both sides' fabric addresses, so that the queue pairs it
+/// connects can reach each other.
+#[derive(Clone)]
+pub struct FabricPeers {
+    pub own: SocketAddr,
+    pub book: AddressBook,
+}
+
+/// Finds the connection-manager address of a node the book does not hold
+/// (a server process: the members of its current configuration).
+pub type Resolver = Arc<dyn Fn(NodeId) -> Option<String> + Send + Sync>;
+
+/// A node's connection-manager address; `any`: it is an alias for whichever
+/// node of that process offers the service ([`ANY_NODE`]).
+#[derive(Clone)]
+struct Entry {
+    address: String,
+    any: bool,
+}
+
 /// This process's side: the listener and the address book.
 pub(crate) struct Network {
     cluster_id: u64,
     secret: Vec<u8>,
     local: SocketAddr,
-    book: RwLock<HashMap<NodeId, String>>,
+    book: RwLock<HashMap<NodeId, Entry>>,
+    resolver: RwLock<Option<Resolver>>,
+    fabric: Option<FabricPeers>,
     stop: Arc<AtomicBool>,
+}
+
+/// Record a peer's fabric address that an exchange carried.
+fn learn(fabric: &Option<FabricPeers>, node: NodeId, address: Option<&str>) -> Result<(), String> {
+    let (Some(f), Some(a)) = (fabric, address) else {
+        return Ok(());
+    };
+    let addr: SocketAddr = a
+        .parse()
+        .map_err(|_| format!("fabric address {a:?} of {node} is not ip:port"))?;
+    if addr.ip().is_unspecified() || addr.port() == 0 {
+        return Err(format!("fabric address {a:?} of {node} cannot be reached"));
+    }
+    f.book.insert(node, addr);
+    Ok(())
 }
 
 impl Drop for Network {
@@ -134,7 +189,9 @@ impl Drop for Network {
 }
 
 /// Where a listener hands requests: the acceptors of this process's services.
-pub(crate) type Route = Arc<dyn Fn(NodeId, u16) -> Option<Sender<ConnectRequest>> + Send + Sync>;
+/// `None` for the node: any node of this process that offers the service.
+pub(crate) type Route =
+    Arc<dyn Fn(Option<NodeId>, u16) -> Option<Sender<ConnectRequest>> + Send + Sync>;
 
 impl Network {
     /// Listen on `listen` and serve requests through `route`.
@@ -143,12 +200,13 @@ impl Network {
         secret: Vec<u8>,
         listen: SocketAddr,
         route: Route,
+        fabric: Option<FabricPeers>,
     ) -> std::io::Result<Network> {
         let listener = TcpListener::bind(listen)?;
         let local = listener.local_addr()?;
         listener.set_nonblocking(true)?;
         let stop = Arc::new(AtomicBool::new(false));
-        let (stop2, secret2) = (stop.clone(), secret.clone());
+        let (stop2, secret2, fabric2) = (stop.clone(), secret.clone(), fabric.clone());
         std::thread::Builder::new()
             .name(format!("rowankv-cm-listen-{}", local.port()))
             .spawn(move || {
@@ -156,9 +214,12 @@ impl Network {
                     match listener.accept() {
                         Ok((stream, peer)) => {
                             let (secret, route) = (secret2.clone(), route.clone());
+                            let fabric = fabric2.clone();
                             let _ = std::thread::Builder::new()
                                 .name("rowankv-cm-serve".into())
-                                .spawn(move || serve(stream, peer, cluster_id, &secret, &route));
+                                .spawn(move || {
+                                    serve(stream, peer, cluster_id, &secret, &route, &fabric)
+                                });
                         }
                         Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                             std::thread::sleep(Duration::from_millis(5));
@@ -175,6 +236,8 @@ impl Network {
             secret,
             local,
             book: RwLock::new(HashMap::new()),
+            resolver: RwLock::new(None),
+            fabric,
             stop,
         })
     }
@@ -183,12 +246,28 @@ impl Network {
         self.local
     }
 
-    pub(crate) fn set_address(&self, node: NodeId, address: String) {
-        self.book.write().insert(node, address);
+    pub(crate) fn set_address(&self, node: NodeId, address: String, any: bool) {
+        self.book.write().insert(node, Entry { address, any });
+    }
+
+    pub(crate) fn set_resolver(&self, resolver: Resolver) {
+        *self.resolver.write() = Some(resolver);
+    }
+
+    /// `node`'s connection-manager address, and whether it is an alias.
+    fn entry(&self, node: NodeId) -> Option<Entry> {
+        if let Some(e) = self.book.read().get(&node) {
+            return Some(e.clone());
+        }
+        let resolver = self.resolver.read().clone()?;
+        resolver(node).map(|address| Entry {
+            address,
+            any: false,
+        })
     }
 
     pub(crate) fn address(&self, node: NodeId) -> Option<String> {
-        self.book.read().get(&node).cloned()
+        self.entry(node).map(|e| e.address)
     }
 
     /// Ask `node`'s process, at `address`, to connect `service` to `from`; the
@@ -196,35 +275,42 @@ impl Network {
     /// caller does not block).
     pub(crate) fn request(
         &self,
-        address: String,
         node: NodeId,
         service: u16,
         from: QpAddr,
         private: Vec<u8>,
-    ) -> Receiver<Result<Accepted, String>> {
+    ) -> Option<Receiver<Result<Accepted, String>>> {
+        let entry = self.entry(node)?;
         let (tx, rx) = channel::bounded(1);
         let request = Request {
             version: PROTOCOL_VERSION,
             cluster_id: self.cluster_id,
-            to_node: node.0,
+            to_node: if entry.any { ANY_NODE } else { node.0 },
             service,
             from_node: from.node.0,
             from_qpn: from.qpn.0,
             private,
+            from_fabric: self.fabric.as_ref().map(|f| f.own.to_string()),
             proof: Vec::new(),
         };
         let secret = self.secret.clone();
+        let fabric = self.fabric.clone();
         let _ = std::thread::Builder::new()
             .name("rowankv-cm-connect".into())
             .spawn(move || {
-                let _ = tx.send(exchange(&address, request, &secret));
+                let _ = tx.send(exchange(&entry.address, request, &secret, &fabric));
             });
-        rx
+        Some(rx)
     }
 }
 
 /// The caller's side of one exchange.
-fn exchange(address: &str, mut request: Request, secret: &[u8]) -> Result<Accepted, String> {
+fn exchange(
+    address: &str,
+    mut request: Request,
+    secret: &[u8],
+    fabric: &Option<FabricPeers>,
+) -> Result<Accepted, String> {
     let target = address
         .to_socket_addrs()
         .map_err(|e| format!("resolving {address}: {e}"))?
@@ -254,6 +340,9 @@ fn exchange(address: &str, mut request: Request, secret: &[u8]) -> Result<Accept
     match (reply.qp, reply.error) {
         (Some((node, qpn)), None) => {
             check_private(&reply.private).map_err(|e| format!("{address}'s answer: {e}"))?;
+            // Before the caller connects its queue pair: the engine it talks to.
+            learn(fabric, NodeId(node), reply.fabric.as_deref())
+                .map_err(|e| format!("{address}'s answer: {e}"))?;
             Ok(Accepted {
                 qp: QpAddr {
                     node: NodeId(node),
@@ -268,7 +357,14 @@ fn exchange(address: &str, mut request: Request, secret: &[u8]) -> Result<Accept
 }
 
 /// The listener's side of one exchange.
-fn serve(mut s: TcpStream, peer: SocketAddr, cluster_id: u64, secret: &[u8], route: &Route) {
+fn serve(
+    mut s: TcpStream,
+    peer: SocketAddr,
+    cluster_id: u64,
+    secret: &[u8],
+    route: &Route,
+    fabric: &Option<FabricPeers>,
+) {
     s.set_nonblocking(false).ok();
     s.set_read_timeout(Some(IO_TIMEOUT)).ok();
     s.set_write_timeout(Some(IO_TIMEOUT)).ok();
@@ -299,8 +395,14 @@ fn serve(mut s: TcpStream, peer: SocketAddr, cluster_id: u64, secret: &[u8], rou
         }
         check_private(&r.private).map_err(|e| format!("refused: {e}"))?;
         let node = NodeId(r.to_node);
-        let acceptor = route(node, r.service)
-            .ok_or_else(|| format!("no service {} on {node} here", r.service))?;
+        let acceptor = route((r.to_node != ANY_NODE).then_some(node), r.service)
+            .ok_or_else(|| match r.to_node {
+                ANY_NODE => format!("no service {} here", r.service),
+                _ => format!("no service {} on {node} here", r.service),
+            })?;
+        // Before the service connects its queue pair to the caller's.
+        learn(fabric, NodeId(r.from_node), r.from_fabric.as_deref())
+            .map_err(|e| format!("refused: {e}"))?;
         let (reply_tx, reply_rx) = channel::bounded(1);
         let from = QpAddr {
             node: NodeId(r.from_node),
@@ -321,6 +423,7 @@ fn serve(mut s: TcpStream, peer: SocketAddr, cluster_id: u64, secret: &[u8], rou
         Ok(a) => Reply {
             qp: Some((a.qp.node.0, a.qp.qpn.0)),
             private: a.private,
+            fabric: fabric.as_ref().map(|f| f.own.to_string()),
             error: None,
         },
         Err(why) => {
@@ -328,6 +431,7 @@ fn serve(mut s: TcpStream, peer: SocketAddr, cluster_id: u64, secret: &[u8], rou
             Reply {
                 qp: None,
                 private: Vec::new(),
+                fabric: None,
                 error: Some(why),
             }
         }

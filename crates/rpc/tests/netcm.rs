@@ -18,7 +18,7 @@ const SECRET: &[u8] = b"a secret of the test cluster";
 const WAIT: Duration = Duration::from_secs(5);
 
 fn directory(cluster: u64, secret: &[u8]) -> Directory {
-    Directory::network(cluster, secret, "127.0.0.1:0".parse().unwrap()).unwrap()
+    Directory::network(cluster, secret, "127.0.0.1:0".parse().unwrap(), None).unwrap()
 }
 
 fn env(sender: NodeId) -> Envelope {
@@ -304,4 +304,83 @@ fn private_data_over_its_bound_is_refused_on_either_side() {
         .expect_err("the oversized answer refused");
     assert!(why.contains("private data"), "{why}");
     server.join().unwrap();
+}
+
+/// Two processes on the `tcp` fabric, each knowing only the other's
+/// connection-manager address: the exchange tells each side where the other's
+/// fabric engine listens, so the queue pairs it connects reach each other; a
+/// caller that knows only a process's address (an alias, as for a CM) reaches
+/// whichever node there offers the service and learns its real node.
+#[test]
+fn an_exchange_carries_fabric_addresses_and_an_alias_reaches_the_node_behind_it() {
+    use rowankv_fabric::tcp::{AddressBook, TcpConfig, TcpFabric};
+    use rowankv_rpc::netcm::FabricPeers;
+
+    fn process(node: u32) -> (Directory, rowankv_fabric::tcp::TcpNic) {
+        // Separate books: neither process knows the other's engine beforehand.
+        let book = AddressBook::new();
+        let fabric = TcpFabric::with_config(TcpConfig::new(
+            CLUSTER,
+            SECRET,
+            "127.0.0.1:0".parse().unwrap(),
+            book.clone(),
+        ))
+        .unwrap();
+        let nic = fabric.attach(NodeId(node)).unwrap();
+        let peers = FabricPeers {
+            own: nic.listen_addr(),
+            book,
+        };
+        let d = Directory::network(CLUSTER, SECRET, "127.0.0.1:0".parse().unwrap(), Some(peers))
+            .unwrap();
+        (d, nic)
+    }
+    let (a, nic_a) = process(1);
+    let (b, nic_b) = process(77);
+    // `a` knows node 77 only as "the process at this address", under another name.
+    a.set_alias(NodeId(900), b.local_address().unwrap().to_string());
+    let mut ep_b = Endpoint::new(nic_b, EndpointConfig::default()).unwrap();
+    let acceptor = b.register(NodeId(77), 5);
+    let mut ep_a = Endpoint::new(nic_a, EndpointConfig::default()).unwrap();
+    let (peer, reply) = a.connect_async(&mut ep_a, NodeId(900), 5).unwrap();
+    let deadline = Instant::now() + WAIT;
+    let accepted = loop {
+        acceptor.accept_pending(&mut ep_b);
+        if let Ok(r) = reply.try_recv() {
+            break r.unwrap();
+        }
+        assert!(Instant::now() < deadline, "no answer");
+        std::thread::sleep(Duration::from_millis(1));
+    };
+    assert_eq!(accepted.qp.node, NodeId(77), "the answer names the real node");
+    ep_a.connect(peer, accepted.qp).unwrap();
+    ep_a.request(peer, &env(NodeId(1)), &Body::Ping).unwrap();
+    let (mut events, mut data) = (Vec::new(), Vec::new());
+    // b answers over the fabric: it must have learnt a's engine address.
+    let served = loop {
+        ep_b.poll(&mut events, &mut data).unwrap();
+        if let Some(&Event::Message { peer, .. }) = events.first() {
+            break peer;
+        }
+        assert!(Instant::now() < deadline, "the Ping never arrived over tcp");
+        std::thread::sleep(Duration::from_millis(1));
+    };
+    ep_b
+        .respond(served, &env(NodeId(77)), &Body::Response(Response::Ok { version: 9 }))
+        .unwrap();
+    loop {
+        ep_a.poll(&mut events, &mut data).unwrap();
+        if let Some(&Event::Message { start, len, .. }) = events.first() {
+            let f = frame::decode(&data[start..start + len]).unwrap();
+            assert!(matches!(f.body, Body::Response(Response::Ok { version: 9 })));
+            break;
+        }
+        assert!(Instant::now() < deadline, "the answer never came back over tcp");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    // An alias to a process with no such service is refused with the reason.
+    match a.connect(&mut ep_a, NodeId(900), 6, WAIT) {
+        Err(ConnectError::Refused(why)) => assert!(why.contains("no service 6"), "{why}"),
+        other => panic!("expected a refusal, got {:?}", other.map(|_| ())),
+    }
 }
