@@ -395,10 +395,12 @@ fn serve(
         }
         check_private(&r.private).map_err(|e| format!("refused: {e}"))?;
         let node = NodeId(r.to_node);
-        let acceptor = route((r.to_node != ANY_NODE).then_some(node), r.service)
-            .ok_or_else(|| match r.to_node {
-                ANY_NODE => format!("no service {} here", r.service),
-                _ => format!("no service {} on {node} here", r.service),
+        let acceptor =
+            route((r.to_node != ANY_NODE).then_some(node), r.service).ok_or_else(|| {
+                match r.to_node {
+                    ANY_NODE => format!("no service {} here", r.service),
+                    _ => format!("no service {} on {node} here", r.service),
+                }
             })?;
         // Before the service connects its queue pair to the caller's.
         learn(fabric, NodeId(r.from_node), r.from_fabric.as_deref())

@@ -352,7 +352,11 @@ fn an_exchange_carries_fabric_addresses_and_an_alias_reaches_the_node_behind_it(
         assert!(Instant::now() < deadline, "no answer");
         std::thread::sleep(Duration::from_millis(1));
     };
-    assert_eq!(accepted.qp.node, NodeId(77), "the answer names the real node");
+    assert_eq!(
+        accepted.qp.node,
+        NodeId(77),
+        "the answer names the real node"
+    );
     ep_a.connect(peer, accepted.qp).unwrap();
     ep_a.request(peer, &env(NodeId(1)), &Body::Ping).unwrap();
     let (mut events, mut data) = (Vec::new(), Vec::new());
@@ -365,17 +369,26 @@ fn an_exchange_carries_fabric_addresses_and_an_alias_reaches_the_node_behind_it(
         assert!(Instant::now() < deadline, "the Ping never arrived over tcp");
         std::thread::sleep(Duration::from_millis(1));
     };
-    ep_b
-        .respond(served, &env(NodeId(77)), &Body::Response(Response::Ok { version: 9 }))
-        .unwrap();
+    ep_b.respond(
+        served,
+        &env(NodeId(77)),
+        &Body::Response(Response::Ok { version: 9 }),
+    )
+    .unwrap();
     loop {
         ep_a.poll(&mut events, &mut data).unwrap();
         if let Some(&Event::Message { start, len, .. }) = events.first() {
             let f = frame::decode(&data[start..start + len]).unwrap();
-            assert!(matches!(f.body, Body::Response(Response::Ok { version: 9 })));
+            assert!(matches!(
+                f.body,
+                Body::Response(Response::Ok { version: 9 })
+            ));
             break;
         }
-        assert!(Instant::now() < deadline, "the answer never came back over tcp");
+        assert!(
+            Instant::now() < deadline,
+            "the answer never came back over tcp"
+        );
         std::thread::sleep(Duration::from_millis(1));
     }
     // An alias to a process with no such service is refused with the reason.

@@ -16,10 +16,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use rowankv_cm::{ConfigManager, CoordStore, EmbeddedStore, StoreSource};
-use rowankv_engine::{register_data_area, BackupLog, Engine, EngineConfig};
-use rowankv_fabric::{
-    CqKind, Fabric, FaultInjector, LoopbackFabric, LoopbackNic, Nic, QpAddr, QueuePair,
-};
+use rowankv_engine::{Engine, EngineConfig};
+use rowankv_fabric::{Fabric, FaultInjector, LoopbackFabric, LoopbackNic, Nic, QpAddr, QueuePair};
 use rowankv_pmem::{MediaModelConfig, MediaStats, Medium, Pool, PoolOptions};
 use rowankv_rowan::RowanSender;
 use rowankv_rpc::directory::{Accepted, Directory};
@@ -27,21 +25,17 @@ use rowankv_rpc::endpoint::{connect_pair, Endpoint, PeerId};
 use rowankv_types::{Clock, NodeId, SegmentId, SystemClock};
 use rowankv_wire::config::{Config, ConfigSource, Member};
 
-use crate::background::{CleanTask, DigestTask};
 use crate::cm_role::CmTask;
-use crate::control::{ControlTask, CM_PORT, CONTROL_PORT};
+use crate::control::CM_PORT;
 use crate::events::EventLog;
-use crate::lease::LeaseTask;
+use crate::node::{assemble, on_demand, replication_qp_depth, roles, ServerSpec};
 use crate::replication::{
     RemoteLogTarget, Replicator, RowanReplicator, RpcReplicator, RwriteReplicator, ShareReplicator,
-    SharedLog, Strategy,
+    SharedLog, SharedLogs, Strategy,
 };
 use crate::runtime::{Executor, Placement, Task};
 use crate::server::{ServerSettings, ServerShared};
-use crate::services::{
-    decode_region, RemoteLog, ReplicationServices, REMOTE_LOG_SERVICE, ROWAN_SERVICE,
-};
-use crate::worker::Worker;
+use crate::services::{decode_region, ReplicationServices, REMOTE_LOG_SERVICE, ROWAN_SERVICE};
 
 /// Clients attach to the fabric as nodes from this id on.
 pub const CLIENT_NODE_BASE: u32 = 1000;
@@ -130,13 +124,6 @@ pub struct Parts {
     /// Per CM: set to crash it.
     pub cm_crash: Vec<(NodeId, Arc<AtomicBool>)>,
     pub events: Arc<EventLog>,
-    /// The backups' ends of remote-log connections (none: each backup's log
-    /// holds its own, see `BackupLog::accept_writer`), and their completion
-    /// queues.
-    pub passive: (
-        Vec<<LoopbackNic as Nic>::Qp>,
-        Vec<Option<<LoopbackNic as Nic>::Cq>>,
-    ),
 }
 
 /// A running in-process cluster.
@@ -398,10 +385,10 @@ pub fn build(
     let mut recovered: Option<BTreeMap<NodeId, Recovered>> =
         recovered.map(|v| v.into_iter().map(|r| (r.node, r)).collect());
 
+    let directory = Directory::new();
     let mut nics = Vec::new();
     let mut servers = Vec::new();
-    let mut regions = Vec::new();
-    let mut passive_cqs = Vec::new();
+    let mut services = Vec::new();
     for &node in &nodes {
         let nic = fabric.attach(node).map_err(err("attaching a server"))?;
         let (engine, open) = match &mut recovered {
@@ -440,56 +427,28 @@ pub fn build(
                 (Arc::new(engine), None)
             }
         };
-        let blog = Arc::new(
-            if config.strategy == Strategy::Rowan {
-                BackupLog::start(engine.clone(), nic.clone(), s.blog.clone())
-            } else {
-                BackupLog::passive(engine.clone(), s.blog.clone())
-            }
-            .map_err(err("backup log"))?,
-        );
-        if config.strategy.uses_remote_logs() {
-            let mr = register_data_area(&engine, &nic).map_err(err("remote logs"))?;
-            regions.push(Some(mr.remote()));
-            passive_cqs.push(Some(
-                nic.create_cq(CqKind::Ring { capacity: 1024 })
-                    .map_err(err("passive CQ"))?,
-            ));
-        } else {
-            regions.push(None);
-            passive_cqs.push(None);
-        }
-        servers.push(Arc::new(ServerShared::new(
-            node,
-            engine,
-            blog,
-            config.strategy,
-            s.clone(),
-            cluster_config.clone(),
-            source.clone(),
-            open,
-            events.clone(),
-            fabric.clock(),
-        )));
-        nics.push(nic);
+        // Every server's replication paths' receiving side is registered with
+        // the directory: senders connect through it as another process would.
+        let a = assemble(
+            ServerSpec {
+                node,
+                nic,
+                engine,
+                strategy: config.strategy,
+                settings: s.clone(),
+                config: cluster_config.clone(),
+                source: source.clone(),
+                recovered: open,
+                events: events.clone(),
+                clock: fabric.clock(),
+            },
+            &directory,
+        )?;
+        servers.push(a.shared);
+        nics.push(a.nic);
+        services.push(a.services);
     }
 
-    let directory = Directory::new();
-    // Every server's replication paths' receiving side, registered with the
-    // directory: senders connect through it as another process would.
-    let mut services: Vec<ReplicationServices<LoopbackNic>> = (0..n)
-        .map(|a| {
-            let rowan = (config.strategy == Strategy::Rowan)
-                .then(|| directory.register(nodes[a], ROWAN_SERVICE));
-            let remote_log = regions[a].zip(passive_cqs[a].clone()).map(|(region, cq)| {
-                (
-                    directory.register(nodes[a], REMOTE_LOG_SERVICE),
-                    RemoteLog { cq, region },
-                )
-            });
-            ReplicationServices::new(servers[a].clone(), nics[a].clone(), rowan, remote_log)
-        })
-        .collect();
     let mut eps: Vec<Vec<Option<Endpoint<LoopbackNic>>>> = Vec::new();
     for nic in &nics {
         let mut row = Vec::new();
@@ -508,7 +467,7 @@ pub fn build(
                 .collect()
         })
         .collect();
-    let qp_depth = 4 * s.inflight_max + 64;
+    let qp_depth = replication_qp_depth(s);
     let mut repls: Vec<Vec<Box<dyn Replicator<LoopbackNic>>>> = Vec::new();
     for a in 0..n {
         let mut row: Vec<Box<dyn Replicator<LoopbackNic>>> = Vec::new();
@@ -613,47 +572,29 @@ pub fn build(
         .collect();
     let mut tasks: Vec<(Owner, Box<dyn Task>)> = Vec::new();
     for ((a, row), services) in repls.into_iter().enumerate().zip(services) {
-        let node = nodes[a];
-        for (w, repl) in row.into_iter().enumerate() {
-            let ep = eps[a][w].take().expect("endpoint");
-            let acceptor = directory.register(node, w as u16);
-            let worker = Worker::new(servers[a].clone(), w, ep, acceptor, repl);
-            tasks.push((Owner::Server(node), Box::new(worker)));
-        }
-        let ep = Endpoint::new(nics[a].clone(), s.endpoint.clone()).map_err(err("endpoint"))?;
-        let acceptor = directory.register(node, CONTROL_PORT);
-        tasks.push((
-            Owner::Server(node),
-            Box::new(ControlTask::new(
-                servers[a].clone(),
-                ep,
-                acceptor,
-                directory.clone(),
-                cm_nodes.clone(),
-                services,
-            )),
+        let shared_logs: SharedLogs = Arc::new(parking_lot::Mutex::new(
+            shared_logs[a].clone().into_iter().collect(),
         ));
-        let ep = Endpoint::new(nics[a].clone(), s.endpoint.clone()).map_err(err("endpoint"))?;
-        tasks.push((
-            Owner::Server(node),
-            Box::new(LeaseTask::new(
-                servers[a].clone(),
-                ep,
-                directory.clone(),
-                cm_nodes.clone(),
-            )),
-        ));
-        for d in 0..s.blog.digest_count {
-            tasks.push((
-                Owner::Server(node),
-                Box::new(DigestTask::new(servers[a].clone(), d)),
-            ));
-        }
-        for c in 0..s.cleaners {
-            tasks.push((
-                Owner::Server(node),
-                Box::new(CleanTask::new(servers[a].clone(), c)),
-            ));
+        let workers = row
+            .into_iter()
+            .enumerate()
+            .map(|(w, repl)| {
+                let ep = eps[a][w].take().expect("endpoint");
+                (
+                    ep,
+                    on_demand(&servers[a], &directory, w, &shared_logs, repl),
+                )
+            })
+            .collect();
+        for t in roles(
+            &servers[a],
+            &nics[a],
+            &directory,
+            &cm_nodes,
+            services,
+            workers,
+        )? {
+            tasks.push((Owner::Server(nodes[a]), t));
         }
     }
     let mut cm_crash = Vec::new();
@@ -674,7 +615,6 @@ pub fn build(
         tasks,
         cm_crash,
         events,
-        passive: (Vec::new(), passive_cqs),
     })
 }
 

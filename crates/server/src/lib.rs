@@ -35,6 +35,7 @@ pub mod control;
 pub mod deploy;
 pub mod events;
 pub mod lease;
+pub mod node;
 pub mod replication;
 pub mod runtime;
 pub mod server;

@@ -13,6 +13,7 @@
 //! token per backup; the replicator reports the token in `acked` once the entry
 //! is durable in that backup's log, or in `failed` if it cannot be.
 
+mod dial;
 mod rowan;
 mod rpc;
 mod rwrite;
@@ -29,6 +30,8 @@ use rowankv_rpc::endpoint::{Endpoint, PeerId};
 use rowankv_types::NodeId;
 use rowankv_wire::frame::{Envelope, Response};
 
+pub use dial::OnDemand;
+pub(crate) use dial::{Dialer, SharedLogs};
 pub(crate) use rowan::RowanReplicator;
 pub(crate) use rpc::RpcReplicator;
 pub use rwrite::BatchConfig;
@@ -121,6 +124,26 @@ pub trait Replicator<N: Nic>: Send {
     /// Timers and queued work (batch timeouts, entries waiting for a segment or a
     /// credit). Returns whether it did anything.
     fn tick(&mut self, cx: &mut ReplCtx<'_, N>, out: &mut Outcomes) -> bool;
+    /// Whether it has a connection to `backup` (entries for a backup it has
+    /// none to fail at once).
+    fn connected(&self, backup: NodeId) -> bool;
+    /// A connection to `backup`, made through the connection manager
+    /// ([`OnDemand`]); it replaces any earlier one.
+    fn add(&mut self, backup: NodeId, link: Link<N>);
+}
+
+/// A connection to one backup, of the kind the strategy uses.
+pub struct Link<N: Nic>(pub(crate) LinkKind<N>);
+
+pub(crate) enum LinkKind<N: Nic> {
+    /// `rowan`: a queue pair connected to the backup's Rowan receiver.
+    Rowan(rowankv_rowan::RowanSender<N::Qp>),
+    /// `rpc`: a connection to one of the backup's workers.
+    Rpc(PeerId),
+    /// `rwrite`, `batch`: the backup's remote log and an RPC peer for grants.
+    RemoteLog(RemoteLogTarget<N::Qp>),
+    /// `share`: as `RemoteLog`, with the log the sending server's workers share.
+    Shared(std::sync::Arc<SharedLog>, RemoteLogTarget<N::Qp>),
 }
 
 /// Tokens whose replication finished.

@@ -9,7 +9,7 @@ use rowankv_rpc::endpoint::{wr_id, PeerId, WR_TAG_SHIFT};
 use rowankv_types::NodeId;
 use rowankv_wire::frame::Response;
 
-use super::{Outcomes, ReplCtx, Replicator, WR_TAG_REPL};
+use super::{Link, LinkKind, Outcomes, ReplCtx, Replicator, WR_TAG_REPL};
 
 pub(crate) struct RowanReplicator<N: Nic> {
     senders: HashMap<NodeId, RowanSender<N::Qp>>,
@@ -80,6 +80,16 @@ impl<N: Nic> Replicator<N> for RowanReplicator<N> {
         _response: &Response<'_>,
         _out: &mut Outcomes,
     ) {
+    }
+
+    fn connected(&self, backup: NodeId) -> bool {
+        self.senders.contains_key(&backup)
+    }
+
+    fn add(&mut self, backup: NodeId, link: Link<N>) {
+        if let LinkKind::Rowan(sender) = link.0 {
+            self.senders.insert(backup, sender);
+        }
     }
 
     fn tick(&mut self, _cx: &mut ReplCtx<'_, N>, out: &mut Outcomes) -> bool {

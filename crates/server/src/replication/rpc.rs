@@ -18,7 +18,7 @@ use rowankv_rpc::endpoint::{PeerId, SendError};
 use rowankv_types::NodeId;
 use rowankv_wire::frame::{Body, Envelope, Response};
 
-use super::{Outcomes, ReplCtx, Replicator};
+use super::{Link, LinkKind, Outcomes, ReplCtx, Replicator};
 
 /// A request sent and not answered yet.
 struct Pending {
@@ -200,6 +200,16 @@ impl<N: Nic> Replicator<N> for RpcReplicator {
             let p = self.pending.remove(&id).expect("listed");
             let why = format!("replicate RPC to {}: the connection failed", p.backup);
             out.failed.push((p.token, why));
+        }
+    }
+
+    fn connected(&self, backup: NodeId) -> bool {
+        self.peers.contains_key(&backup)
+    }
+
+    fn add(&mut self, backup: NodeId, link: Link<N>) {
+        if let LinkKind::Rpc(peer) = link.0 {
+            self.peers.insert(backup, peer);
         }
     }
 

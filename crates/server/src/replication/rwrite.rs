@@ -25,7 +25,7 @@ use rowankv_types::NodeId;
 use rowankv_wire::frame::Response;
 
 use super::segments::{refusal_pause_ns, Answer, Reserve, SegmentChain, SentGrants};
-use super::{Outcomes, ReplCtx, Replicator, WR_TAG_REPL};
+use super::{Link, LinkKind, Outcomes, ReplCtx, Replicator, WR_TAG_REPL};
 
 /// Sender-side batching (`batch`).
 #[derive(Clone, Copy, Debug)]
@@ -46,7 +46,7 @@ impl Default for BatchConfig {
 
 /// How to reach a backup: a queue pair for WRITEs (on the worker's completion
 /// queue), the backup's registered data area, and an RPC peer for grants.
-pub(crate) struct RemoteLogTarget<Q> {
+pub struct RemoteLogTarget<Q> {
     pub qp: Q,
     pub region: RemoteRegion,
     pub peer: PeerId,
@@ -100,6 +100,19 @@ struct RemoteLog<Q> {
     batch_since_ns: u64,
 }
 
+impl<Q> RemoteLog<Q> {
+    fn new(target: RemoteLogTarget<Q>) -> Self {
+        RemoteLog {
+            target,
+            chain: SegmentChain::default(),
+            waiting: VecDeque::new(),
+            batch: Vec::new(),
+            batch_tokens: Vec::new(),
+            batch_since_ns: 0,
+        }
+    }
+}
+
 /// A WRITE posted: its backup, the segment it went to, what it acknowledges.
 struct InFlight {
     backup: NodeId,
@@ -139,17 +152,7 @@ impl<N: Nic> RwriteReplicator<N> {
             backups,
             logs: targets
                 .into_iter()
-                .map(|(node, target)| {
-                    let log = RemoteLog {
-                        target,
-                        chain: SegmentChain::default(),
-                        waiting: VecDeque::new(),
-                        batch: Vec::new(),
-                        batch_tokens: Vec::new(),
-                        batch_since_ns: 0,
-                    };
-                    (node, log)
-                })
+                .map(|(node, target)| (node, RemoteLog::new(target)))
                 .collect(),
             batch,
             timeout_ns,
@@ -424,6 +427,20 @@ impl<N: Nic> Replicator<N> for RwriteReplicator<N> {
                 log.chain.give_up(id, quiet_until);
             }
         });
+    }
+
+    fn connected(&self, backup: NodeId) -> bool {
+        self.logs.contains_key(&backup)
+    }
+
+    fn add(&mut self, backup: NodeId, link: Link<N>) {
+        if let LinkKind::RemoteLog(target) = link.0 {
+            self.logs.insert(backup, RemoteLog::new(target));
+            if !self.backups.contains(&backup) {
+                self.backups.push(backup);
+                self.backups.sort_unstable();
+            }
+        }
     }
 
     fn tick(&mut self, cx: &mut ReplCtx<'_, N>, out: &mut Outcomes) -> bool {

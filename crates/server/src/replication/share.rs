@@ -21,7 +21,9 @@ use rowankv_types::NodeId;
 use rowankv_wire::frame::Response;
 
 use super::segments::{refusal_pause_ns, Answer, Reserve, SegmentChain, SentGrants};
-use super::{Outcomes, RemoteLogTarget, ReplCtx, Replicator, SHARED_LOG_ID, WR_TAG_REPL};
+use super::{
+    Link, LinkKind, Outcomes, RemoteLogTarget, ReplCtx, Replicator, SHARED_LOG_ID, WR_TAG_REPL,
+};
 use crate::runtime::Periodic;
 
 /// One shared remote log (one per backup server), shared by the sending
@@ -280,6 +282,20 @@ impl<N: Nic> Replicator<N> for ShareReplicator<N> {
                 shared.chain.lock().give_up(id, quiet_until);
             }
         });
+    }
+
+    fn connected(&self, backup: NodeId) -> bool {
+        self.logs.contains_key(&backup)
+    }
+
+    fn add(&mut self, backup: NodeId, link: Link<N>) {
+        if let LinkKind::Shared(log, target) = link.0 {
+            self.logs.insert(backup, (log, target));
+            if !self.backups.contains(&backup) {
+                self.backups.push(backup);
+                self.backups.sort_unstable();
+            }
+        }
     }
 
     fn tick(&mut self, cx: &mut ReplCtx<'_, N>, out: &mut Outcomes) -> bool {

@@ -1,0 +1,323 @@
+//! Replication connections made on demand, through the connection manager, as a
+//! process deployment needs them: a server learns its backups from the
+//! configuration, and a backup that joins later (a restarted server rejoining)
+//! is connected to when the first entry is routed to it.
+//!
+//! [`OnDemand`] wraps a worker's replicator. An entry for a backup the
+//! replicator has no connection to fails at once ("connecting"), which the
+//! worker treats as any failed replication: it replicates the write again after
+//! its back-off, by which time the connection is usually there. Meanwhile the
+//! [`Dialer`] sets the connection up without blocking the worker: it asks the
+//! backup's service through the directory ([`Directory::request`]) and, when the
+//! answer arrives on a later tick, connects its queue pair and hands the link to
+//! the replicator. What each strategy needs is set up here, in one place:
+//!
+//! | strategy | connection |
+//! | --- | --- |
+//! | `rowan` | a queue pair to the backup's Rowan receiver (`ROWAN_SERVICE`) |
+//! | `rpc` | an RPC connection to the backup's worker `w mod workers` |
+//! | `rwrite`, `batch` | a queue pair to the backup's remote log (`REMOTE_LOG_SERVICE`, whose answer carries the region) and an RPC connection for grants |
+//! | `share` | as `rwrite`, and the remote log the server's workers share |
+//!
+//! A dial that gets no answer within [`DIAL_TIMEOUT_NS`], or is refused, is
+//! dropped and tried again on a later entry, no sooner than [`REDIAL_NS`] after.
+//!
+//! The in-process cluster connects every path before its roles start and
+//! hands the replicators their links; its dialer then has nothing to do.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use crossbeam::channel::Receiver;
+use parking_lot::Mutex;
+use rowankv_fabric::{Completion, Nic, QueuePair};
+use rowankv_rowan::RowanSender;
+use rowankv_rpc::directory::{Accepted, Directory};
+use rowankv_rpc::endpoint::PeerId;
+use rowankv_types::NodeId;
+use rowankv_wire::frame::Response;
+
+use super::{Link, LinkKind, Outcomes, RemoteLogTarget, ReplCtx, Replicator, SharedLog, Strategy};
+use crate::services::{decode_region, REMOTE_LOG_SERVICE, ROWAN_SERVICE};
+
+/// How long a dial may wait for the backup's answers.
+pub const DIAL_TIMEOUT_NS: u64 = 2_000_000_000;
+/// How soon after a failed dial the next may start.
+pub const REDIAL_NS: u64 = 50_000_000;
+
+/// The `share` strategy's remote logs of one server, by backup: every worker's
+/// dialer takes the same one.
+pub(crate) type SharedLogs = Arc<Mutex<HashMap<NodeId, Arc<SharedLog>>>>;
+
+type Answer = Receiver<Result<Accepted, String>>;
+
+/// One dial in progress: the parts the strategy needs, each asked for, then
+/// answered.
+struct Dial<N: Nic> {
+    started_ns: u64,
+    /// A raw queue pair and the answer of the service it asked.
+    qp: Option<(N::Qp, Answer)>,
+    qp_done: Option<(N::Qp, Accepted)>,
+    /// An RPC connection and its answer.
+    rpc: Option<(PeerId, Answer)>,
+    rpc_done: Option<PeerId>,
+}
+
+/// Sets up one worker's replication connections.
+pub(crate) struct Dialer<N: Nic> {
+    directory: Directory,
+    strategy: Strategy,
+    worker: usize,
+    mtu_bytes: usize,
+    qp_depth: usize,
+    shared_logs: SharedLogs,
+    /// Workers of each backup (for `rpc`'s choice of worker); `None`: 1.
+    workers_of: Arc<dyn Fn(NodeId) -> Option<u16> + Send + Sync>,
+    dials: HashMap<NodeId, Dial<N>>,
+    not_before_ns: HashMap<NodeId, u64>,
+}
+
+impl<N: Nic> Dialer<N> {
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn new(
+        directory: Directory,
+        strategy: Strategy,
+        worker: usize,
+        mtu_bytes: usize,
+        qp_depth: usize,
+        shared_logs: SharedLogs,
+        workers_of: Arc<dyn Fn(NodeId) -> Option<u16> + Send + Sync>,
+    ) -> Self {
+        Dialer {
+            directory,
+            strategy,
+            worker,
+            mtu_bytes,
+            qp_depth,
+            shared_logs,
+            workers_of,
+            dials: HashMap::new(),
+            not_before_ns: HashMap::new(),
+        }
+    }
+
+    /// Start connecting to `backup` unless a dial is under way or failed too
+    /// recently. Returns why the entry cannot go now.
+    fn start(&mut self, cx: &mut ReplCtx<'_, N>, backup: NodeId) -> String {
+        if self.dials.contains_key(&backup) {
+            return format!("connecting to {backup}");
+        }
+        if self
+            .not_before_ns
+            .get(&backup)
+            .is_some_and(|&t| cx.now_ns < t)
+        {
+            return format!("no connection to {backup} (the last attempt failed)");
+        }
+        match self.ask(cx, backup) {
+            Ok(dial) => {
+                tracing::debug!(%backup, strategy = %self.strategy, "connecting a replication path");
+                self.dials.insert(backup, dial);
+                format!("connecting to {backup}")
+            }
+            Err(why) => {
+                self.not_before_ns.insert(backup, cx.now_ns + REDIAL_NS);
+                format!("connecting to {backup}: {why}")
+            }
+        }
+    }
+
+    /// Send the requests the strategy needs.
+    fn ask(&mut self, cx: &mut ReplCtx<'_, N>, backup: NodeId) -> Result<Dial<N>, String> {
+        let mut dial = Dial {
+            started_ns: cx.now_ns,
+            qp: None,
+            qp_done: None,
+            rpc: None,
+            rpc_done: None,
+        };
+        let service = match self.strategy {
+            Strategy::Rowan => Some(ROWAN_SERVICE),
+            Strategy::Rpc => None,
+            Strategy::Rwrite | Strategy::Batch | Strategy::Share => Some(REMOTE_LOG_SERVICE),
+        };
+        if let Some(service) = service {
+            let cq = cx.ep.cq();
+            let qp = cx
+                .ep
+                .nic()
+                .create_qp(cq, cq, None, self.qp_depth)
+                .map_err(|e| format!("a queue pair: {e}"))?;
+            let answer = self
+                .directory
+                .request(backup, service, qp.addr(), Vec::new())
+                .map_err(|e| e.to_string())?;
+            dial.qp = Some((qp, answer));
+        }
+        if self.strategy != Strategy::Rowan {
+            let workers = (self.workers_of)(backup).unwrap_or(1).max(1);
+            let worker = (self.worker % workers as usize) as u16;
+            let (peer, answer) = self
+                .directory
+                .connect_async(cx.ep, backup, worker)
+                .map_err(|e| e.to_string())?;
+            dial.rpc = Some((peer, answer));
+        }
+        Ok(dial)
+    }
+
+    /// Collect answers; returns the links completed and the dials that failed.
+    fn poll(&mut self, cx: &mut ReplCtx<'_, N>) -> Vec<(NodeId, Result<Link<N>, String>)> {
+        let mut out = Vec::new();
+        let now = cx.now_ns;
+        let mut finished = Vec::new();
+        for (&backup, dial) in &mut self.dials {
+            let mut failure = None;
+            if let Some((qp, answer)) = dial.qp.take() {
+                match answer.try_recv() {
+                    Ok(Ok(a)) => dial.qp_done = Some((qp, a)),
+                    Ok(Err(why)) => failure = Some(why),
+                    Err(_) => dial.qp = Some((qp, answer)),
+                }
+            }
+            if let Some((peer, answer)) = dial.rpc.take() {
+                match answer.try_recv() {
+                    Ok(Ok(a)) => match cx.ep.connect(peer, a.qp) {
+                        Ok(()) => dial.rpc_done = Some(peer),
+                        Err(e) => failure = Some(e.to_string()),
+                    },
+                    Ok(Err(why)) => failure = Some(why),
+                    Err(_) => dial.rpc = Some((peer, answer)),
+                }
+            }
+            if failure.is_none() && now.saturating_sub(dial.started_ns) > DIAL_TIMEOUT_NS {
+                failure = Some("no answer in time".into());
+            }
+            if let Some(why) = failure {
+                finished.push(backup);
+                out.push((backup, Err(why)));
+            } else if dial.qp.is_none() && dial.rpc.is_none() {
+                finished.push(backup);
+            }
+        }
+        for backup in finished {
+            let dial = self.dials.remove(&backup).expect("a dial");
+            if out.iter().any(|(b, r)| *b == backup && r.is_err()) {
+                self.not_before_ns.insert(backup, now + REDIAL_NS);
+                continue;
+            }
+            out.push((backup, self.link(backup, dial)));
+        }
+        out
+    }
+
+    /// The link of a dial whose every answer arrived.
+    fn link(&self, backup: NodeId, dial: Dial<N>) -> Result<Link<N>, String> {
+        let kind = match self.strategy {
+            Strategy::Rowan => {
+                let (qp, a) = dial.qp_done.ok_or("no Rowan receiver answered")?;
+                qp.connect(a.qp).map_err(|e| e.to_string())?;
+                LinkKind::Rowan(RowanSender::new(qp, self.mtu_bytes))
+            }
+            Strategy::Rpc => LinkKind::Rpc(dial.rpc_done.ok_or("no worker answered")?),
+            Strategy::Rwrite | Strategy::Batch | Strategy::Share => {
+                let (qp, a) = dial.qp_done.ok_or("no remote log answered")?;
+                let region = decode_region(&a.private, backup)?;
+                qp.connect(a.qp).map_err(|e| e.to_string())?;
+                let target = RemoteLogTarget {
+                    qp,
+                    region,
+                    peer: dial.rpc_done.ok_or("no worker answered")?,
+                };
+                if self.strategy == Strategy::Share {
+                    let log = self
+                        .shared_logs
+                        .lock()
+                        .entry(backup)
+                        .or_insert_with(SharedLog::new)
+                        .clone();
+                    LinkKind::Shared(log, target)
+                } else {
+                    LinkKind::RemoteLog(target)
+                }
+            }
+        };
+        Ok(Link(kind))
+    }
+}
+
+/// A worker's replicator with connections made on demand ([`Dialer`]).
+pub struct OnDemand<N: Nic> {
+    inner: Box<dyn Replicator<N>>,
+    dialer: Dialer<N>,
+    /// Entries that found no connection: failed on the next tick.
+    refused: Vec<(u64, String)>,
+}
+
+impl<N: Nic> OnDemand<N> {
+    pub(crate) fn new(inner: Box<dyn Replicator<N>>, dialer: Dialer<N>) -> Self {
+        OnDemand {
+            inner,
+            dialer,
+            refused: Vec::new(),
+        }
+    }
+}
+
+impl<N: Nic> Replicator<N> for OnDemand<N> {
+    fn replicate(&mut self, cx: &mut ReplCtx<'_, N>, backup: NodeId, entry: &[u8], token: u64) {
+        if self.inner.connected(backup) {
+            self.inner.replicate(cx, backup, entry, token);
+        } else {
+            let why = self.dialer.start(cx, backup);
+            self.refused.push((token, why));
+        }
+    }
+
+    fn on_completion(&mut self, cx: &mut ReplCtx<'_, N>, c: &Completion, out: &mut Outcomes) {
+        self.inner.on_completion(cx, c, out);
+    }
+
+    fn on_response(
+        &mut self,
+        cx: &mut ReplCtx<'_, N>,
+        peer: PeerId,
+        request_id: u64,
+        response: &Response<'_>,
+        out: &mut Outcomes,
+    ) {
+        self.inner.on_response(cx, peer, request_id, response, out);
+    }
+
+    fn on_send_failed(&mut self, cx: &mut ReplCtx<'_, N>, peer: PeerId, out: &mut Outcomes) {
+        self.inner.on_send_failed(cx, peer, out);
+    }
+
+    fn tick(&mut self, cx: &mut ReplCtx<'_, N>, out: &mut Outcomes) -> bool {
+        let mut did = !self.refused.is_empty();
+        out.failed.append(&mut self.refused);
+        if !self.dialer.dials.is_empty() {
+            for (backup, link) in self.dialer.poll(cx) {
+                did = true;
+                match link {
+                    Ok(link) => {
+                        tracing::info!(%backup, "replication path connected");
+                        self.inner.add(backup, link);
+                    }
+                    Err(why) => {
+                        tracing::warn!(%backup, why, "replication path not connected")
+                    }
+                }
+            }
+        }
+        self.inner.tick(cx, out) | did
+    }
+
+    fn connected(&self, backup: NodeId) -> bool {
+        self.inner.connected(backup)
+    }
+
+    fn add(&mut self, backup: NodeId, link: Link<N>) {
+        self.inner.add(backup, link);
+    }
+}
