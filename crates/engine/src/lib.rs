@@ -20,6 +20,7 @@
 pub mod blog;
 pub mod engine;
 pub mod entry;
+pub mod identity;
 pub mod index;
 pub mod segment;
 
@@ -27,6 +28,7 @@ pub use blog::{register_data_area, BackupLog, BackupLogConfig, ControlReport};
 pub use engine::{
     CleanReport, Engine, EngineConfig, InstallReport, RecoveryReport, Written, WORKERS_MAX,
 };
+pub use identity::{read_identity, write_identity, Identity};
 pub use index::{RequestOutcome, RequestStats, REQUEST_CLIENTS_MAX, REQUEST_WINDOW};
 pub use segment::{Owner, SegmentState};
 

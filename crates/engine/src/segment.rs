@@ -281,6 +281,7 @@ impl Segments {
         // over a half-written table.
         pool.write(0, &[0u8; SUPERBLOCK_COVERED + 4]);
         pool.persist(0, SUPERBLOCK_COVERED + 4);
+        crate::identity::clear_identity(&pool);
         let table_bytes = 8 * layout.segment_count;
         pool.write(META_OFFSET, &vec![0u8; table_bytes]);
         pool.persist(META_OFFSET, table_bytes);
