@@ -16,6 +16,7 @@ use rowankv_bench::dlwa::{self, DlwaOptions, Mode};
 use rowankv_bench::plot::{self, PlotError};
 
 mod demo;
+mod deploy_cmd;
 mod recovery_cmd;
 mod sim_cmd;
 
@@ -39,6 +40,19 @@ enum Command {
     /// checked (no lost acknowledged write, per-key linearizability, no answer
     /// from a stale configuration).
     Sim(sim_cmd::SimArgs),
+    /// Run a server process of a deployed cluster (`docs/deployment.md`).
+    Server(deploy_cmd::ProcessArgs),
+    /// Run a configuration manager process of a deployed cluster.
+    Cm(deploy_cmd::ProcessArgs),
+    /// Store VALUE under KEY in a deployed cluster (reached through --cm or $ROWANKV_CM).
+    Put(deploy_cmd::PutArgs),
+    /// Print KEY's value (exit status 1 if it has none).
+    Get(deploy_cmd::KeyArgs),
+    /// Delete KEY.
+    Del(deploy_cmd::KeyArgs),
+    /// The cluster's configuration as its CM serves it: term, members and their
+    /// addresses, shards per server.
+    Status(deploy_cmd::StatusArgs),
     /// Run an experiment of the papers' evaluations.
     Bench {
         #[command(subcommand)]
@@ -188,7 +202,16 @@ struct DlwaArgs {
     plot: Option<PathBuf>,
 }
 
-fn main() -> Result<()> {
+fn main() {
+    // Errors are printed with their causes, without a backtrace (whatever
+    // RUST_BACKTRACE says): they are the user's to read.
+    if let Err(e) = run() {
+        eprintln!("Error: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+fn run() -> Result<()> {
     let cli = Cli::parse();
     // Warnings and errors of the store's roles go to stderr; `RUST_LOG` (for
     // example `RUST_LOG=rowankv_server=info`) shows more. The simulator fails
@@ -196,6 +219,8 @@ fn main() -> Result<()> {
     // failover: they log errors only.
     let default = match cli.command {
         Command::Sim(_) | Command::Demo(_) => "error",
+        // A process's log tells what it did: joins, configurations, failovers.
+        Command::Server(_) | Command::Cm(_) => "info,rowankv_fabric=warn,rowankv_rpc=warn",
         _ => "warn",
     };
     tracing_subscriber::fmt()
@@ -222,6 +247,12 @@ fn main() -> Result<()> {
             which: BenchCommand::Coldstart(args),
         } => recovery_cmd::cold_start(args),
         Command::Demo(args) => demo::run(args),
+        Command::Server(args) => deploy_cmd::server(args),
+        Command::Cm(args) => deploy_cmd::cm(args),
+        Command::Put(args) => deploy_cmd::put(args),
+        Command::Get(args) => deploy_cmd::get(args),
+        Command::Del(args) => deploy_cmd::del(args),
+        Command::Status(args) => deploy_cmd::status(args),
         Command::Sim(args) => sim_cmd::run_cmd(args),
     }
 }

@@ -37,8 +37,9 @@ pub mod store;
 
 pub use etcd::{EtcdConfig, EtcdStore};
 pub use manager::{
-    ActiveLease, CmError, ConfigManager, NodeRecord, StoreSource, ALLOCATED_NODE_BASE,
-    CM_LEASE_KEY, COMMITTED_KEY, CONFIG_KEY, NEXT_NODE_KEY, NODE_RECORD_PREFIX,
+    allocate_node, node_record, update_node_record, ActiveLease, CmError, ConfigManager,
+    NodeRecord, StoreSource, ALLOCATED_NODE_BASE, CM_LEASE_KEY, COMMITTED_KEY, CONFIG_KEY,
+    NEXT_NODE_KEY, NODE_RECORD_PREFIX,
 };
 pub use plan::{plan_failover, plan_move, plan_ready};
 pub use store::{CoordStore, EmbeddedStore, Guard, LeaseId, Revision, StoreError};

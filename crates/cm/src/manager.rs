@@ -47,11 +47,86 @@ pub const ALLOCATED_NODE_BASE: u32 = 10_000;
 /// What a node identity was handed out for ([`ConfigManager::allocate_node`]).
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct NodeRecord {
-    /// `server` or `client`.
+    /// `server`, `client` or `cm`.
     pub kind: String,
     /// Where the node said it can be reached (`host:port`; empty for a client
     /// that accepts no connections).
     pub address: String,
+}
+
+/// Hand out a node identity from `store` ([`ConfigManager::allocate_node`]),
+/// none below `members_above`: what a CM does before any configuration is
+/// stored (for itself, and for the servers that join to form the first one).
+pub fn allocate_node(
+    store: &dyn CoordStore,
+    record: &NodeRecord,
+    members_above: u32,
+) -> Result<NodeId, CmError> {
+    if !matches!(record.kind.as_str(), "server" | "client" | "cm") {
+        return Err(CmError::Invalid(format!(
+            "a node is a server, a client or a cm, not {:?}",
+            record.kind
+        )));
+    }
+    for _ in 0..ALLOCATE_ATTEMPTS_MAX {
+        let (stored, revision) = match store.get(NEXT_NODE_KEY)? {
+            Some((bytes, revision)) => {
+                let text = std::str::from_utf8(&bytes).unwrap_or("");
+                let next: u32 = text.parse().map_err(|_| {
+                    CmError::Invalid(format!("{NEXT_NODE_KEY} holds {text:?}, not a number"))
+                })?;
+                (next, revision)
+            }
+            None => (0, 0),
+        };
+        let id = stored.max(members_above).max(ALLOCATED_NODE_BASE);
+        let Some(next) = id.checked_add(1) else {
+            return Err(CmError::Invalid("every node identity is used".into()));
+        };
+        match store.put_if(NEXT_NODE_KEY, next.to_string().as_bytes(), revision, None) {
+            Ok(_) => {
+                let key = format!("{NODE_RECORD_PREFIX}{id}");
+                let json = serde_json::to_vec(record).expect("a record serializes");
+                store.put_if(&key, &json, 0, None)?;
+                return Ok(NodeId(id));
+            }
+            // Another CM handed one out meanwhile: read again.
+            Err(StoreError::Conflict { .. }) => continue,
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Err(CmError::Conflict(format!(
+        "{NEXT_NODE_KEY} kept changing while allocating a node identity"
+    )))
+}
+
+/// Replace the record of an identity handed out before (a server that rejoins
+/// from another address).
+pub fn update_node_record(
+    store: &dyn CoordStore,
+    node: NodeId,
+    record: &NodeRecord,
+) -> Result<(), CmError> {
+    let key = format!("{NODE_RECORD_PREFIX}{}", node.0);
+    let Some((_, revision)) = store.get(&key)? else {
+        return Err(CmError::Invalid(format!(
+            "{node} was never handed out by this cluster's CMs"
+        )));
+    };
+    let json = serde_json::to_vec(record).expect("a record serializes");
+    store.put_if(&key, &json, revision, None)?;
+    Ok(())
+}
+
+/// The record of an identity handed out before, `None` if it never was.
+pub fn node_record(store: &dyn CoordStore, node: NodeId) -> Result<Option<NodeRecord>, CmError> {
+    let key = format!("{NODE_RECORD_PREFIX}{}", node.0);
+    match store.get(&key)? {
+        None => Ok(None),
+        Some((bytes, _)) => serde_json::from_slice(&bytes)
+            .map(Some)
+            .map_err(|e| CmError::Invalid(format!("{key}: {e}"))),
+    }
 }
 
 /// How many times `bootstrap` and `acquire_active` re-read after losing a race to
@@ -184,12 +259,6 @@ impl ConfigManager {
     /// stores it with its pool and rejoins under it after a restart); it asks
     /// again only when it starts on a new, empty pool.
     pub fn allocate_node(&self, record: &NodeRecord) -> Result<NodeId, CmError> {
-        if !matches!(record.kind.as_str(), "server" | "client") {
-            return Err(CmError::Invalid(format!(
-                "a node is a server or a client, not {:?}",
-                record.kind
-            )));
-        }
         let members_above = self
             .current()
             .members
@@ -197,50 +266,12 @@ impl ConfigManager {
             .map(|m| m.node.0.saturating_add(1))
             .max()
             .unwrap_or(0);
-        for _ in 0..ALLOCATE_ATTEMPTS_MAX {
-            let (stored, revision) = match self.store.get(NEXT_NODE_KEY)? {
-                Some((bytes, revision)) => {
-                    let text = std::str::from_utf8(&bytes).unwrap_or("");
-                    let next: u32 = text.parse().map_err(|_| {
-                        CmError::Invalid(format!("{NEXT_NODE_KEY} holds {text:?}, not a number"))
-                    })?;
-                    (next, revision)
-                }
-                None => (0, 0),
-            };
-            let id = stored.max(members_above).max(ALLOCATED_NODE_BASE);
-            let Some(next) = id.checked_add(1) else {
-                return Err(CmError::Invalid("every node identity is used".into()));
-            };
-            match self
-                .store
-                .put_if(NEXT_NODE_KEY, next.to_string().as_bytes(), revision, None)
-            {
-                Ok(_) => {
-                    let key = format!("{NODE_RECORD_PREFIX}{id}");
-                    let json = serde_json::to_vec(record).expect("a record serializes");
-                    self.store.put_if(&key, &json, 0, None)?;
-                    return Ok(NodeId(id));
-                }
-                // Another CM handed one out meanwhile: read again.
-                Err(StoreError::Conflict { .. }) => continue,
-                Err(e) => return Err(e.into()),
-            }
-        }
-        Err(CmError::Conflict(format!(
-            "{NEXT_NODE_KEY} kept changing while allocating a node identity"
-        )))
+        allocate_node(self.store.as_ref(), record, members_above)
     }
 
     /// The record of node identity `node` handed out by [`ConfigManager::allocate_node`].
     pub fn node_record(&self, node: NodeId) -> Result<Option<NodeRecord>, CmError> {
-        let key = format!("{NODE_RECORD_PREFIX}{}", node.0);
-        match self.store.get(&key)? {
-            None => Ok(None),
-            Some((bytes, _)) => serde_json::from_slice(&bytes)
-                .map(Some)
-                .map_err(|e| CmError::Invalid(format!("{key}: {e}"))),
-        }
+        node_record(self.store.as_ref(), node)
     }
 
     /// The cached configuration.

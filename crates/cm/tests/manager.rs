@@ -451,7 +451,7 @@ fn node_identities_are_handed_out_once_above_every_member_and_survive_a_new_mana
     // hands nothing out.
     assert_eq!(c.node_record(NodeId(5)).unwrap(), None);
     let bad = rowankv_cm::NodeRecord {
-        kind: "cm".into(),
+        kind: "switch".into(),
         address: String::new(),
     };
     assert!(matches!(c.allocate_node(&bad), Err(CmError::Invalid(_))));

@@ -40,7 +40,9 @@ fn encode(id: Identity) -> [u8; IDENTITY_BYTES] {
 
 fn check_room(pool: &Pool) -> Result<(), EngineError> {
     if pool.len_bytes() < SUPERBLOCK_BYTES {
-        return Err(EngineError::Corrupt("pool smaller than a superblock".into()));
+        return Err(EngineError::Corrupt(
+            "pool smaller than a superblock".into(),
+        ));
     }
     Ok(())
 }

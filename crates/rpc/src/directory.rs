@@ -62,7 +62,10 @@ impl Acceptor {
         let mut peers = Vec::new();
         while let Ok(req) = self.rx.try_recv() {
             let result = ep.open().and_then(|(peer, addr)| {
-                ep.connect(peer, req.from)?;
+                if let Err(e) = ep.connect(peer, req.from) {
+                    ep.close(peer);
+                    return Err(e);
+                }
                 Ok((peer, addr))
             });
             match result {
@@ -204,6 +207,15 @@ impl Directory {
         }
     }
 
+    /// Whether `node` is a real node found behind an alias
+    /// ([`Directory::set_alias`]): it answered a request sent to one (a
+    /// CM that this process reached by address).
+    pub fn is_behind_alias(&self, node: NodeId) -> bool {
+        self.network
+            .as_ref()
+            .is_some_and(|n| n.is_behind_alias(node))
+    }
+
     /// Where to find the connection-manager address of a node that
     /// [`Directory::set_address`] was not told (a server: the addresses of the
     /// members of its current configuration). Network only.
@@ -235,16 +247,19 @@ impl Directory {
         timeout: Duration,
     ) -> Result<PeerId, ConnectError> {
         let (peer, reply_rx) = self.connect_async(ep, node, worker)?;
-        let remote = reply_rx
+        let result = reply_rx
             .recv_timeout(timeout)
             .map_err(|_| ConnectError::Timeout {
                 node,
                 worker,
                 timeout,
-            })?
-            .map_err(ConnectError::Refused)?;
-        ep.connect(peer, remote.qp)?;
-        Ok(peer)
+            })
+            .and_then(|r| r.map_err(ConnectError::Refused))
+            .and_then(|remote| Ok(ep.connect(peer, remote.qp)?));
+        if result.is_err() {
+            ep.close(peer);
+        }
+        result.map(|()| peer)
     }
 
     /// Start connecting without waiting: the worker's answer arrives on the
@@ -259,8 +274,13 @@ impl Directory {
             return Err(ConnectError::Unknown { node, worker });
         }
         let (peer, addr) = ep.open()?;
-        let reply = self.request(node, worker, addr, Vec::new())?;
-        Ok((peer, reply))
+        match self.request(node, worker, addr, Vec::new()) {
+            Ok(reply) => Ok((peer, reply)),
+            Err(e) => {
+                ep.close(peer);
+                Err(e)
+            }
+        }
     }
 
     /// Whether a request to `service` on `node` can be sent: it is registered

@@ -77,9 +77,28 @@ impl Default for EndpointConfig {
     }
 }
 
-/// A connected (or connecting) peer of an endpoint.
+/// A connected (or connecting) peer of an endpoint: a slot (low 16 bits) and
+/// the slot's generation (high 16 bits), so that an identifier of a peer whose
+/// slot was taken over ([`Endpoint::open`] at its bound) names nothing.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct PeerId(pub u32);
+
+impl PeerId {
+    fn new(slot: usize, generation: u16) -> PeerId {
+        PeerId(((generation as u32) << 16) | slot as u32)
+    }
+
+    fn slot(self) -> usize {
+        (self.0 & 0xffff) as usize
+    }
+
+    fn generation(self) -> u16 {
+        (self.0 >> 16) as u16
+    }
+}
+
+/// Most peers an endpoint may have (a peer's slot is 16 bits).
+pub const PEERS_MAX: usize = 1 << 16;
 
 /// Errors of sending.
 #[derive(Debug, thiserror::Error)]
@@ -118,6 +137,9 @@ struct Peer<Q> {
     /// Our requests it has not answered.
     outstanding: usize,
     sends: u64,
+    generation: u16,
+    /// When it last sent or was sent a message (the endpoint's message count).
+    last_used: u64,
 }
 
 /// One RPC endpoint.
@@ -132,6 +154,10 @@ pub struct Endpoint<N: Nic> {
     by_qpn: HashMap<QpNum, PeerId>,
     send_buf: Vec<u8>,
     polled: Vec<Completion>,
+    /// Messages sent and received: the clock of `Peer::last_used`.
+    messages: u64,
+    /// Slots of closed peers.
+    free: Vec<usize>,
 }
 
 /// Signal one SEND in this many, so that unsignaled ones retire.
@@ -139,10 +165,14 @@ const SIGNAL_EVERY: u64 = 32;
 
 impl<N: Nic> Endpoint<N> {
     pub fn new(nic: N, config: EndpointConfig) -> Result<Self, FabricError> {
-        if config.frame_bytes_max < frame::HEADER_BYTES || config.credits == 0 {
+        if config.frame_bytes_max < frame::HEADER_BYTES
+            || config.credits == 0
+            || config.peers_max == 0
+            || config.peers_max > PEERS_MAX
+        {
             return Err(FabricError::Invalid(format!(
-                "endpoint: frame_bytes_max {} credits {}",
-                config.frame_bytes_max, config.credits
+                "endpoint: frame_bytes_max {} credits {} peers_max {}",
+                config.frame_bytes_max, config.credits, config.peers_max
             )));
         }
         let cq = Arc::new(nic.create_cq(CqKind::Bounded {
@@ -159,8 +189,84 @@ impl<N: Nic> Endpoint<N> {
             by_qpn: HashMap::new(),
             send_buf: Vec::with_capacity(config.frame_bytes_max),
             polled: vec![Completion::BLANK; 64],
+            messages: 0,
+            free: Vec::new(),
             config,
         })
+    }
+
+    fn peer_mut(&mut self, peer: PeerId) -> Option<&mut Peer<N::Qp>> {
+        self.peers
+            .get_mut(peer.slot())
+            .filter(|p| p.generation == peer.generation())
+    }
+
+    fn peer_ref(&self, peer: PeerId) -> Option<&Peer<N::Qp>> {
+        self.peers
+            .get(peer.slot())
+            .filter(|p| p.generation == peer.generation())
+    }
+
+    /// At the bound: take over the slot of the peer that has been quiet
+    /// longest with none of our requests outstanding (a client that went away
+    /// without a word, as processes do). Its queue pair is closed; its
+    /// identifier names nothing from now on; a message it sends later finds
+    /// no queue pair (the sender sees an error and connects again).
+    fn take_over_quietest(&mut self) -> Result<(PeerId, QpAddr), FabricError> {
+        let victim = self
+            .peers
+            .iter()
+            .enumerate()
+            .filter(|(i, p)| p.outstanding == 0 && !self.free.contains(i))
+            .min_by_key(|(_, p)| p.last_used)
+            .map(|(i, _)| i)
+            .ok_or_else(|| {
+                FabricError::Invalid(format!(
+                    "endpoint has {} peers, its bound, each with requests outstanding",
+                    self.peers.len()
+                ))
+            })?;
+        tracing::debug!(
+            slot = victim,
+            "endpoint at its bound: the quietest peer's slot taken over"
+        );
+        self.retire(victim);
+        self.reuse(victim)
+    }
+
+    /// Close a slot's queue pair; its identifier names nothing from now on.
+    fn retire(&mut self, slot: usize) {
+        let p = &mut self.peers[slot];
+        self.by_qpn.remove(&p.qp.addr().qpn);
+        p.qp.close();
+        p.remote = None;
+        p.outstanding = 0;
+        p.sends = 0;
+        p.generation = p.generation.wrapping_add(1);
+    }
+
+    /// A retired slot with a new queue pair (its receive buffers stay posted).
+    fn reuse(&mut self, slot: usize) -> Result<(PeerId, QpAddr), FabricError> {
+        let qp = self
+            .nic
+            .create_qp(&self.cq, &self.cq, Some(&self.srq), self.config.send_depth)?;
+        let addr = qp.addr();
+        let p = &mut self.peers[slot];
+        p.qp = qp;
+        p.last_used = self.messages;
+        let id = PeerId::new(slot, p.generation);
+        self.by_qpn.insert(addr.qpn, id);
+        Ok((id, addr))
+    }
+
+    /// Close `peer`: its queue pair is destroyed, its identifier names nothing
+    /// from now on, and its slot is free for the next [`Endpoint::open`]. For
+    /// a connection that failed or is no longer wanted.
+    pub fn close(&mut self, peer: PeerId) {
+        if self.peer_ref(peer).is_some() {
+            self.retire(peer.slot());
+            self.free.push(peer.slot());
+        }
     }
 
     pub fn nic(&self) -> &N {
@@ -177,12 +283,15 @@ impl<N: Nic> Endpoint<N> {
     }
 
     /// A new queue pair for a peer, not yet connected, and its address.
+    ///
+    /// At the bound ([`EndpointConfig::peers_max`]), the slot of the peer quiet
+    /// longest is taken over (see `take_over_quietest`).
     pub fn open(&mut self) -> Result<(PeerId, QpAddr), FabricError> {
+        if let Some(slot) = self.free.pop() {
+            return self.reuse(slot);
+        }
         if self.peers.len() >= self.config.peers_max {
-            return Err(FabricError::Invalid(format!(
-                "endpoint has {} peers, its bound",
-                self.peers.len()
-            )));
+            return self.take_over_quietest();
         }
         let per_peer = 2 * self.config.credits;
         let frame = self.config.frame_bytes_max;
@@ -205,13 +314,15 @@ impl<N: Nic> Endpoint<N> {
             .nic
             .create_qp(&self.cq, &self.cq, Some(&self.srq), self.config.send_depth)?;
         let addr = qp.addr();
-        let id = PeerId(self.peers.len() as u32);
+        let id = PeerId::new(self.peers.len(), 0);
         self.by_qpn.insert(addr.qpn, id);
         self.peers.push(Peer {
             qp,
             remote: None,
             outstanding: 0,
             sends: 0,
+            generation: 0,
+            last_used: self.messages,
         });
         Ok((id, addr))
     }
@@ -219,8 +330,7 @@ impl<N: Nic> Endpoint<N> {
     /// Connect `peer`'s queue pair to the remote one.
     pub fn connect(&mut self, peer: PeerId, remote: QpAddr) -> Result<(), FabricError> {
         let p = self
-            .peers
-            .get_mut(peer.0 as usize)
+            .peer_mut(peer)
             .ok_or(FabricError::Invalid(format!("no peer {peer:?}")))?;
         p.qp.connect(remote)?;
         p.remote = Some(remote);
@@ -229,12 +339,12 @@ impl<N: Nic> Endpoint<N> {
 
     /// The remote address `peer` is connected to.
     pub fn remote(&self, peer: PeerId) -> Option<QpAddr> {
-        self.peers.get(peer.0 as usize).and_then(|p| p.remote)
+        self.peer_ref(peer).and_then(|p| p.remote)
     }
 
     /// Our requests `peer` has not answered yet.
     pub fn outstanding(&self, peer: PeerId) -> usize {
-        self.peers.get(peer.0 as usize).map_or(0, |p| p.outstanding)
+        self.peer_ref(peer).map_or(0, |p| p.outstanding)
     }
 
     /// Send a request: takes one of `peer`'s credits until its response arrives
@@ -246,21 +356,20 @@ impl<N: Nic> Endpoint<N> {
         body: &Body<'_>,
     ) -> Result<(), SendError> {
         let credits = self.config.credits;
-        let p = self
-            .peers
-            .get(peer.0 as usize)
-            .ok_or(SendError::UnknownPeer(peer))?;
+        let p = self.peer_ref(peer).ok_or(SendError::UnknownPeer(peer))?;
         if p.outstanding >= credits {
             return Err(SendError::Busy(peer, p.outstanding));
         }
         self.send(peer, env, body)?;
-        self.peers[peer.0 as usize].outstanding += 1;
+        if let Some(p) = self.peer_mut(peer) {
+            p.outstanding += 1;
+        }
         Ok(())
     }
 
     /// Give back the credit of a request that will not be answered (timed out).
     pub fn forget(&mut self, peer: PeerId) {
-        if let Some(p) = self.peers.get_mut(peer.0 as usize) {
+        if let Some(p) = self.peer_mut(peer) {
             p.outstanding = p.outstanding.saturating_sub(1);
         }
     }
@@ -289,10 +398,14 @@ impl<N: Nic> Endpoint<N> {
     }
 
     fn send_raw(&mut self, peer: PeerId) -> Result<(), SendError> {
+        self.messages += 1;
+        let now = self.messages;
         let p = self
             .peers
-            .get_mut(peer.0 as usize)
+            .get_mut(peer.slot())
+            .filter(|p| p.generation == peer.generation())
             .ok_or(SendError::UnknownPeer(peer))?;
+        p.last_used = now;
         if p.remote.is_none() {
             return Err(SendError::Disconnected(peer));
         }
@@ -331,7 +444,7 @@ impl<N: Nic> Endpoint<N> {
                 WR_TAG_RPC_SEND => {
                     if c.status != WcStatus::Success {
                         let peer = PeerId((c.wr_id & ((1 << WR_TAG_SHIFT) - 1)) as u32);
-                        if let Some(p) = self.peers.get_mut(peer.0 as usize) {
+                        if let Some(p) = self.peer_mut(peer) {
                             let _ = p.qp.reset();
                             p.outstanding = 0;
                         }
@@ -373,14 +486,21 @@ impl<N: Nic> Endpoint<N> {
             data.resize(start + len, 0);
             buffer.mr.read(buffer.offset, &mut data[start..]);
             if let Some(&peer) = self.by_qpn.get(&peer) {
-                // A response gives back the credit of the request it answers.
-                if frame::decode_header(&data[start..])
-                    .is_ok_and(|h| h.msg_type == frame::MsgType::Response as u8)
-                {
-                    let p = &mut self.peers[peer.0 as usize];
-                    p.outstanding = p.outstanding.saturating_sub(1);
+                self.messages += 1;
+                let now = self.messages;
+                let response = frame::decode_header(&data[start..])
+                    .is_ok_and(|h| h.msg_type == frame::MsgType::Response as u8);
+                if let Some(p) = self.peer_mut(peer) {
+                    p.last_used = now;
+                    // A response gives back the credit of the request it answers.
+                    if response {
+                        p.outstanding = p.outstanding.saturating_sub(1);
+                    }
                 }
                 out.push(Event::Message { peer, start, len });
+            } else {
+                // From a queue pair whose slot was taken over: dropped.
+                data.truncate(start);
             }
         }
         self.srq.post_recv(&[buffer])?;
@@ -399,4 +519,76 @@ pub fn connect_pair<A: Nic, B: Nic>(
     a.connect(pa, ab)?;
     b.connect(pb, aa)?;
     Ok((pa, pb))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rowankv_fabric::{Fabric, LoopbackFabric};
+    use rowankv_types::{NodeId, Term};
+
+    fn env() -> Envelope {
+        Envelope {
+            cluster_id: 1,
+            term: Term(1),
+            request_id: 1,
+            sender: NodeId(1),
+        }
+    }
+
+    /// Poll until a message arrives; its peer.
+    fn next_message<N: Nic>(ep: &mut Endpoint<N>) -> PeerId {
+        let (mut out, mut data) = (Vec::new(), Vec::new());
+        for _ in 0..100_000 {
+            ep.poll(&mut out, &mut data).unwrap();
+            if let Some(Event::Message { peer, .. }) = out.first() {
+                return *peer;
+            }
+        }
+        panic!("no message");
+    }
+
+    #[test]
+    fn at_its_bound_an_endpoint_takes_over_the_quietest_peer_and_its_old_id_names_nothing() {
+        let fabric = LoopbackFabric::new();
+        let config = EndpointConfig {
+            peers_max: 2,
+            ..EndpointConfig::default()
+        };
+        let mut server = Endpoint::new(fabric.attach(NodeId(1)).unwrap(), config.clone()).unwrap();
+        let mut clients: Vec<Endpoint<_>> = (0..3)
+            .map(|i| Endpoint::new(fabric.attach(NodeId(10 + i)).unwrap(), config.clone()).unwrap())
+            .collect();
+        let (a, _) = connect_pair(&mut clients[0], &mut server).unwrap();
+        let (b, _) = connect_pair(&mut clients[1], &mut server).unwrap();
+        // Client 1 speaks last: client 0's slot is the quietest.
+        clients[0].request(a, &env(), &Body::Ping).unwrap();
+        let first = next_message(&mut server);
+        clients[1].request(b, &env(), &Body::Ping).unwrap();
+        let second = next_message(&mut server);
+        assert_ne!(first, second);
+        let (c, third) = connect_pair(&mut clients[2], &mut server).unwrap();
+        assert_eq!(third.slot(), first.slot(), "the quietest slot is reused");
+        assert_ne!(third, first, "under a new generation");
+        assert!(matches!(
+            server.respond(first, &env(), &Body::Ping),
+            Err(SendError::UnknownPeer(_))
+        ));
+        // The newcomer and the other peer are served.
+        clients[2].request(c, &env(), &Body::Ping).unwrap();
+        assert_eq!(next_message(&mut server), third);
+        server.respond(second, &env(), &Body::Ping).unwrap();
+        assert_eq!(next_message(&mut clients[1]), b);
+        // A peer with our requests outstanding is never taken over.
+        let mut busy = Endpoint::new(fabric.attach(NodeId(20)).unwrap(), config.clone()).unwrap();
+        let mut far: Vec<Endpoint<_>> = (0..2)
+            .map(|i| Endpoint::new(fabric.attach(NodeId(30 + i)).unwrap(), config.clone()).unwrap())
+            .collect();
+        for f in &mut far {
+            let (p, _) = connect_pair(&mut busy, f).unwrap();
+            busy.request(p, &env(), &Body::Ping).unwrap();
+        }
+        let e = busy.open().unwrap_err();
+        assert!(e.to_string().contains("outstanding"), "{e}");
+    }
 }

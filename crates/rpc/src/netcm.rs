@@ -162,6 +162,8 @@ pub(crate) struct Network {
     secret: Vec<u8>,
     local: SocketAddr,
     book: RwLock<HashMap<NodeId, Entry>>,
+    /// The real nodes found behind aliases (answers to requests sent to one).
+    behind_aliases: Arc<RwLock<std::collections::HashSet<NodeId>>>,
     resolver: RwLock<Option<Resolver>>,
     fabric: Option<FabricPeers>,
     stop: Arc<AtomicBool>,
@@ -236,6 +238,7 @@ impl Network {
             secret,
             local,
             book: RwLock::new(HashMap::new()),
+            behind_aliases: Arc::default(),
             resolver: RwLock::new(None),
             fabric,
             stop,
@@ -270,6 +273,11 @@ impl Network {
         self.entry(node).map(|e| e.address)
     }
 
+    /// Whether `node` answered a request sent to an alias.
+    pub(crate) fn is_behind_alias(&self, node: NodeId) -> bool {
+        self.behind_aliases.read().contains(&node)
+    }
+
     /// Ask `node`'s process, at `address`, to connect `service` to `from`; the
     /// answer arrives on the returned channel (from a thread of its own, so the
     /// caller does not block).
@@ -295,10 +303,15 @@ impl Network {
         };
         let secret = self.secret.clone();
         let fabric = self.fabric.clone();
+        let behind = entry.any.then(|| self.behind_aliases.clone());
         let _ = std::thread::Builder::new()
             .name("rowankv-cm-connect".into())
             .spawn(move || {
-                let _ = tx.send(exchange(&entry.address, request, &secret, &fabric));
+                let answer = exchange(&entry.address, request, &secret, &fabric);
+                if let (Some(behind), Ok(a)) = (&behind, &answer) {
+                    behind.write().insert(a.qp.node);
+                }
+                let _ = tx.send(answer);
             });
         Some(rx)
     }

@@ -739,7 +739,7 @@ impl<N: Nic> Task for CmTask<N> {
                     self.handle(peer, &data[start..start + len], now_ns)
                 }
                 Event::SendFailed { peer, .. } => {
-                    self.links.drop_peer(peer);
+                    self.links.drop_peer(&mut self.ep, peer);
                     forget_peer(&mut self.pending, &mut self.ep, peer, |(p, _, _)| *p);
                     for p in self.suspects.values_mut() {
                         if p.request.is_some_and(|(_, q)| q == peer) {

@@ -129,26 +129,34 @@ impl Links {
                 match reply.try_recv() {
                     Ok(Ok(accepted)) => {
                         let up = ep.connect(*peer, accepted.qp).is_ok();
-                        done.push((node, up.then_some(*peer)));
+                        done.push((node, *peer, up));
                     }
-                    Ok(Err(_)) => done.push((node, None)),
-                    Err(_) if now_ns >= since_ns + timeout_ns => done.push((node, None)),
+                    Ok(Err(_)) => done.push((node, *peer, false)),
+                    Err(_) if now_ns >= since_ns + timeout_ns => done.push((node, *peer, false)),
                     Err(_) => {}
                 }
             }
         }
-        for (node, up) in done {
-            match up {
-                Some(p) => self.links.insert(node, Link::Up(p)),
-                None => self.links.remove(&node),
-            };
+        for (node, peer, up) in done {
+            if up {
+                self.links.insert(node, Link::Up(peer));
+            } else {
+                // Its slot is free again: a peer that keeps failing costs nothing.
+                ep.close(peer);
+                self.links.remove(&node);
+            }
         }
     }
 
-    /// Forget the connection to whoever is behind `peer` (its send failed).
-    pub(crate) fn drop_peer(&mut self, peer: PeerId) {
+    /// Forget the connection to whoever is behind `peer` (its send failed),
+    /// and close it; a later request connects again.
+    pub(crate) fn drop_peer<N: Nic>(&mut self, ep: &mut Endpoint<N>, peer: PeerId) {
+        let before = self.links.len();
         self.links
             .retain(|_, l| !matches!(l, Link::Up(p) if *p == peer));
+        if self.links.len() < before {
+            ep.close(peer);
+        }
     }
 }
 
@@ -414,11 +422,14 @@ impl<N: Nic> ControlTask<N> {
             return;
         }
         // Only a CM prepares, commits or probes (`read_frame` made sure the
-        // header's sender is the node the connection comes from).
+        // header's sender is the node the connection comes from): one of the
+        // CMs' nodes, or, in a process that knows the CMs by address only,
+        // a node that answered this process at a CM's address.
         if matches!(
             f.body,
             Body::Prepare { .. } | Body::Commit { .. } | Body::Ping
         ) && !self.cms.contains(&h.sender)
+            && !self.directory.is_behind_alias(h.sender)
         {
             let detail = format!("{} is not a CM of this cluster", h.sender);
             self.reject(peer, h.request_id, ErrorCode::NotMember, &detail);
@@ -1136,8 +1147,8 @@ impl<N: Nic> Task for ControlTask<N> {
                     self.handle_request(peer, &data[start..start + len], now_ns)
                 }
                 Event::SendFailed { peer, .. } => {
-                    self.cm_links.drop_peer(peer);
-                    self.peer_links.drop_peer(peer);
+                    self.cm_links.drop_peer(&mut self.ep, peer);
+                    self.peer_links.drop_peer(&mut self.ep, peer);
                     // Its requests will not be answered: give their credits back.
                     self.drop_pending(peer);
                 }

@@ -101,6 +101,10 @@ pub struct ServerFile {
     pub listen: String,
     #[serde(default)]
     pub advertise: Option<String>,
+    /// Where the fabric engine listens (default: the host of `listen`, a port
+    /// the kernel picks; peers learn it when they connect).
+    #[serde(default)]
+    pub fabric_listen: Option<String>,
     pub pool: PoolFile,
     /// Worker roles (each with its own log), 1..=255.
     pub workers: u16,
@@ -135,18 +139,21 @@ pub struct CmFile {
     pub listen: String,
     #[serde(default)]
     pub advertise: Option<String>,
+    /// As a server's `fabric_listen`.
+    #[serde(default)]
+    pub fabric_listen: Option<String>,
     /// The shape of the first configuration, used once: when the store holds
     /// no configuration yet, the CM waits for `servers` servers to join and
     /// then commits term 1.
     pub bootstrap: BootstrapFile,
     pub store: StoreFile,
-    /// Server lease, milliseconds (default 50).
+    /// Server lease, milliseconds (default 200).
     #[serde(default = "default_lease_ms")]
     pub lease_ms: u64,
 }
 
 fn default_lease_ms() -> u64 {
-    50
+    200
 }
 
 /// The first configuration's shape.
@@ -186,6 +193,7 @@ pub struct ServerDeployment {
     pub cms: Vec<String>,
     pub listen: SocketAddr,
     pub advertise: String,
+    pub fabric_listen: Option<SocketAddr>,
     pub pool_path: PathBuf,
     pub pool_bytes: u64,
     pub medium: Medium,
@@ -200,6 +208,7 @@ pub struct CmDeployment {
     pub secret: Vec<u8>,
     pub listen: SocketAddr,
     pub advertise: String,
+    pub fabric_listen: Option<SocketAddr>,
     pub bootstrap: BootstrapFile,
     pub strategy: Strategy,
     pub store: StoreFile,
@@ -326,6 +335,11 @@ impl ServerDeployment {
         }
         let listen = c.listen("listen", &f.listen)?;
         let advertise = c.advertise(listen, &f.listen, f.advertise.as_deref())?;
+        let fabric_listen = f
+            .fabric_listen
+            .as_deref()
+            .map(|a| c.listen("fabric_listen", a))
+            .transpose()?;
         if !(1..=WORKERS_MAX).contains(&f.workers) {
             return Err(c.bad(
                 "workers",
@@ -357,6 +371,7 @@ impl ServerDeployment {
             cms: f.cms,
             listen,
             advertise,
+            fabric_listen,
             pool_path: beside(path, &f.pool.path),
             pool_bytes: bytes,
             medium,
@@ -380,6 +395,11 @@ impl CmDeployment {
         let secret = c.secret(&beside(path, &f.secret_file))?;
         let listen = c.listen("listen", &f.listen)?;
         let advertise = c.advertise(listen, &f.listen, f.advertise.as_deref())?;
+        let fabric_listen = f
+            .fabric_listen
+            .as_deref()
+            .map(|a| c.listen("fabric_listen", a))
+            .transpose()?;
         let b = &f.bootstrap;
         if b.servers == 0 {
             return Err(c.bad("bootstrap.servers", "at least one server"));
@@ -445,6 +465,7 @@ impl CmDeployment {
             secret,
             listen,
             advertise,
+            fabric_listen,
             strategy,
             bootstrap: f.bootstrap,
             store,

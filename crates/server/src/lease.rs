@@ -159,7 +159,7 @@ impl<N: Nic> Task for LeaseTask<N> {
                     self.on_message(peer, &data[start..start + len])
                 }
                 Event::SendFailed { peer, .. } => {
-                    self.links.drop_peer(peer);
+                    self.links.drop_peer(&mut self.ep, peer);
                     forget_peer(&mut self.pending, &mut self.ep, peer, |(p, _)| *p);
                 }
                 Event::Owner(_) => {}

@@ -38,7 +38,7 @@ fn the_example_files_are_valid() {
     let c = CmDeployment::load(&dir.path().join("cm.toml")).unwrap();
     assert_eq!(c.strategy, Strategy::Rowan);
     assert_eq!(c.bootstrap.servers, 3);
-    assert_eq!(c.lease_ms, 50);
+    assert_eq!(c.lease_ms, 200);
     assert!(
         matches!(&c.store, StoreFile::Embedded { path } if *path == dir.path().join("data/cm.store"))
     );
@@ -163,7 +163,7 @@ fn mistakes_in_a_cm_file_are_errors_naming_the_key() {
         cm_error("shards_per_server = 16", "shards_per_server = 30000"),
         &["bootstrap.shards_per_server"],
     );
-    says(cm_error("lease_ms = 50", "lease_ms = 1"), &["lease_ms"]);
+    says(cm_error("lease_ms = 200", "lease_ms = 1"), &["lease_ms"]);
     says(
         cm_error("kind = \"embedded\"", "kind = \"zookeeper\""),
         &["unknown variant", "zookeeper"],

@@ -204,15 +204,32 @@ impl<N: Nic> Dialer<N> {
             let dial = self.dials.remove(&backup).expect("a dial");
             if out.iter().any(|(b, r)| *b == backup && r.is_err()) {
                 self.not_before_ns.insert(backup, now + REDIAL_NS);
+                abandon(cx, dial);
                 continue;
             }
-            out.push((backup, self.link(backup, dial)));
+            out.push((backup, self.link(cx, backup, dial)));
         }
         out
     }
 
     /// The link of a dial whose every answer arrived.
-    fn link(&self, backup: NodeId, dial: Dial<N>) -> Result<Link<N>, String> {
+    fn link(
+        &self,
+        cx: &mut ReplCtx<'_, N>,
+        backup: NodeId,
+        dial: Dial<N>,
+    ) -> Result<Link<N>, String> {
+        let rpc = dial.rpc_done;
+        let link = self.make_link(backup, dial);
+        if link.is_err() {
+            if let Some(peer) = rpc {
+                cx.ep.close(peer);
+            }
+        }
+        link
+    }
+
+    fn make_link(&self, backup: NodeId, dial: Dial<N>) -> Result<Link<N>, String> {
         let kind = match self.strategy {
             Strategy::Rowan => {
                 let (qp, a) = dial.qp_done.ok_or("no Rowan receiver answered")?;
@@ -234,7 +251,7 @@ impl<N: Nic> Dialer<N> {
                         .shared_logs
                         .lock()
                         .entry(backup)
-                        .or_insert_with(SharedLog::new)
+                        .or_default()
                         .clone();
                     LinkKind::Shared(log, target)
                 } else {
@@ -243,6 +260,21 @@ impl<N: Nic> Dialer<N> {
             }
         };
         Ok(Link(kind))
+    }
+}
+
+/// Give back what a failed dial holds: its queue pair, its RPC peer's slot.
+fn abandon<N: Nic>(cx: &mut ReplCtx<'_, N>, dial: Dial<N>) {
+    for qp in dial
+        .qp
+        .map(|(q, _)| q)
+        .into_iter()
+        .chain(dial.qp_done.map(|(q, _)| q))
+    {
+        qp.close();
+    }
+    for peer in dial.rpc.map(|(p, _)| p).into_iter().chain(dial.rpc_done) {
+        cx.ep.close(peer);
     }
 }
 

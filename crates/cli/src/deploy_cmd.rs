@@ -1,0 +1,226 @@
+//! `rowankv server`, `rowankv cm` (the processes of a deployment) and the client
+//! commands `put`, `get`, `del`, `status` that reach a deployed cluster through
+//! its CMs (`docs/deployment.md`).
+
+use std::path::PathBuf;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use rowankv_client::ClientConfig;
+use rowankv_deploy::client;
+use rowankv_server::deploy::{CmDeployment, ServerDeployment, SECRET_BYTES_MIN};
+
+#[derive(Args)]
+pub struct ProcessArgs {
+    /// The TOML file (reference: docs/deployment.md).
+    #[arg(long, value_name = "FILE")]
+    config: PathBuf,
+}
+
+/// Stop on SIGTERM or SIGINT.
+fn stop_flag() -> Result<Arc<AtomicBool>> {
+    let stop = Arc::new(AtomicBool::new(false));
+    for signal in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
+        signal_hook::flag::register(signal, stop.clone()).context("installing a signal handler")?;
+    }
+    Ok(stop)
+}
+
+pub fn server(args: ProcessArgs) -> Result<()> {
+    let dep = ServerDeployment::load(&args.config)?;
+    rowankv_deploy::server::run(&dep, stop_flag()?)?;
+    Ok(())
+}
+
+pub fn cm(args: ProcessArgs) -> Result<()> {
+    let dep = CmDeployment::load(&args.config)?;
+    rowankv_deploy::cm::run(&dep, stop_flag()?)?;
+    Ok(())
+}
+
+/// How a client command finds and proves itself to the cluster.
+#[derive(Args)]
+pub struct Reach {
+    /// A CM's address (`host:port`; several, comma-separated). Default: $ROWANKV_CM.
+    #[arg(long, env = "ROWANKV_CM", value_delimiter = ',')]
+    cm: Vec<String>,
+    /// The cluster id. Default: $ROWANKV_CLUSTER_ID.
+    #[arg(long, env = "ROWANKV_CLUSTER_ID", value_parser = parse_id)]
+    cluster_id: u64,
+    /// The file holding the cluster's shared secret. Default: $ROWANKV_SECRET_FILE.
+    #[arg(long, env = "ROWANKV_SECRET_FILE")]
+    secret_file: PathBuf,
+    /// How long an operation may take.
+    #[arg(long, default_value_t = 5.0)]
+    timeout_s: f64,
+}
+
+fn parse_id(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let r = match t.strip_prefix("0x") {
+        Some(h) => u64::from_str_radix(&h.replace('_', ""), 16),
+        None => t.replace('_', "").parse(),
+    };
+    r.map_err(|_| format!("{s:?} is not a cluster id (decimal or 0x…)"))
+}
+
+impl Reach {
+    fn secret(&self) -> Result<Vec<u8>> {
+        let bytes = std::fs::read(&self.secret_file)
+            .with_context(|| format!("reading {}", self.secret_file.display()))?;
+        let s = bytes.trim_ascii_end().to_vec();
+        if s.len() < SECRET_BYTES_MIN {
+            bail!(
+                "{} holds {} bytes; a secret has at least {SECRET_BYTES_MIN}",
+                self.secret_file.display(),
+                s.len()
+            );
+        }
+        Ok(s)
+    }
+
+    fn connect(&self) -> Result<client::Remote> {
+        if self.cm.is_empty() {
+            bail!("no CM address: give --cm HOST:PORT or set ROWANKV_CM");
+        }
+        let timeout = Duration::from_secs_f64(self.timeout_s.max(0.1));
+        let config = ClientConfig {
+            timeout,
+            connect_timeout: timeout,
+            ..ClientConfig::default()
+        };
+        Ok(client::connect(
+            self.cluster_id,
+            &self.secret()?,
+            &self.cm,
+            config,
+        )?)
+    }
+}
+
+#[derive(Args)]
+pub struct PutArgs {
+    key: String,
+    value: String,
+    #[command(flatten)]
+    reach: Reach,
+}
+
+#[derive(Args)]
+pub struct KeyArgs {
+    key: String,
+    #[command(flatten)]
+    reach: Reach,
+}
+
+#[derive(Args)]
+pub struct StatusArgs {
+    /// Print JSON.
+    #[arg(long)]
+    json: bool,
+    #[command(flatten)]
+    reach: Reach,
+}
+
+pub fn put(a: PutArgs) -> Result<()> {
+    let mut r = a.reach.connect()?;
+    let version = r.client.put(a.key.as_bytes(), a.value.as_bytes())?;
+    eprintln!("OK (version {version})");
+    Ok(())
+}
+
+pub fn get(a: KeyArgs) -> Result<()> {
+    let mut r = a.reach.connect()?;
+    match r.client.get(a.key.as_bytes()) {
+        Ok(v) => {
+            println!("{}", String::from_utf8_lossy(&v));
+            Ok(())
+        }
+        Err(rowankv_client::ClientError::NotFound) => {
+            eprintln!("(not found)");
+            std::process::exit(1)
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+pub fn del(a: KeyArgs) -> Result<()> {
+    let mut r = a.reach.connect()?;
+    let version = r.client.delete(a.key.as_bytes())?;
+    eprintln!("OK (version {version})");
+    Ok(())
+}
+
+pub fn status(a: StatusArgs) -> Result<()> {
+    let t = Instant::now();
+    let timeout = Duration::from_secs_f64(a.reach.timeout_s.max(0.1));
+    let (_net, source) =
+        client::attach_client(a.reach.cluster_id, &a.reach.secret()?, &a.reach.cm, timeout)?;
+    let c = source.last().context("the CMs served no configuration")?;
+    let rows: Vec<serde_json::Value> = c
+        .members
+        .iter()
+        .map(|m| {
+            let primaries = c.shards.iter().filter(|s| s.primary == m.node).count();
+            let backups = c
+                .shards
+                .iter()
+                .filter(|s| s.backups.contains(&m.node))
+                .count();
+            let joining = c
+                .shards
+                .iter()
+                .filter(|s| s.joining.contains(&m.node))
+                .count();
+            serde_json::json!({
+                "node": m.node.0,
+                "address": m.address,
+                "workers": m.workers,
+                "primary_shards": primaries,
+                "backup_shards": backups,
+                "joining_shards": joining,
+            })
+        })
+        .collect();
+    if a.json {
+        println!(
+            "{}",
+            serde_json::json!({
+                "cluster_id": format!("{:#x}", c.cluster_id),
+                "term": c.term.0,
+                "replication_factor": c.replication_factor,
+                "shards": c.shards.len(),
+                "members": rows,
+            })
+        );
+        return Ok(());
+    }
+    println!(
+        "cluster {:#x}, term {}, {} shards, replication factor {}, {} live servers (read from the CM in {:.0} ms)",
+        c.cluster_id,
+        c.term.0,
+        c.shards.len(),
+        c.replication_factor,
+        c.members.len(),
+        t.elapsed().as_secs_f64() * 1e3
+    );
+    println!(
+        "{:>10}  {:<22} {:>7} {:>9} {:>8}",
+        "node", "address", "workers", "primaries", "backups"
+    );
+    for r in rows {
+        let n = |k: &str| r[k].as_u64().unwrap_or(0);
+        println!(
+            "{:>10}  {:<22} {:>7} {:>9} {:>8}",
+            n("node"),
+            r["address"].as_str().unwrap_or("-"),
+            n("workers"),
+            n("primary_shards"),
+            n("backup_shards")
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,140 @@
+//! A client of a deployed cluster that knows only the CMs' addresses (what
+//! `rowankv put|get|del|status --cm ADDR` uses).
+//!
+//! The client attaches to the `tcp` fabric under a node identity drawn at random
+//! from [`CLIENT_NODE_MIN`]`..`[`crate::CM_ALIAS_BASE`]: a client is not a member,
+//! its identity only names its queue pairs for as long as it runs, so it asks the
+//! CM for none (an identity handed out is recorded in the store for good, which a
+//! command run once per key should not do). Two clients drawing the same
+//! identity at the same time (about one chance in 2^31 per pair) would see
+//! each other's answers misrouted and time out, never wrong values: every
+//! answer names its request.
+//!
+//! Its fabric engine and connection manager listen on the address the kernel
+//! would use to reach the first CM (so servers on other hosts reach it back).
+
+use std::net::{IpAddr, SocketAddr, ToSocketAddrs, UdpSocket};
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::RwLock;
+use rowankv_client::cm_source::CmSource;
+use rowankv_client::{Client, ClientConfig};
+use rowankv_fabric::tcp::TcpNic;
+use rowankv_server::control::CM_PORT;
+use rowankv_types::NodeId;
+use rowankv_wire::config::{Config, ConfigError, ConfigSource};
+
+use crate::{alias_cms, attach, perr, Attached, ProcessError, CM_ALIAS_BASE};
+
+/// The lowest identity a client draws.
+pub const CLIENT_NODE_MIN: u32 = 0x8000_0000;
+
+/// A configuration source that remembers the last configuration it read (the
+/// directory finds servers' addresses there without asking the CMs again).
+pub struct Remembering {
+    inner: CmSource<TcpNic>,
+    last: RwLock<Option<Arc<Config>>>,
+}
+
+impl Remembering {
+    pub fn last(&self) -> Option<Arc<Config>> {
+        self.last.read().clone()
+    }
+}
+
+impl ConfigSource for Remembering {
+    fn fetch(&self) -> Result<Arc<Config>, ConfigError> {
+        let c = self.inner.fetch()?;
+        *self.last.write() = Some(c.clone());
+        Ok(c)
+    }
+}
+
+/// The local address this host uses to reach `address`.
+fn local_ip_towards(address: &str) -> Result<IpAddr, ProcessError> {
+    let target: SocketAddr = address
+        .to_socket_addrs()
+        .map_err(perr(&format!("resolving {address}")))?
+        .next()
+        .ok_or_else(|| ProcessError(format!("{address} resolves to no address")))?;
+    if target.ip().is_loopback() {
+        return Ok(target.ip());
+    }
+    let unspecified: SocketAddr = if target.is_ipv4() {
+        "0.0.0.0:0".parse().expect("an address")
+    } else {
+        "[::]:0".parse().expect("an address")
+    };
+    let s = UdpSocket::bind(unspecified).map_err(perr("a socket"))?;
+    s.connect(target)
+        .map_err(perr(&format!("a route to {address}")))?;
+    Ok(s.local_addr().map_err(perr("a local address"))?.ip())
+}
+
+/// A connected client and what keeps it attached.
+pub struct Remote {
+    pub client: Client<TcpNic>,
+    pub source: Arc<Remembering>,
+    pub net: Attached,
+}
+
+/// Attach a client node and read the configuration from `cms`.
+pub fn attach_client(
+    cluster_id: u64,
+    secret: &[u8],
+    cms: &[String],
+    timeout: Duration,
+) -> Result<(Attached, Arc<Remembering>), ProcessError> {
+    let first = cms
+        .first()
+        .ok_or_else(|| ProcessError("no CM address".into()))?;
+    let ip = local_ip_towards(first)?;
+    let node = NodeId(rand::Rng::gen_range(
+        &mut rand::thread_rng(),
+        CLIENT_NODE_MIN..CM_ALIAS_BASE,
+    ));
+    let any = SocketAddr::new(ip, 0);
+    let net = attach(cluster_id, secret, node, any, any, &ip.to_string())?;
+    let aliases = alias_cms(&net.directory, cms);
+    let source = Arc::new(Remembering {
+        inner: CmSource::new(
+            net.nic.clone(),
+            net.directory.clone(),
+            cluster_id,
+            aliases.iter().map(|&a| (a, CM_PORT)).collect(),
+            timeout,
+        )
+        .map_err(perr("a configuration source"))?,
+        last: RwLock::new(None),
+    });
+    let s2 = source.clone();
+    net.directory.set_resolver(Arc::new(move |n| {
+        let c = s2.last()?;
+        c.members.iter().find(|m| m.node == n)?.address.clone()
+    }));
+    source.fetch().map_err(perr("the configuration"))?;
+    Ok((net, source))
+}
+
+/// A client of the cluster whose CMs are at `cms`.
+pub fn connect(
+    cluster_id: u64,
+    secret: &[u8],
+    cms: &[String],
+    config: ClientConfig,
+) -> Result<Remote, ProcessError> {
+    let (net, source) = attach_client(cluster_id, secret, cms, config.connect_timeout)?;
+    let client = Client::connect(
+        net.nic.clone(),
+        net.directory.clone(),
+        source.clone() as Arc<dyn ConfigSource>,
+        config,
+    )
+    .map_err(perr("connecting to the servers"))?;
+    Ok(Remote {
+        client,
+        source,
+        net,
+    })
+}

@@ -1,0 +1,321 @@
+//! The CM's process (`rowankv cm --config FILE`).
+//!
+//! It opens the coordination store of its file, takes a node identity for
+//! itself from it, attaches to the `tcp` fabric and starts its connection
+//! manager on `listen`. Then, every few milliseconds until it is stopped:
+//!
+//! 1. it answers joins ([`crate::join`]): a new server gets an identity
+//!    (`rowankv_cm::allocate_node`), a known one is recognised (its record's
+//!    address updated if it moved), an identity this cluster never handed out
+//!    is refused;
+//! 2. while the store holds no configuration, it collects the servers that
+//!    joined and, once `bootstrap.servers` have, commits term 1 with them
+//!    (their addresses in the configuration);
+//! 3. once a configuration is stored, it runs the CM's role
+//!    (`rowankv_server::cm_role::CmTask`: leases, failover, re-replication,
+//!    the configuration served to processes), on a thread of its own.
+//!
+//! Two CMs on one etcd: both answer joins (identities come from one counter in
+//! the store, so they never collide); whichever stores the first configuration
+//! first wins the bootstrap (the other finds it stored); one is active, the
+//! other stands by and takes over when the active one's lease in the store
+//! runs out.
+//!
+//! Not built yet: adding a server that joins a running cluster (a new server,
+//! or one restarted after the CM removed it) to the configuration. It gets its
+//! identity and waits.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::RwLock;
+use rowankv_cm::{
+    allocate_node, node_record, update_node_record, CmError, ConfigManager, CoordStore,
+    EmbeddedStore, EtcdConfig, EtcdStore, NodeRecord,
+};
+use rowankv_fabric::QpAddr;
+use rowankv_rpc::directory::{Accepted, Acceptor};
+use rowankv_rpc::endpoint::Endpoint;
+use rowankv_server::cm_role::CmTask;
+use rowankv_server::control::CM_PORT;
+use rowankv_server::deploy::{CmDeployment, StoreFile};
+use rowankv_server::{EventLog, Executor, FailoverSettings, Placement, ServerSettings};
+use rowankv_types::{Clock, NodeId, QpNum, SystemClock};
+use rowankv_wire::config::{Config, Member};
+
+use crate::join::{JoinAnswer, JoinRequest, JOIN_SERVICE};
+use crate::{any_port, attach, host_of, perr, ProcessError};
+
+/// The failover settings of a cluster whose server lease is `lease_ms`: renewed
+/// ten times a lease, the CM's own lease in the store four server leases.
+pub fn failover_settings(lease_ms: u64) -> FailoverSettings {
+    let lease_ns = lease_ms * 1_000_000;
+    FailoverSettings {
+        lease_ns,
+        renew_ns: lease_ns / 10,
+        cm_lease_ns: 4 * lease_ns,
+        retry_ns: (lease_ns / 40).max(1_000_000),
+        ..FailoverSettings::default()
+    }
+}
+
+/// Open the coordination store a CM file names.
+pub fn open_store(
+    store: &StoreFile,
+    clock: Arc<dyn Clock>,
+) -> Result<Arc<dyn CoordStore>, ProcessError> {
+    Ok(match store {
+        StoreFile::Embedded { path } => Arc::new(
+            EmbeddedStore::open(path, clock)
+                .map_err(perr(&format!("the embedded store {}", path.display())))?,
+        ),
+        StoreFile::Etcd { endpoints, prefix } => Arc::new(
+            EtcdStore::new(EtcdConfig::new(endpoints.clone(), prefix.clone()))
+                .map_err(perr("etcd"))?,
+        ),
+    })
+}
+
+/// Servers that joined before the first configuration.
+type Joined = BTreeMap<NodeId, Member>;
+
+/// Answers joins.
+struct JoinDesk {
+    store: Arc<dyn CoordStore>,
+    me: NodeId,
+    answer: JoinAnswer,
+    waiting: Joined,
+}
+
+impl JoinDesk {
+    fn serve(&mut self, acceptor: &Acceptor, config: Option<&Config>) {
+        acceptor.serve_pending(|_from, private| {
+            let request: JoinRequest = serde_json::from_slice(private)
+                .map_err(|e| format!("refused: join: a malformed request: {e}"))?;
+            let node = self
+                .admit(&request, config)
+                .map_err(|e| format!("refused: join: {e}"))?;
+            let answer = JoinAnswer {
+                node: node.0,
+                ..self.answer.clone()
+            };
+            Ok(Accepted {
+                qp: QpAddr {
+                    node: self.me,
+                    qpn: QpNum(0),
+                },
+                private: serde_json::to_vec(&answer).expect("an answer serializes"),
+            })
+        });
+    }
+
+    fn admit(&mut self, r: &JoinRequest, config: Option<&Config>) -> Result<NodeId, String> {
+        rowankv_wire::config::check_host_port(&r.address)?;
+        if r.workers == 0 {
+            return Err("a server has at least one worker".into());
+        }
+        let record = NodeRecord {
+            kind: "server".into(),
+            address: r.address.clone(),
+        };
+        let store = self.store.as_ref();
+        let node = match r.node {
+            Some(n) => {
+                let node = NodeId(n);
+                match node_record(store, node).map_err(|e| e.to_string())? {
+                    None => {
+                        return Err(format!(
+                            "{node} was never handed out by this cluster's CMs \
+                             (a pool of another cluster, or a store that was reset)"
+                        ))
+                    }
+                    Some(old) if old.address != r.address => {
+                        update_node_record(store, node, &record).map_err(|e| e.to_string())?;
+                    }
+                    Some(_) => {}
+                }
+                node
+            }
+            None => {
+                let above = config
+                    .map(|c| c.members.iter().map(|m| m.node.0 + 1).max().unwrap_or(0))
+                    .unwrap_or(0);
+                allocate_node(store, &record, above).map_err(|e| e.to_string())?
+            }
+        };
+        match config {
+            None => {
+                tracing::info!(%node, address = %r.address, "a server joined");
+                self.waiting.insert(
+                    node,
+                    Member {
+                        node,
+                        workers: r.workers,
+                        address: Some(r.address.clone()),
+                    },
+                );
+            }
+            Some(c) if c.members.iter().any(|m| m.node == node) => {
+                tracing::info!(%node, term = %c.term, "a member rejoined");
+            }
+            Some(c) => tracing::warn!(
+                %node, term = %c.term,
+                "a server joined a running cluster; adding it to the configuration \
+                 is not built yet, so it waits"
+            ),
+        }
+        Ok(node)
+    }
+}
+
+/// Run a CM until `stop` is set.
+pub fn run(dep: &CmDeployment, stop: Arc<AtomicBool>) -> Result<(), ProcessError> {
+    let clock: Arc<dyn Clock> = SystemClock::new();
+    let store = open_store(&dep.store, clock.clone())?;
+    let me = allocate_node(
+        store.as_ref(),
+        &NodeRecord {
+            kind: "cm".into(),
+            address: dep.advertise.clone(),
+        },
+        0,
+    )
+    .map_err(perr("a node identity for this CM"))?;
+    let net = attach(
+        dep.cluster_id,
+        &dep.secret,
+        me,
+        dep.listen,
+        dep.fabric_listen.unwrap_or_else(|| any_port(dep.listen)),
+        host_of(&dep.advertise),
+    )?;
+    tracing::info!(
+        %me, listen = %dep.listen, fabric = %net.fabric_address,
+        "CM started"
+    );
+    // Servers are reached at the addresses their configuration gives.
+    let members: Arc<RwLock<HashMap<NodeId, String>>> = Arc::default();
+    let book = members.clone();
+    net.directory
+        .set_resolver(Arc::new(move |n| book.read().get(&n).cloned()));
+    let joins = net.directory.register(me, JOIN_SERVICE);
+    let mut desk = JoinDesk {
+        store: store.clone(),
+        me,
+        answer: JoinAnswer {
+            node: 0,
+            lease_ms: dep.lease_ms,
+            strategy: dep.strategy.name().to_string(),
+        },
+        waiting: Joined::new(),
+    };
+    let settings = ServerSettings {
+        failover: failover_settings(dep.lease_ms),
+        ..ServerSettings::default()
+    };
+    let crashed = Arc::new(AtomicBool::new(false));
+    let mut executor: Option<Executor> = None;
+    let mut view: Option<Arc<ConfigManager>> = None;
+    let mut next_read = Instant::now();
+    while !stop.load(Ordering::Acquire) {
+        let config = view.as_ref().map(|v| v.current());
+        desk.serve(&joins, config.as_deref());
+        if Instant::now() >= next_read {
+            next_read = Instant::now() + Duration::from_millis(50);
+            match &view {
+                Some(v) => {
+                    if let Ok(c) = v.reload() {
+                        remember(&members, &c);
+                    }
+                }
+                None => match ConfigManager::open(store.clone()) {
+                    Ok(m) => {
+                        let c = m.current();
+                        tracing::info!(term = %c.term, members = c.members.len(), "configuration found");
+                        remember(&members, &c);
+                        view = Some(Arc::new(m));
+                    }
+                    Err(CmError::NoConfig) => {
+                        if desk.waiting.len() >= dep.bootstrap.servers {
+                            bootstrap(dep, &store, &desk.waiting)?;
+                            next_read = Instant::now();
+                        }
+                    }
+                    Err(e) => tracing::warn!(error = %e, "reading the configuration"),
+                },
+            }
+        }
+        if executor.is_none() && view.is_some() {
+            let manager =
+                Arc::new(ConfigManager::open(store.clone()).map_err(perr("the CM's role"))?);
+            let ep = Endpoint::new(net.nic.clone(), settings.endpoint.clone())
+                .map_err(perr("an endpoint"))?;
+            let task = CmTask::new(
+                me,
+                manager,
+                settings.failover.clone(),
+                ep,
+                net.directory.register(me, CM_PORT),
+                net.directory.clone(),
+                Arc::new(EventLog::new()),
+                crashed.clone(),
+                clock.clone(),
+            );
+            let mut ex = Executor::new(Placement::Dedicated, clock.clone());
+            ex.spawn(Box::new(task));
+            executor = Some(ex);
+            tracing::info!("the CM's role runs");
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    tracing::info!("CM stopping");
+    crashed.store(true, Ordering::Release);
+    if let Some(ex) = executor {
+        ex.stop();
+    }
+    drop(net);
+    Ok(())
+}
+
+fn remember(members: &RwLock<HashMap<NodeId, String>>, c: &Config) {
+    let mut m = members.write();
+    for member in &c.members {
+        if let Some(a) = &member.address {
+            m.insert(member.node, a.clone());
+        }
+    }
+}
+
+/// Commit term 1 with the servers that joined.
+fn bootstrap(
+    dep: &CmDeployment,
+    store: &Arc<dyn CoordStore>,
+    joined: &Joined,
+) -> Result<(), ProcessError> {
+    let members: Vec<Member> = joined.values().cloned().collect();
+    let initial = Config::initial(
+        dep.cluster_id,
+        &members,
+        dep.bootstrap.shards_per_server,
+        dep.bootstrap.replication_factor,
+    )
+    .map_err(perr("the first configuration"))?;
+    match ConfigManager::bootstrap(store.clone(), initial) {
+        Ok(m) => {
+            let c = m.current();
+            tracing::info!(
+                term = %c.term, servers = members.len(), shards = c.shards.len(),
+                "first configuration committed"
+            );
+            Ok(())
+        }
+        // Another CM stored one first: use that.
+        Err(CmError::Conflict(why)) => {
+            tracing::info!(why, "another CM bootstrapped the cluster");
+            Ok(())
+        }
+        Err(e) => Err(ProcessError(format!("bootstrapping: {e}"))),
+    }
+}

@@ -1,0 +1,131 @@
+//! Joining a cluster: a server process asks a CM for its node identity (or
+//! tells it the one its pool records) before it attaches to the fabric.
+//!
+//! The exchange is one connection-manager request to the CM's [`JOIN_SERVICE`]
+//! (`to_node` any: the caller knows only the CM's address, and has no node
+//! yet), its private data carrying the request and the answer, JSON, at most
+//! 256 bytes each (`docs/format/connection-manager.md`):
+//!
+//! - request: `{"node": u32 or null, "address": "host:port", "workers": u16}` —
+//!   `node` is the identity the server's pool records, `null` for a new pool;
+//!   `address` is where its connection manager listens (what the configuration
+//!   will carry);
+//! - answer: `{"node": u32, "lease_ms": u64, "strategy": "rowan"}` — the
+//!   identity to use, the cluster's server lease and replication strategy (the
+//!   server takes both from the CM, so that they cannot differ from what the
+//!   CM counts on).
+//!
+//! A CM refuses an identity it never handed out (another cluster's pool, or a
+//! store that was reset), with the reason.
+
+use std::time::{Duration, Instant};
+
+use rowankv_fabric::QpAddr;
+use rowankv_rpc::directory::Directory;
+use rowankv_types::{NodeId, QpNum};
+use serde::{Deserialize, Serialize};
+
+use crate::ProcessError;
+
+/// The CM's service that hands out identities.
+pub const JOIN_SERVICE: u16 = u16::MAX - 3;
+
+/// What a joining server says.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JoinRequest {
+    pub node: Option<u32>,
+    pub address: String,
+    pub workers: u16,
+}
+
+/// What the CM answers.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JoinAnswer {
+    pub node: u32,
+    pub lease_ms: u64,
+    pub strategy: String,
+}
+
+/// The node a joining process names as itself before it has one.
+pub const UNJOINED: NodeId = NodeId(u32::MAX - 1);
+
+/// Ask the CMs (`cms`, aliases in `directory`), each in turn until one answers,
+/// for up to `patience`.
+pub fn join(
+    directory: &Directory,
+    cms: &[NodeId],
+    request: &JoinRequest,
+    patience: Duration,
+    stop: &dyn Fn() -> bool,
+) -> Result<JoinAnswer, ProcessError> {
+    let private = serde_json::to_vec(request).expect("a request serializes");
+    let deadline = Instant::now() + patience;
+    let mut last = String::from("no CM was asked");
+    let mut round = 0u32;
+    loop {
+        for &cm in cms {
+            let from = QpAddr {
+                node: UNJOINED,
+                qpn: QpNum(0),
+            };
+            let answer = directory
+                .request(cm, JOIN_SERVICE, from, private.clone())
+                .map_err(|e| e.to_string())
+                .and_then(|rx| {
+                    rx.recv_timeout(Duration::from_secs(15))
+                        .map_err(|_| "no answer".to_string())?
+                });
+            match answer {
+                Ok(a) => {
+                    return serde_json::from_slice(&a.private)
+                        .map_err(|e| ProcessError(format!("a malformed join answer: {e}")))
+                }
+                // A refusal with a reason (not "cannot connect") is final.
+                Err(why) if why.starts_with("refused: join") => {
+                    return Err(ProcessError(format!("the CM refused the join: {why}")))
+                }
+                Err(why) => last = why,
+            }
+        }
+        round += 1;
+        if Instant::now() > deadline || stop() {
+            return Err(ProcessError(format!(
+                "no CM answered the join within {patience:?}: {last}"
+            )));
+        }
+        if round == 1 || round.is_multiple_of(20) {
+            tracing::info!(why = %last, "waiting for a CM to answer the join");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn join_messages_fit_the_private_data_and_refuse_unknown_fields() {
+        let r = JoinRequest {
+            node: Some(u32::MAX - 2),
+            address: format!("{}:65535", "h".repeat(200)),
+            workers: 255,
+        };
+        let bytes = serde_json::to_vec(&r).unwrap();
+        assert!(bytes.len() <= rowankv_rpc::directory::PRIVATE_BYTES_MAX);
+        assert_eq!(serde_json::from_slice::<JoinRequest>(&bytes).unwrap(), r);
+        assert!(serde_json::from_str::<JoinRequest>(
+            r#"{"node":null,"address":"a:1","workers":1,"extra":1}"#
+        )
+        .is_err());
+        let a = JoinAnswer {
+            node: 10_000,
+            lease_ms: 200,
+            strategy: "rowan".into(),
+        };
+        let bytes = serde_json::to_vec(&a).unwrap();
+        assert_eq!(serde_json::from_slice::<JoinAnswer>(&bytes).unwrap(), a);
+    }
+}
