@@ -224,3 +224,101 @@ pub fn status(a: StatusArgs) -> Result<()> {
     }
     Ok(())
 }
+
+#[derive(Args)]
+pub struct WorkloadArgs {
+    /// How long to run.
+    #[arg(long, default_value_t = 10.0)]
+    seconds: f64,
+    /// Keys written, `PREFIX0` … `PREFIX{keys-1}` (each client its own prefix:
+    /// the record below then says exactly what each key must hold).
+    #[arg(long, default_value_t = 100)]
+    keys: u64,
+    #[arg(long, default_value = "w-")]
+    prefix: String,
+    /// Where to write the record: one JSON line per write (`key`, `value`,
+    /// `status`: ok, fail or unknown) and a last line with the totals.
+    #[arg(long)]
+    out: PathBuf,
+    #[command(flatten)]
+    reach: Reach,
+}
+
+/// `rowankv workload`: a mixed load (a PUT of a fresh value, then a GET of
+/// another key, in turn) from this process, every write recorded; every GET is
+/// checked against what this process wrote and was told (the value of its last
+/// acknowledged write to that key, or of a later write whose outcome is
+/// unknown). Exit status 1 on any mismatch.
+pub fn workload(a: WorkloadArgs) -> Result<()> {
+    use std::collections::HashMap;
+    use std::io::Write;
+    let mut r = a.reach.connect()?;
+    let mut out = std::io::BufWriter::new(
+        std::fs::File::create(&a.out).with_context(|| format!("creating {}", a.out.display()))?,
+    );
+    // Per key: the last acknowledged value and the values written after it
+    // whose outcome is unknown.
+    let mut expect: HashMap<u64, (Option<String>, Vec<String>)> = HashMap::new();
+    let deadline = Instant::now() + Duration::from_secs_f64(a.seconds);
+    let (mut acked, mut failed, mut unknown, mut reads, mut mismatches) = (0u64, 0u64, 0u64, 0u64, 0u64);
+    let mut seq = 0u64;
+    while Instant::now() < deadline {
+        let k = seq % a.keys.max(1);
+        let key = format!("{}{k}", a.prefix);
+        let value = format!("{}v{seq}", a.prefix);
+        seq += 1;
+        let status = match r.client.put(key.as_bytes(), value.as_bytes()) {
+            Ok(_) => {
+                acked += 1;
+                expect.insert(k, (Some(value.clone()), Vec::new()));
+                "ok"
+            }
+            Err(e) if e.is_unknown() => {
+                unknown += 1;
+                expect.entry(k).or_default().1.push(value.clone());
+                "unknown"
+            }
+            Err(_) => {
+                failed += 1;
+                "fail"
+            }
+        };
+        writeln!(
+            out,
+            "{}",
+            serde_json::json!({"key": key, "value": value, "status": status})
+        )?;
+        // Read a key written a while ago.
+        let rk = (seq * 7) % a.keys.max(1);
+        if let Some((last, later)) = expect.get(&rk) {
+            let key = format!("{}{rk}", a.prefix);
+            match r.client.get(key.as_bytes()) {
+                Ok(v) => {
+                    reads += 1;
+                    let v = String::from_utf8_lossy(&v).to_string();
+                    if last.as_ref() != Some(&v) && !later.contains(&v) {
+                        mismatches += 1;
+                        eprintln!("MISMATCH {key}: read {v:?}, last acknowledged {last:?}");
+                    }
+                }
+                Err(rowankv_client::ClientError::NotFound) if last.is_none() => reads += 1,
+                Err(rowankv_client::ClientError::NotFound) => {
+                    mismatches += 1;
+                    eprintln!("MISMATCH {key}: not found, last acknowledged {last:?}");
+                }
+                Err(_) => {}
+            }
+        }
+    }
+    let totals = serde_json::json!({
+        "totals": true, "acknowledged": acked, "failed": failed, "unknown": unknown,
+        "reads_checked": reads, "mismatches": mismatches,
+    });
+    writeln!(out, "{totals}")?;
+    out.flush()?;
+    println!("{totals}");
+    if mismatches > 0 {
+        bail!("{mismatches} reads did not return the last acknowledged value");
+    }
+    Ok(())
+}

@@ -53,6 +53,9 @@ enum Command {
     /// The cluster's configuration as its CM serves it: term, members and their
     /// addresses, shards per server.
     Status(deploy_cmd::StatusArgs),
+    /// A mixed load on a deployed cluster from this process, every write
+    /// recorded and every read checked against it.
+    Workload(deploy_cmd::WorkloadArgs),
     /// Run an experiment of the papers' evaluations.
     Bench {
         #[command(subcommand)]
@@ -253,6 +256,7 @@ fn run() -> Result<()> {
         Command::Get(args) => deploy_cmd::get(args),
         Command::Del(args) => deploy_cmd::del(args),
         Command::Status(args) => deploy_cmd::status(args),
+        Command::Workload(args) => deploy_cmd::workload(args),
         Command::Sim(args) => sim_cmd::run_cmd(args),
     }
 }

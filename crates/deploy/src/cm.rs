@@ -174,15 +174,25 @@ impl JoinDesk {
 pub fn run(dep: &CmDeployment, stop: Arc<AtomicBool>) -> Result<(), ProcessError> {
     let clock: Arc<dyn Clock> = SystemClock::new();
     let store = open_store(&dep.store, clock.clone())?;
-    let me = allocate_node(
-        store.as_ref(),
-        &NodeRecord {
-            kind: "cm".into(),
-            address: dep.advertise.clone(),
-        },
-        0,
-    )
-    .map_err(perr("a node identity for this CM"))?;
+    // The store may come up after the CM (etcd started alongside): wait for it.
+    let record = NodeRecord {
+        kind: "cm".into(),
+        address: dep.advertise.clone(),
+    };
+    let mut attempts = 0u32;
+    let me = loop {
+        match allocate_node(store.as_ref(), &record, 0) {
+            Ok(me) => break me,
+            Err(CmError::Store(e)) if !stop.load(Ordering::Acquire) => {
+                if attempts.is_multiple_of(10) {
+                    tracing::warn!(error = %e, "waiting for the coordination store");
+                }
+                attempts += 1;
+                std::thread::sleep(Duration::from_millis(500));
+            }
+            Err(e) => return Err(ProcessError(format!("a node identity for this CM: {e}"))),
+        }
+    };
     let net = attach(
         dep.cluster_id,
         &dep.secret,
