@@ -37,7 +37,7 @@ pub mod store;
 
 pub use etcd::{EtcdConfig, EtcdStore};
 pub use manager::{
-    allocate_node, node_record, update_node_record, ActiveLease, CmError, ConfigManager,
+    allocate_node, node_record, node_records, update_node_record, ActiveLease, CmError, ConfigManager,
     NodeRecord, StoreSource, ALLOCATED_NODE_BASE, CM_LEASE_KEY, COMMITTED_KEY, CONFIG_KEY,
     NEXT_NODE_KEY, NODE_RECORD_PREFIX,
 };

@@ -52,6 +52,24 @@ pub struct NodeRecord {
     /// Where the node said it can be reached (`host:port`; empty for a client
     /// that accepts no connections).
     pub address: String,
+    /// A server's worker count (0 for others).
+    #[serde(default)]
+    pub workers: u16,
+}
+
+/// Every identity handed out, with its record, in identity order.
+pub fn node_records(store: &dyn CoordStore) -> Result<Vec<(NodeId, NodeRecord)>, CmError> {
+    let mut out = Vec::new();
+    for (key, bytes, _) in store.list(NODE_RECORD_PREFIX)? {
+        let n: u32 = key[NODE_RECORD_PREFIX.len()..]
+            .parse()
+            .map_err(|_| CmError::Invalid(format!("{key} names no node")))?;
+        let record = serde_json::from_slice(&bytes)
+            .map_err(|e| CmError::Invalid(format!("{key}: {e}")))?;
+        out.push((NodeId(n), record));
+    }
+    out.sort_by_key(|(n, _)| *n);
+    Ok(out)
 }
 
 /// Hand out a node identity from `store` ([`ConfigManager::allocate_node`]),

@@ -420,10 +420,12 @@ fn node_identities_are_handed_out_once_above_every_member_and_survive_a_new_mana
     let server = rowankv_cm::NodeRecord {
         kind: "server".into(),
         address: "10.0.0.7:7000".into(),
+        workers: 0,
     };
     let client = rowankv_cm::NodeRecord {
         kind: "client".into(),
         address: String::new(),
+        workers: 0,
     };
     // Two managers on one store, interleaved: every identity is new.
     let mut seen = std::collections::BTreeSet::new();
@@ -453,6 +455,7 @@ fn node_identities_are_handed_out_once_above_every_member_and_survive_a_new_mana
     let bad = rowankv_cm::NodeRecord {
         kind: "switch".into(),
         address: String::new(),
+        workers: 0,
     };
     assert!(matches!(c.allocate_node(&bad), Err(CmError::Invalid(_))));
     assert_eq!(
@@ -472,6 +475,7 @@ fn a_corrupt_node_counter_is_an_error_not_a_reused_identity() {
     let r = rowankv_cm::NodeRecord {
         kind: "server".into(),
         address: "h:1".into(),
+        workers: 0,
     };
     let e = m.allocate_node(&r).unwrap_err();
     assert!(

@@ -8,9 +8,11 @@
 //!    (`rowankv_cm::allocate_node`), a known one is recognised (its record's
 //!    address updated if it moved), an identity this cluster never handed out
 //!    is refused;
-//! 2. while the store holds no configuration, it collects the servers that
-//!    joined and, once `bootstrap.servers` have, commits term 1 with them
-//!    (their addresses in the configuration);
+//! 2. while the store holds no configuration, it counts the servers that
+//!    joined (through any CM: their records are in the store) and, once
+//!    `bootstrap.servers` have, commits term 1 with them (their addresses in
+//!    the configuration); a server that joined and died before that is in it
+//!    too, and is failed over like any other;
 //! 3. once a configuration is stored, it runs the CM's role
 //!    (`rowankv_server::cm_role::CmTask`: leases, failover, re-replication,
 //!    the configuration served to processes), on a thread of its own.
@@ -66,6 +68,11 @@ pub fn open_store(
     store: &StoreFile,
     clock: Arc<dyn Clock>,
 ) -> Result<Arc<dyn CoordStore>, ProcessError> {
+    if let StoreFile::Embedded { path } = store {
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir).map_err(perr(&format!("creating {}", dir.display())))?;
+        }
+    }
     Ok(match store {
         StoreFile::Embedded { path } => Arc::new(
             EmbeddedStore::open(path, clock)
@@ -86,7 +93,6 @@ struct JoinDesk {
     store: Arc<dyn CoordStore>,
     me: NodeId,
     answer: JoinAnswer,
-    waiting: Joined,
 }
 
 impl JoinDesk {
@@ -119,6 +125,7 @@ impl JoinDesk {
         let record = NodeRecord {
             kind: "server".into(),
             address: r.address.clone(),
+            workers: r.workers,
         };
         let store = self.store.as_ref();
         let node = match r.node {
@@ -146,17 +153,8 @@ impl JoinDesk {
             }
         };
         match config {
-            None => {
-                tracing::info!(%node, address = %r.address, "a server joined");
-                self.waiting.insert(
-                    node,
-                    Member {
-                        node,
-                        workers: r.workers,
-                        address: Some(r.address.clone()),
-                    },
-                );
-            }
+            // Its record, in the store, counts it for the first configuration.
+            None => tracing::info!(%node, address = %r.address, "a server joined"),
             Some(c) if c.members.iter().any(|m| m.node == node) => {
                 tracing::info!(%node, term = %c.term, "a member rejoined");
             }
@@ -178,6 +176,7 @@ pub fn run(dep: &CmDeployment, stop: Arc<AtomicBool>) -> Result<(), ProcessError
     let record = NodeRecord {
         kind: "cm".into(),
         address: dep.advertise.clone(),
+        workers: 0,
     };
     let mut attempts = 0u32;
     let me = loop {
@@ -219,7 +218,6 @@ pub fn run(dep: &CmDeployment, stop: Arc<AtomicBool>) -> Result<(), ProcessError
             lease_ms: dep.lease_ms,
             strategy: dep.strategy.name().to_string(),
         },
-        waiting: Joined::new(),
     };
     let settings = ServerSettings {
         failover: failover_settings(dep.lease_ms),
@@ -248,8 +246,10 @@ pub fn run(dep: &CmDeployment, stop: Arc<AtomicBool>) -> Result<(), ProcessError
                         view = Some(Arc::new(m));
                     }
                     Err(CmError::NoConfig) => {
-                        if desk.waiting.len() >= dep.bootstrap.servers {
-                            bootstrap(dep, &store, &desk.waiting)?;
+                        // Every server that joined, through this CM or another.
+                        let joined = joined_servers(store.as_ref()).unwrap_or_default();
+                        if joined.len() >= dep.bootstrap.servers {
+                            bootstrap(dep, &store, &joined)?;
                             next_read = Instant::now();
                         }
                     }
@@ -296,6 +296,22 @@ fn remember(members: &RwLock<HashMap<NodeId, String>>, c: &Config) {
             m.insert(member.node, a.clone());
         }
     }
+}
+
+/// The servers that joined (their records in the store).
+fn joined_servers(store: &dyn CoordStore) -> Result<Joined, CmError> {
+    Ok(rowankv_cm::node_records(store)?
+        .into_iter()
+        .filter(|(_, r)| r.kind == "server" && r.workers > 0)
+        .map(|(node, r)| {
+            let member = Member {
+                node,
+                workers: r.workers,
+                address: Some(r.address),
+            };
+            (node, member)
+        })
+        .collect())
 }
 
 /// Commit term 1 with the servers that joined.
