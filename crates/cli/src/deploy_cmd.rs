@@ -260,7 +260,8 @@ pub fn workload(a: WorkloadArgs) -> Result<()> {
     // whose outcome is unknown.
     let mut expect: HashMap<u64, (Option<String>, Vec<String>)> = HashMap::new();
     let deadline = Instant::now() + Duration::from_secs_f64(a.seconds);
-    let (mut acked, mut failed, mut unknown, mut reads, mut mismatches) = (0u64, 0u64, 0u64, 0u64, 0u64);
+    let (mut acked, mut failed, mut unknown, mut reads, mut mismatches) =
+        (0u64, 0u64, 0u64, 0u64, 0u64);
     let mut seq = 0u64;
     while Instant::now() < deadline {
         let k = seq % a.keys.max(1);

@@ -37,9 +37,9 @@ pub mod store;
 
 pub use etcd::{EtcdConfig, EtcdStore};
 pub use manager::{
-    allocate_node, node_record, node_records, update_node_record, ActiveLease, CmError, ConfigManager,
-    NodeRecord, StoreSource, ALLOCATED_NODE_BASE, CM_LEASE_KEY, COMMITTED_KEY, CONFIG_KEY,
-    NEXT_NODE_KEY, NODE_RECORD_PREFIX,
+    allocate_node, node_record, node_records, update_node_record, ActiveLease, CmError,
+    ConfigManager, NodeRecord, StoreSource, ALLOCATED_NODE_BASE, CM_LEASE_KEY, COMMITTED_KEY,
+    CONFIG_KEY, NEXT_NODE_KEY, NODE_RECORD_PREFIX,
 };
-pub use plan::{plan_failover, plan_move, plan_ready};
+pub use plan::{plan_failover, plan_join, plan_move, plan_ready};
 pub use store::{CoordStore, EmbeddedStore, Guard, LeaseId, Revision, StoreError};

@@ -64,8 +64,8 @@ pub fn node_records(store: &dyn CoordStore) -> Result<Vec<(NodeId, NodeRecord)>,
         let n: u32 = key[NODE_RECORD_PREFIX.len()..]
             .parse()
             .map_err(|_| CmError::Invalid(format!("{key} names no node")))?;
-        let record = serde_json::from_slice(&bytes)
-            .map_err(|e| CmError::Invalid(format!("{key}: {e}")))?;
+        let record =
+            serde_json::from_slice(&bytes).map_err(|e| CmError::Invalid(format!("{key}: {e}")))?;
         out.push((NodeId(n), record));
     }
     out.sort_by_key(|(n, _)| *n);

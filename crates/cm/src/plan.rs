@@ -15,7 +15,7 @@
 use std::collections::BTreeMap;
 
 use rowankv_types::{NodeId, ShardId, Term};
-use rowankv_wire::config::Config;
+use rowankv_wire::config::{Config, Member};
 
 use crate::manager::CmError;
 
@@ -112,10 +112,60 @@ pub fn plan_move(current: &Config, shard: ShardId, from: NodeId, to: NodeId) -> 
     Some(next)
 }
 
+/// The configuration after `member` joins (a new server, or one that was
+/// removed and came back with its identity): it becomes a member, and a
+/// joining backup of every shard that has fewer replicas than the replication
+/// factor asks (from the least loaded members, as after a failover). `None` if
+/// it already is a member.
+pub fn plan_join(current: &Config, member: Member) -> Option<Config> {
+    if current.member(member.node).is_some() {
+        return None;
+    }
+    let mut next = current.clone();
+    next.term = Term(current.term.0 + 1);
+    next.members.push(member);
+    next.members.sort_by_key(|m| m.node);
+    refill(&mut next);
+    next.validate().ok()?;
+    Some(next)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use rowankv_wire::config::Member;
+
+    #[test]
+    fn a_server_that_joins_refills_the_shards_a_failover_left_short() {
+        let c = config(3, 2, 3);
+        let short = plan_failover(&c, &[NodeId(2)]).unwrap();
+        // Two members left: every shard is one replica short, nothing to refill from.
+        assert!(short
+            .shards
+            .iter()
+            .all(|s| s.write_target_count() == 1 && s.joining.is_empty()));
+        let back = Member {
+            node: NodeId(2),
+            workers: 2,
+            address: Some("h:1".into()),
+        };
+        let next = plan_join(&short, back.clone()).unwrap();
+        assert_eq!(next.term, Term(short.term.0 + 1));
+        assert_eq!(next.member(NodeId(2)), Some(&back));
+        for s in &next.shards {
+            assert_eq!(s.joining, vec![NodeId(2)], "{s:?}");
+            assert_eq!(s.write_target_count(), 2);
+        }
+        assert!(plan_join(&next, back).is_none(), "already a member");
+        // A cluster at full strength gains a member and moves nothing.
+        let extra = Member {
+            node: NodeId(7),
+            workers: 1,
+            address: None,
+        };
+        let grown = plan_join(&c, extra).unwrap();
+        assert_eq!(grown.members.len(), 4);
+        assert_eq!(grown.shards, c.shards);
+    }
 
     fn config(servers: u32, per_server: u16, rf: u8) -> Config {
         let members: Vec<Member> = (0..servers)

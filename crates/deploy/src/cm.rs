@@ -23,9 +23,10 @@
 //! other stands by and takes over when the active one's lease in the store
 //! runs out.
 //!
-//! Not built yet: adding a server that joins a running cluster (a new server,
-//! or one restarted after the CM removed it) to the configuration. It gets its
-//! identity and waits.
+//! A server that joins a running cluster (a new server, or one restarted after
+//! the CM removed it) is handed to the CM's role, which adds it as a member
+//! and a joining backup of the shards short of replicas (`plan_join`); once
+//! the primaries copied them to it, it is a full backup.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -40,7 +41,7 @@ use rowankv_cm::{
 use rowankv_fabric::QpAddr;
 use rowankv_rpc::directory::{Accepted, Acceptor};
 use rowankv_rpc::endpoint::Endpoint;
-use rowankv_server::cm_role::CmTask;
+use rowankv_server::cm_role::{CmTask, Joins};
 use rowankv_server::control::CM_PORT;
 use rowankv_server::deploy::{CmDeployment, StoreFile};
 use rowankv_server::{EventLog, Executor, FailoverSettings, Placement, ServerSettings};
@@ -51,7 +52,9 @@ use crate::join::{JoinAnswer, JoinRequest, JOIN_SERVICE};
 use crate::{any_port, attach, host_of, perr, ProcessError};
 
 /// The failover settings of a cluster whose server lease is `lease_ms`: renewed
-/// ten times a lease, the CM's own lease in the store four server leases.
+/// ten times a lease, the CM's own lease in the store four server leases, and
+/// servers given ten leases (at least 2 s) to start before a CM that becomes
+/// active counts their leases.
 pub fn failover_settings(lease_ms: u64) -> FailoverSettings {
     let lease_ns = lease_ms * 1_000_000;
     FailoverSettings {
@@ -59,6 +62,7 @@ pub fn failover_settings(lease_ms: u64) -> FailoverSettings {
         renew_ns: lease_ns / 10,
         cm_lease_ns: 4 * lease_ns,
         retry_ns: (lease_ns / 40).max(1_000_000),
+        startup_grace_ns: (10 * lease_ns).max(2_000_000_000),
         ..FailoverSettings::default()
     }
 }
@@ -93,6 +97,8 @@ struct JoinDesk {
     store: Arc<dyn CoordStore>,
     me: NodeId,
     answer: JoinAnswer,
+    /// Servers to add to a running cluster (the CM's role takes them).
+    joins: Joins,
 }
 
 impl JoinDesk {
@@ -158,11 +164,16 @@ impl JoinDesk {
             Some(c) if c.members.iter().any(|m| m.node == node) => {
                 tracing::info!(%node, term = %c.term, "a member rejoined");
             }
-            Some(c) => tracing::warn!(
-                %node, term = %c.term,
-                "a server joined a running cluster; adding it to the configuration \
-                 is not built yet, so it waits"
-            ),
+            Some(c) => {
+                tracing::info!(%node, term = %c.term, "a server joined a running cluster");
+                let mut joins = self.joins.lock();
+                joins.retain(|m| m.node != node);
+                joins.push(Member {
+                    node,
+                    workers: r.workers,
+                    address: Some(r.address.clone()),
+                });
+            }
         }
         Ok(node)
     }
@@ -218,6 +229,7 @@ pub fn run(dep: &CmDeployment, stop: Arc<AtomicBool>) -> Result<(), ProcessError
             lease_ms: dep.lease_ms,
             strategy: dep.strategy.name().to_string(),
         },
+        joins: Joins::default(),
     };
     let settings = ServerSettings {
         failover: failover_settings(dep.lease_ms),
@@ -272,7 +284,8 @@ pub fn run(dep: &CmDeployment, stop: Arc<AtomicBool>) -> Result<(), ProcessError
                 Arc::new(EventLog::new()),
                 crashed.clone(),
                 clock.clone(),
-            );
+            )
+            .with_joins(desk.joins.clone());
             let mut ex = Executor::new(Placement::Dedicated, clock.clone());
             ex.spawn(Box::new(task));
             executor = Some(ex);

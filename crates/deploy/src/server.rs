@@ -14,7 +14,9 @@
 //! 4. The engine: a pool that recorded an identity and whose server is still a
 //!    member is recovered (`Engine::open_replica`; the server then serves as
 //!    after a cold start, §4.7: each primary makes its shards' replicas agree
-//!    first); a new pool is formatted for the configuration's shards.
+//!    first); a new pool, or the pool of a server the CM removed while it was
+//!    down (its data is stale: it comes back as a joining backup, filled by the
+//!    shards' primaries), is formatted for the configuration's shards.
 //! 5. Run the server's roles (`rowankv_server::node`), replication paths
 //!    connected on demand, until stopped (SIGTERM): then every role stops and
 //!    the pool is closed.
@@ -60,8 +62,29 @@ fn open_pool(dep: &ServerDeployment) -> Result<(Arc<Pool>, bool), ProcessError> 
     }
 }
 
-/// Run a server until `stop` is set.
+/// How an incarnation of the server ended.
+enum Ended {
+    Stopped,
+    /// The CM removed it (its lease lapsed: it was stopped, partitioned or too
+    /// slow): it joins again, as a new backup.
+    Evicted,
+}
+
+/// Run a server until `stop` is set. A server the CM removes while it runs
+/// joins again under its identity and is filled again as a joining backup.
 pub fn run(dep: &ServerDeployment, stop: Arc<AtomicBool>) -> Result<(), ProcessError> {
+    loop {
+        match run_once(dep, &stop)? {
+            Ended::Stopped => return Ok(()),
+            Ended::Evicted => {
+                tracing::warn!("removed from the configuration by the CM: joining again");
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+    }
+}
+
+fn run_once(dep: &ServerDeployment, stop: &Arc<AtomicBool>) -> Result<Ended, ProcessError> {
     let clock: Arc<dyn Clock> = SystemClock::new();
     let (pool, created) = open_pool(dep)?;
     let recorded = if created {
@@ -144,21 +167,33 @@ pub fn run(dep: &ServerDeployment, stop: Arc<AtomicBool>) -> Result<(), ProcessE
         )
         .map_err(perr("a configuration source"))?,
     );
+    // Whether the first configuration read holds this server: if its pool
+    // recorded an identity and it does not, the CM removed it while it was
+    // down, and its pool's data is stale (it comes back as a new backup).
+    let mut first_read: Option<bool> = None;
+    let mut polls = 0u32;
     let config = loop {
+        polls += 1;
+        let say = polls % 50 == 1;
         if stopping() {
-            return Ok(());
+            return Ok(Ended::Stopped);
         }
         match source.fetch() {
             Ok(c) => {
                 *latest.write() = Some(c.clone());
-                if c.members.iter().any(|m| m.node == node) {
+                let member = c.members.iter().any(|m| m.node == node);
+                first_read.get_or_insert(member);
+                if member {
                     break c;
                 }
-                tracing::info!(term = %c.term, "not a member of the configuration yet; waiting");
+                if say {
+                    tracing::info!(term = %c.term, "not a member of the configuration yet; waiting");
+                }
             }
-            Err(e) => tracing::info!(error = %e, "waiting for the configuration"),
+            Err(e) if say => tracing::info!(error = %e, "waiting for the configuration"),
+            Err(_) => {}
         }
-        std::thread::sleep(Duration::from_millis(200));
+        std::thread::sleep(Duration::from_millis(20));
     };
 
     let settings = ServerSettings {
@@ -175,7 +210,15 @@ pub fn run(dep: &ServerDeployment, stop: Arc<AtomicBool>) -> Result<(), ProcessE
         clean_grace: Duration::from_nanos(settings.clean_grace_ns),
         ..EngineConfig::default()
     };
-    let (engine, recovered) = if recorded.is_some() {
+    let removed = recorded.is_some() && first_read == Some(false);
+    if removed {
+        tracing::info!(
+            %node,
+            "the CM removed this server while it was down: its pool is formatted and it is \
+             filled again as a joining backup"
+        );
+    }
+    let (engine, recovered) = if recorded.is_some() && !removed {
         let (engine, report) = Engine::open_replica(pool, engine_config)
             .map_err(perr(&format!("recovering {}", dep.pool_path.display())))?;
         tracing::info!(
@@ -221,12 +264,17 @@ pub fn run(dep: &ServerDeployment, stop: Arc<AtomicBool>) -> Result<(), ProcessE
         executor.spawn(t);
     }
     tracing::info!(%node, listen = %dep.listen, fabric = %net.fabric_address, "serving");
-    while !stopping() {
+    while !stopping() && !shared.evicted() {
         std::thread::sleep(Duration::from_millis(20));
     }
+    let ended = if shared.evicted() {
+        Ended::Evicted
+    } else {
+        Ended::Stopped
+    };
     tracing::info!(%node, "stopping");
     shared.stop();
     executor.stop();
     drop(net);
-    Ok(())
+    Ok(ended)
 }

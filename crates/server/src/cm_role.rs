@@ -44,11 +44,12 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use rowankv_cm::{plan_failover, plan_ready, ActiveLease, ConfigManager};
+use rowankv_cm::{plan_failover, plan_join, plan_ready, ActiveLease, ConfigManager};
 use rowankv_fabric::Nic;
 use rowankv_rpc::directory::{Acceptor, Directory};
 use rowankv_rpc::endpoint::{Endpoint, Event, PeerId, SendError};
 use rowankv_types::{Clock, NodeId, ShardId, Term};
+use rowankv_wire::config::Member;
 use rowankv_wire::frame::{self, Body, Envelope, ErrorCode, Response};
 
 use crate::control::{forget_peer, Links, CONTROL_PORT};
@@ -121,9 +122,57 @@ pub struct CmTask<N: Nic> {
     pending: BTreeMap<u64, (PeerId, NodeId, Term)>,
     evs: Vec<Event>,
     data: Vec<u8>,
+    /// Servers that joined and are not members (a process deployment's join
+    /// desk fills it): added, one per configuration round.
+    joins: Joins,
 }
 
+/// Servers waiting to be added to the configuration ([`CmTask::with_joins`]).
+pub type Joins = Arc<parking_lot::Mutex<Vec<Member>>>;
+
 impl<N: Nic> CmTask<N> {
+    /// Take the servers to add from `joins` (what a CM process's join desk
+    /// hears): the active CM adds each, when no round is under way, as a
+    /// member and a joining backup of the shards short of replicas.
+    pub fn with_joins(mut self, joins: Joins) -> Self {
+        self.joins = joins;
+        self
+    }
+
+    /// Add one server that joined, if any is waiting and no round is.
+    fn admit_joins(&mut self, now_ns: u64) -> bool {
+        if self.round.is_some() {
+            return false;
+        }
+        let Some(active) = &self.active else {
+            return false;
+        };
+        let Some(member) = self.joins.lock().pop() else {
+            return false;
+        };
+        let config = self.manager.current();
+        let node = member.node;
+        let Some(next) = plan_join(&config, member) else {
+            return false;
+        };
+        match self.manager.commit_as(active, next) {
+            Ok(c) => {
+                tracing::info!(cm = %self.name, server = %node, term = %c.term, "a server joined the configuration");
+                self.failed.remove(&node);
+                self.rescued.remove(&node);
+                self.granted.insert(node, now_ns);
+                self.events
+                    .record(now_ns, EventKind::ConfigStored { term: c.term });
+                self.start_round(c.term, now_ns);
+                true
+            }
+            Err(e) => {
+                tracing::warn!(cm = %self.name, error = %e, "storing a join");
+                false
+            }
+        }
+    }
+
     /// A CM on `ep` (its NIC is the CM's node), registered in the directory as
     /// `acceptor`. `crashed`: set it to crash this CM (it stops at its next step
     /// and never renews its lease again).
@@ -170,6 +219,7 @@ impl<N: Nic> CmTask<N> {
             pending: BTreeMap::new(),
             evs: Vec::new(),
             data: Vec::new(),
+            joins: Joins::default(),
         }
     }
 
@@ -222,7 +272,12 @@ impl<N: Nic> CmTask<N> {
         }
         self.active = Some(lease);
         self.active_until_ns = now_ns + self.settings.cm_lease_ns;
-        self.granted = config.members.iter().map(|m| (m.node, now_ns)).collect();
+        let grace = self.settings.startup_grace_ns;
+        self.granted = config
+            .members
+            .iter()
+            .map(|m| (m.node, now_ns + grace))
+            .collect();
         self.failed.clear();
         self.suspects.clear();
         self.rescued.clear();
@@ -757,6 +812,7 @@ impl<N: Nic> Task for CmTask<N> {
             did |= self.detect(now_ns);
             did |= self.drive_round(now_ns);
             did |= self.promote_ready(now_ns);
+            did |= self.admit_joins(now_ns);
             did |= self.watch_store(now_ns);
         }
         if did {

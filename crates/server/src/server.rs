@@ -142,6 +142,11 @@ pub struct FailoverSettings {
     /// configuration the write uses, so a re-replication copy may be taken
     /// while the write is mid-step and miss it. Never set outside tests.
     pub unsafe_announce_writes_late: bool,
+    /// When a CM becomes active, it counts every member as granted a lease
+    /// this much later than now: servers that are still starting (a process
+    /// formatting its pool) are not failed before they could ask. Safe: a
+    /// later grant only makes a failover wait longer. 0 in one process.
+    pub startup_grace_ns: u64,
 }
 
 impl FailoverSettings {
@@ -171,6 +176,7 @@ impl Default for FailoverSettings {
             unsafe_abandon_failed_writes: false,
             unsafe_ignore_request_ids: false,
             unsafe_announce_writes_late: false,
+            startup_grace_ns: 0,
         }
     }
 }

@@ -259,6 +259,7 @@ fn settings(sim: &SimConfig, clock: &Arc<SimClock>) -> ServerSettings {
             unsafe_abandon_failed_writes: planted == Some(PlantedBug::AbandonFailedWrites),
             unsafe_ignore_request_ids: planted == Some(PlantedBug::IgnoreRequestIds),
             unsafe_announce_writes_late: planted == Some(PlantedBug::AnnounceWritesLate),
+            startup_grace_ns: 0,
         },
         ..ServerSettings::default()
     };

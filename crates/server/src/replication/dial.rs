@@ -247,12 +247,7 @@ impl<N: Nic> Dialer<N> {
                     peer: dial.rpc_done.ok_or("no worker answered")?,
                 };
                 if self.strategy == Strategy::Share {
-                    let log = self
-                        .shared_logs
-                        .lock()
-                        .entry(backup)
-                        .or_default()
-                        .clone();
+                    let log = self.shared_logs.lock().entry(backup).or_default().clone();
                     LinkKind::Shared(log, target)
                 } else {
                     LinkKind::RemoteLog(target)
