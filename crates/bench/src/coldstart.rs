@@ -20,11 +20,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rowankv_client::{Client, ClientConfig, Op as ClientOp, Output};
+use rowankv_deploy::{Cluster, ClusterConfig, Recovered};
 use rowankv_engine::Engine;
 use rowankv_pmem::{Medium, Pool, PoolOptions, PowerFailure};
-use rowankv_server::{
-    Cluster, ClusterConfig, EventKind, Placement, Recovered, ServerSettings, Strategy,
-};
+use rowankv_server::{EventKind, Placement, ServerSettings, Strategy};
 use serde::Serialize;
 
 use crate::ycsb::runner::read_back;

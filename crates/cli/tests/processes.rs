@@ -255,10 +255,14 @@ impl Cluster {
     }
 }
 
+/// Per key: its last acknowledged value, and the values of later writes whose
+/// outcome is unknown.
+type Expected = HashMap<String, (Option<String>, Vec<String>)>;
+
 /// What each key must hold after a workload's record: its last acknowledged
 /// value, or the value of a later write whose outcome is unknown.
-fn expected(record: &Path) -> (HashMap<String, (Option<String>, Vec<String>)>, u64) {
-    let mut keys: HashMap<String, (Option<String>, Vec<String>)> = HashMap::new();
+fn expected(record: &Path) -> (Expected, u64) {
+    let mut keys: Expected = HashMap::new();
     let mut acked = 0;
     let file = std::fs::File::open(record).unwrap();
     for line in std::io::BufReader::new(file).lines() {

@@ -17,22 +17,23 @@
 //! - `manager`: `ConfigManager` — bootstrap of the first configuration, commit of
 //!   term t+1 by compare-and-put, reload by a standby — and the active-CM lease
 //!   (`ActiveLease`). It serves servers and clients as their `ConfigSource`.
+//! - `role`: `CmTask`, the CM's role (seed 000 §4.5) as a task of the server's
+//!   runtime on its own node of the fabric: the active-CM lease, server leases
+//!   and failure detection, the prepare/commit exchange with the servers, and a
+//!   standby CM that takes over on lease expiry; servers that join are handed to
+//!   it (`Joins`).
 //!
-//! What is here now is the static part: a configuration is stored, read back and
-//! replaced by the next term, and one CM at a time can hold the active lease.
-//! Failover will add, on top of `ConfigManager::commit_as` and `ActiveLease`: server
-//! leases and failure detection, computing the next configuration without a failed
-//! server (promoting backups), the prepare/commit exchange with the servers, and a
-//! standby CM that takes over on lease expiry.
-//!
-//! The CM depends on `types` and `wire` only; servers and clients never depend on
-//! this crate, they see the CM through `ConfigSource`. Time comes only from the
-//! `Clock` given to the store, so a simulator drives lease expiry.
+//! The CM sits above the server in the layering: its role depends on
+//! `rowankv-server` (the runtime, the control port, the event log), the RPC
+//! transport and the fabric. Servers and clients never depend on this crate;
+//! they see the CM through `ConfigSource`. Time comes only from the `Clock`
+//! given to the store and the role, so a simulator drives lease expiry.
 #![forbid(unsafe_code)]
 
 pub mod etcd;
 pub mod manager;
 pub mod plan;
+pub mod role;
 pub mod store;
 
 pub use etcd::{EtcdConfig, EtcdStore};

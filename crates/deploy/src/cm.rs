@@ -14,7 +14,7 @@
 //!    the configuration); a server that joined and died before that is in it
 //!    too, and is failed over like any other;
 //! 3. once a configuration is stored, it runs the CM's role
-//!    (`rowankv_server::cm_role::CmTask`: leases, failover, re-replication,
+//!    (`rowankv_cm::role::CmTask`: leases, failover, re-replication,
 //!    the configuration served to processes), on a thread of its own.
 //!
 //! Two CMs on one etcd: both answer joins (identities come from one counter in
@@ -34,6 +34,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use parking_lot::RwLock;
+use rowankv_cm::role::{CmTask, Joins};
 use rowankv_cm::{
     allocate_node, node_record, update_node_record, CmError, ConfigManager, CoordStore,
     EmbeddedStore, EtcdConfig, EtcdStore, NodeRecord,
@@ -41,7 +42,6 @@ use rowankv_cm::{
 use rowankv_fabric::QpAddr;
 use rowankv_rpc::directory::{Accepted, Acceptor};
 use rowankv_rpc::endpoint::Endpoint;
-use rowankv_server::cm_role::{CmTask, Joins};
 use rowankv_server::control::CM_PORT;
 use rowankv_server::deploy::{CmDeployment, StoreFile};
 use rowankv_server::{EventLog, Executor, FailoverSettings, Placement, ServerSettings};

@@ -13,6 +13,10 @@
 //!   configuration from the CMs, recovers its engine when it is still a member,
 //!   and runs the server's roles; its replication paths are connected on demand.
 //! - [`client`]: a client that knows only the CMs' addresses.
+//! - [`cluster`]: the in-process cluster — servers, the CMs and the embedded
+//!   coordination store on one `LoopbackFabric`, run by one executor. It is the
+//!   embedded default (`rowankv demo`), the vehicle of the end-to-end tests and
+//!   of the simulator (`rowankv-sim` steps its [`Parts`]).
 //!
 //! Every process's fabric engine listens on a port of its own (by default one
 //! the kernel picks on the host of its `listen` address); peers learn it in the
@@ -21,6 +25,7 @@
 #![forbid(unsafe_code)]
 
 pub mod client;
+pub mod cluster;
 pub mod cm;
 pub mod join;
 pub mod server;
@@ -32,6 +37,11 @@ use rowankv_fabric::Fabric;
 use rowankv_rpc::directory::Directory;
 use rowankv_rpc::netcm::FabricPeers;
 use rowankv_types::NodeId;
+
+pub use cluster::{
+    build, Cluster, ClusterConfig, ClusterError, Owner, Parts, Recovered, CLIENT_NODE_BASE,
+    CM_NODE_BASE,
+};
 
 /// The CMs, known by address only, are named `CM_ALIAS_BASE + j` (the `j`-th
 /// address of the list) in each process's directory; the connection manager

@@ -65,14 +65,15 @@ pub(crate) enum Link {
 
 /// Outgoing connections by node, made through the directory and remade after
 /// a failure (not more often than every `retry_ns`).
-pub(crate) struct Links {
+pub struct Links {
     port: u16,
     links: BTreeMap<NodeId, Link>,
     last_attempt: BTreeMap<NodeId, u64>,
 }
 
 impl Links {
-    pub(crate) fn new(port: u16) -> Links {
+    /// No connections yet; they go to `port` on each node.
+    pub fn new(port: u16) -> Links {
         Links {
             port,
             links: BTreeMap::new(),
@@ -81,7 +82,7 @@ impl Links {
     }
 
     /// The connected peer for `node`, starting a connection if there is none.
-    pub(crate) fn peer<N: Nic>(
+    pub fn peer<N: Nic>(
         &mut self,
         ep: &mut Endpoint<N>,
         directory: &Directory,
@@ -117,7 +118,7 @@ impl Links {
 
     /// Finish connections whose answer arrived; give up on those that took
     /// longer than `timeout_ns`.
-    pub(crate) fn progress<N: Nic>(&mut self, ep: &mut Endpoint<N>, now_ns: u64, timeout_ns: u64) {
+    pub fn progress<N: Nic>(&mut self, ep: &mut Endpoint<N>, now_ns: u64, timeout_ns: u64) {
         let mut done = Vec::new();
         for (&node, link) in &self.links {
             if let Link::Connecting {
@@ -150,7 +151,7 @@ impl Links {
 
     /// Forget the connection to whoever is behind `peer` (its send failed),
     /// and close it; a later request connects again.
-    pub(crate) fn drop_peer<N: Nic>(&mut self, ep: &mut Endpoint<N>, peer: PeerId) {
+    pub fn drop_peer<N: Nic>(&mut self, ep: &mut Endpoint<N>, peer: PeerId) {
         let before = self.links.len();
         self.links
             .retain(|_, l| !matches!(l, Link::Up(p) if *p == peer));
@@ -162,7 +163,7 @@ impl Links {
 
 /// Drop the outstanding requests (by request id) that went to `peer`, whose
 /// connection failed, and give their credits back.
-pub(crate) fn forget_peer<N: Nic, V>(
+pub fn forget_peer<N: Nic, V>(
     pending: &mut BTreeMap<u64, V>,
     ep: &mut Endpoint<N>,
     peer: PeerId,

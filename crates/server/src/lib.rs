@@ -1,18 +1,17 @@
 //! The RowanKV server (seed 000 §4.1, §4.5, §4.7, §5): worker roles that do
 //! network I/O and KV logic, the control role (the Rowan receiver's control path,
 //! leases, failover, re-replication, cold start), digest and clean roles, the
-//! CM's role, the five replication strategies the paper compares, the runtime
-//! that schedules the roles, and the in-process cluster that puts servers, the
-//! CMs and the fabric together.
+//! five replication strategies the paper compares, the runtime that schedules
+//! the roles, and the assembly of one server on its NIC (`node`).
 //!
 //! It also reads the deployment files of `rowankv server` and `rowankv cm`
 //! (`deploy`, `docs/deployment.md`).
 //!
 //! Layering: the server depends on the engine, the fabric, the RPC transport
-//! (`rowankv-rpc`), the wire formats and the CM's interface (`ConfigSource`).
-//! Two modules still name the `cm` crate, which the process deployment moves out
-//! of this crate: `cm_role` (the CM's role) and `cluster` (which assembles
-//! servers, CMs and the embedded store in one process).
+//! (`rowankv-rpc`), the wire formats and the CM's interface only
+//! (`ConfigSource` in `rowankv_wire`), never on the `cm` crate. The CM's role
+//! is `rowankv_cm::role`; the in-process cluster, which assembles servers, CMs
+//! and the embedded store in one process, is `rowankv_deploy::cluster`.
 //!
 //! Guarantees kept here:
 //! - a PUT/DEL is answered `Ok` only after its entry is durable in the primary's
@@ -24,13 +23,12 @@
 //! - a client request is served only under a valid lease, a committed
 //!   configuration, and for a shard whose replicas agree (after a promotion or a
 //!   cold start); otherwise it is refused with `Blocked` and changes nothing
-//!   (`control`, `cm_role`: leases, failover, re-replication, cold start).
+//!   (`control`, and the CM's role `rowankv_cm::role`: leases, failover,
+//!   re-replication, cold start).
 #![forbid(unsafe_code)]
 
 pub mod background;
 pub mod buggify;
-pub mod cluster;
-pub mod cm_role;
 pub mod control;
 pub mod deploy;
 pub mod events;
@@ -43,11 +41,8 @@ pub mod services;
 pub mod version;
 pub mod worker;
 
-pub use cluster::{
-    build, Cluster, ClusterConfig, ClusterError, Owner, Parts, Recovered, CLIENT_NODE_BASE,
-    CM_NODE_BASE,
-};
 pub use events::{Event, EventKind, EventLog};
+pub use node::ClusterError;
 pub use replication::{BatchConfig, Strategy};
 pub use runtime::{Executor, Periodic, Placement, Step, Task};
 pub use server::{FailoverSettings, ServerSettings, ServerShared, ServerStats, KV_BYTES_MAX};

@@ -19,7 +19,6 @@ use rowankv_types::{Clock, NodeId, SegmentId};
 use rowankv_wire::config::{Config, ConfigSource};
 
 use crate::background::{CleanTask, DigestTask};
-use crate::cluster::ClusterError;
 use crate::control::{ControlTask, CONTROL_PORT};
 use crate::events::EventLog;
 use crate::lease::LeaseTask;
@@ -31,6 +30,11 @@ use crate::runtime::Task;
 use crate::server::{ServerSettings, ServerShared};
 use crate::services::{RemoteLog, ReplicationServices, REMOTE_LOG_SERVICE, ROWAN_SERVICE};
 use crate::worker::Worker;
+
+/// Errors of building a cluster.
+#[derive(Debug, thiserror::Error)]
+#[error("starting the cluster: {0}")]
+pub struct ClusterError(pub String);
 
 fn err<E: std::fmt::Display>(what: &str) -> impl FnOnce(E) -> ClusterError + '_ {
     move |e| ClusterError(format!("{what}: {e}"))
@@ -115,7 +119,7 @@ pub fn assemble<N: Nic>(
 }
 
 /// Depth of a replication queue pair.
-pub(crate) fn replication_qp_depth(settings: &ServerSettings) -> usize {
+pub fn replication_qp_depth(settings: &ServerSettings) -> usize {
     4 * settings.inflight_max + 64
 }
 
@@ -149,7 +153,7 @@ pub(crate) fn unconnected<N: Nic>(
 
 /// Wrap a worker's replicator so that it connects to backups it has no
 /// connection to.
-pub(crate) fn on_demand<N: Nic>(
+pub fn on_demand<N: Nic>(
     shared: &Arc<ServerShared<N>>,
     directory: &Directory,
     worker: usize,

@@ -24,11 +24,12 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use rowankv_client::{Client, ClientConfig, ClientError, Completed, Op, Output};
+use rowankv_deploy::{Cluster, ClusterConfig};
 use rowankv_engine::entry::{self, Kind};
 use rowankv_fabric::{FaultInjector, LoopbackNic};
 use rowankv_rpc::endpoint::{Endpoint, EndpointConfig, Event, PeerId};
 use rowankv_server::control::CONTROL_PORT;
-use rowankv_server::{Cluster, ClusterConfig, ServerSettings, ServerShared, ServerStats, Strategy};
+use rowankv_server::{ServerSettings, ServerShared, ServerStats, Strategy};
 use rowankv_types::{NodeId, ShardId, Term, Version};
 use rowankv_wire::config::{Config, ConfigError, ConfigSource};
 use rowankv_wire::frame::{

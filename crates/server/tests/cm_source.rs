@@ -5,8 +5,9 @@
 use std::time::{Duration, Instant};
 
 use rowankv_client::cm_source::CmSource;
+use rowankv_deploy::{Cluster, ClusterConfig, CM_NODE_BASE};
 use rowankv_server::control::CM_PORT;
-use rowankv_server::{Cluster, ClusterConfig, ServerSettings, CM_NODE_BASE};
+use rowankv_server::ServerSettings;
 use rowankv_types::NodeId;
 use rowankv_wire::config::{ConfigError, ConfigSource};
 

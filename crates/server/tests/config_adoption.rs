@@ -2,7 +2,8 @@
 
 use std::sync::Arc;
 
-use rowankv_server::{Cluster, ClusterConfig, ServerSettings, Strategy};
+use rowankv_deploy::{Cluster, ClusterConfig};
+use rowankv_server::{ServerSettings, Strategy};
 use rowankv_wire::config::Config;
 
 #[allow(dead_code)] // this file uses only the leases

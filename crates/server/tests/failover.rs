@@ -8,10 +8,9 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use rowankv_client::{Client, ClientConfig, ClientError, Output};
+use rowankv_deploy::{Cluster, ClusterConfig};
 use rowankv_fabric::LoopbackNic;
-use rowankv_server::{
-    Cluster, ClusterConfig, EventKind, FailoverSettings, ServerSettings, Strategy,
-};
+use rowankv_server::{EventKind, FailoverSettings, ServerSettings, Strategy};
 use rowankv_types::NodeId;
 
 #[allow(dead_code)] // this file uses only the leases
@@ -98,7 +97,7 @@ fn a_killed_server_and_a_killed_cm_are_replaced_and_no_acknowledged_write_is_los
             _ => None,
         })
         .expect("a CM became active at start");
-    let j = (first_cm.0 - rowankv_server::CM_NODE_BASE) as usize;
+    let j = (first_cm.0 - rowankv_deploy::CM_NODE_BASE) as usize;
     cluster.kill_cm(j);
     wait_for(&cluster, "standby CM takeover", |ev| {
         ev.iter()

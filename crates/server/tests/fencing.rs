@@ -19,14 +19,13 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use rowankv_client::{Client, ClientConfig, Completed, Op, Output};
+use rowankv_cm::role::CmTask;
 use rowankv_cm::{plan_failover, ConfigManager, CM_LEASE_KEY};
+use rowankv_deploy::{Cluster, ClusterConfig, CM_NODE_BASE};
 use rowankv_fabric::{Fabric, FaultInjector, LoopbackNic};
 use rowankv_rpc::endpoint::{connect_pair, Endpoint, EndpointConfig, Event, PeerId};
-use rowankv_server::cm_role::CmTask;
 use rowankv_server::control::{CM_PORT, CONTROL_PORT};
-use rowankv_server::{
-    Cluster, ClusterConfig, EventKind, FailoverSettings, ServerSettings, Strategy, CM_NODE_BASE,
-};
+use rowankv_server::{EventKind, FailoverSettings, ServerSettings, Strategy};
 use rowankv_types::{NodeId, Term, Version};
 use rowankv_wire::config::Config;
 use rowankv_wire::frame::{self, Body, Envelope, ErrorCode, Response, FRAME_BYTES_MAX_DEFAULT};

@@ -16,10 +16,10 @@ use std::sync::{Arc, Mutex};
 
 use rowankv_client::{Client, ClientConfig, Completed, Op, OpId, Output};
 use rowankv_cm::{ConfigManager, CoordStore, EmbeddedStore};
+use rowankv_deploy::{build, ClusterConfig, Parts, CLIENT_NODE_BASE};
 use rowankv_fabric::{Fabric, FaultInjector, LoopbackFabric, LoopbackNic};
 use rowankv_server::{
-    build, ClusterConfig, EventKind, EventLog, FailoverSettings, Parts, Placement, ServerSettings,
-    ServerShared, Strategy, Task, CLIENT_NODE_BASE,
+    EventKind, EventLog, FailoverSettings, Placement, ServerSettings, ServerShared, Strategy, Task,
 };
 use rowankv_types::{Clock, NodeId, ShardId, Term, Version};
 use rowankv_wire::config::Config;
@@ -518,7 +518,7 @@ fn a_failed_server_is_removed_only_after_a_lease_granted_late_in_a_cm_step_ends(
     world.roles.step(&lease_role, t1);
     world
         .roles
-        .step(&format!("cm{}", rowankv_server::CM_NODE_BASE), t0);
+        .step(&format!("cm{}", rowankv_deploy::CM_NODE_BASE), t0);
     world.roles.step(&lease_role, t1);
     assert_eq!(
         xs.lease_until_ns(),
@@ -610,7 +610,7 @@ fn a_lease_request_handled_late_in_a_cm_step_is_granted_only_within_the_cms_own_
     let t1 = cm_until - LEASE_NS - MARGIN_NS + 10_000_000;
     world.clock.advance_ns(t1 - world.now());
     let lease_role = format!("s{}-lease", x.0);
-    let cm = format!("cm{}", rowankv_server::CM_NODE_BASE);
+    let cm = format!("cm{}", rowankv_deploy::CM_NODE_BASE);
     world.roles.step(&lease_role, t1);
     world.roles.step(&cm, t0);
     world.roles.step(&lease_role, t1);

@@ -4,9 +4,8 @@
 use std::time::{Duration, Instant};
 
 use rowankv_client::{ClientConfig, Output};
-use rowankv_server::{
-    Cluster, ClusterConfig, EventKind, FailoverSettings, ServerSettings, Strategy,
-};
+use rowankv_deploy::{Cluster, ClusterConfig};
+use rowankv_server::{EventKind, FailoverSettings, ServerSettings, Strategy};
 use rowankv_types::NodeId;
 
 #[allow(dead_code)] // this file uses only the client helper

@@ -13,10 +13,9 @@
 use std::time::{Duration, Instant};
 
 use rowankv_client::{Client, ClientConfig, ClientError};
+use rowankv_deploy::{Cluster, ClusterConfig};
 use rowankv_fabric::{FaultInjector, LoopbackNic};
-use rowankv_server::{
-    Cluster, ClusterConfig, FailoverSettings, ServerSettings, ServerStats, Strategy,
-};
+use rowankv_server::{FailoverSettings, ServerSettings, ServerStats, Strategy};
 use rowankv_types::{NodeId, ShardId};
 use rowankv_wire::config::{Config, ShardAssignment};
 use rowankv_wire::frame::ErrorCode;

@@ -1,5 +1,6 @@
 use rowankv_client::{Client, ClientConfig, ClientError};
-use rowankv_server::{Cluster, ClusterConfig, ServerSettings, Strategy};
+use rowankv_deploy::{Cluster, ClusterConfig};
+use rowankv_server::{ServerSettings, Strategy};
 
 #[test]
 fn put_get_delete_every_strategy() {

@@ -32,9 +32,10 @@ use std::time::{Duration, Instant};
 
 use rowankv_client::{Client, ClientConfig, ClientError, Completed, Op, Output};
 use rowankv_cm::plan_failover;
+use rowankv_deploy::{Cluster, ClusterConfig};
 use rowankv_fabric::{FaultInjector, LoopbackNic};
 use rowankv_rpc::endpoint::{Endpoint, EndpointConfig, Event, PeerId};
-use rowankv_server::{Cluster, ClusterConfig, ServerSettings, ServerShared, Strategy};
+use rowankv_server::{ServerSettings, ServerShared, Strategy};
 use rowankv_types::{NodeId, ShardId};
 use rowankv_wire::config::Config;
 use rowankv_wire::frame::{self, Body, Envelope, Response};

@@ -29,7 +29,8 @@ use std::sync::{Arc, Mutex};
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
-use rowankv_server::{Owner, Step, Task};
+use rowankv_deploy::Owner;
+use rowankv_server::{Step, Task};
 use rowankv_types::Clock;
 
 /// A role, in a cell of its own: a preemption steps it while another role's

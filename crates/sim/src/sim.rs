@@ -49,12 +49,12 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use rowankv_client::{Client, ClientConfig, ClientError, Op, Output};
 use rowankv_cm::{ConfigManager, CoordStore, EmbeddedStore};
+use rowankv_deploy::{build, ClusterConfig, Owner, Parts, Recovered, CLIENT_NODE_BASE};
 use rowankv_engine::Engine;
 use rowankv_fabric::{Fabric, FaultInjector, LoopbackFabric, LoopbackNic};
 use rowankv_pmem::{Medium, Pool, PoolOptions, PowerFailure};
 use rowankv_server::{
-    build, ClusterConfig, EventKind, EventLog, FailoverSettings, Owner, Parts, Placement,
-    Recovered, ServerSettings, ServerShared, Step, Strategy, CLIENT_NODE_BASE,
+    EventKind, EventLog, FailoverSettings, Placement, ServerSettings, ServerShared, Step, Strategy,
 };
 use rowankv_types::{Clock, NodeId, RequestId, ShardId, Term};
 
@@ -978,7 +978,7 @@ impl World {
         let (node, _) = self.parts.cm_crash[j];
         let nic = self.parts.fabric.attach(node).expect("re-attaching a CM");
         let (task, crashed) =
-            rowankv_server::cluster::cm_task(node, nic, &self.parts, &self.config.settings)
+            rowankv_deploy::cluster::cm_task(node, nic, &self.parts, &self.config.settings)
                 .expect("restarting a CM");
         self.parts.cm_crash[j].1 = crashed;
         self.tasks.push(Owner::Cm(node), task);

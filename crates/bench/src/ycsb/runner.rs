@@ -28,11 +28,10 @@ use parking_lot::Mutex;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use rowankv_client::{Client, ClientConfig, ClientError, Op as ClientOp, Output};
+use rowankv_deploy::{Cluster, ClusterConfig};
 use rowankv_fabric::LoopbackNic;
 use rowankv_pmem::{MediaModelConfig, MediaTiming};
-use rowankv_server::{
-    Cluster, ClusterConfig, EventKind, Placement, ServerSettings, Step, Strategy, Task,
-};
+use rowankv_server::{EventKind, Placement, ServerSettings, Step, Strategy, Task};
 use rowankv_types::NodeId;
 use rowankv_wire::frame::KV_BYTES_MAX;
 use serde::Serialize;

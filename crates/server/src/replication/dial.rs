@@ -47,7 +47,7 @@ pub const REDIAL_NS: u64 = 50_000_000;
 
 /// The `share` strategy's remote logs of one server, by backup: every worker's
 /// dialer takes the same one.
-pub(crate) type SharedLogs = Arc<Mutex<HashMap<NodeId, Arc<SharedLog>>>>;
+pub type SharedLogs = Arc<Mutex<HashMap<NodeId, Arc<SharedLog>>>>;
 
 type Answer = Receiver<Result<Accepted, String>>;
 

@@ -30,13 +30,14 @@ use rowankv_rpc::endpoint::{Endpoint, PeerId};
 use rowankv_types::NodeId;
 use rowankv_wire::frame::{Envelope, Response};
 
+pub(crate) use dial::Dialer;
 pub use dial::OnDemand;
-pub(crate) use dial::{Dialer, SharedLogs};
-pub(crate) use rowan::RowanReplicator;
-pub(crate) use rpc::RpcReplicator;
+pub use dial::SharedLogs;
+pub use rowan::RowanReplicator;
+pub use rpc::RpcReplicator;
 pub use rwrite::BatchConfig;
-pub(crate) use rwrite::{RemoteLogTarget, RwriteReplicator};
-pub(crate) use share::{ShareReplicator, SharedLog};
+pub use rwrite::{RemoteLogTarget, RwriteReplicator};
+pub use share::{ShareReplicator, SharedLog};
 
 /// The `wr_id` tag of replication work requests.
 pub(crate) const WR_TAG_REPL: u64 = rowankv_rpc::endpoint::WR_TAG_OWNER_MIN;

@@ -11,7 +11,9 @@ use rowankv_wire::frame::Response;
 
 use super::{Link, LinkKind, Outcomes, ReplCtx, Replicator, WR_TAG_REPL};
 
-pub(crate) struct RowanReplicator<N: Nic> {
+/// The `rowan` strategy's replicator of one worker: a persisted SEND per entry
+/// to each backup's Rowan receiver.
+pub struct RowanReplicator<N: Nic> {
     senders: HashMap<NodeId, RowanSender<N::Qp>>,
     mtu_bytes: usize,
     failed_posts: Vec<(u64, String)>,

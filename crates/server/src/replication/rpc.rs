@@ -38,7 +38,9 @@ struct Queued {
     since_ns: u64,
 }
 
-pub(crate) struct RpcReplicator {
+/// The `rpc` strategy's replicator of one worker: a `Replicate` RPC per entry
+/// to one worker of each backup.
+pub struct RpcReplicator {
     peers: HashMap<NodeId, PeerId>,
     /// How long a hand-over may go unanswered.
     timeout_ns: u64,

@@ -120,7 +120,9 @@ struct InFlight {
     tokens: Tokens,
 }
 
-pub(crate) struct RwriteReplicator<N: Nic> {
+/// The `rwrite` (and `batch`) strategy's replicator of one worker: persisted
+/// WRITEs to the worker's own remote log on each backup.
+pub struct RwriteReplicator<N: Nic> {
     /// This worker's log id at every backup.
     log_id: u32,
     backups: Vec<NodeId>,

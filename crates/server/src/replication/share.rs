@@ -29,11 +29,12 @@ use crate::runtime::Periodic;
 /// One shared remote log (one per backup server), shared by the sending
 /// server's workers.
 #[derive(Default)]
-pub(crate) struct SharedLog {
+pub struct SharedLog {
     chain: Mutex<SegmentChain>,
 }
 
 impl SharedLog {
+    /// A shared log with no segment yet.
     pub fn new() -> Arc<SharedLog> {
         Arc::new(SharedLog::default())
     }
@@ -54,7 +55,9 @@ struct InFlight {
     token: u64,
 }
 
-pub(crate) struct ShareReplicator<N: Nic> {
+/// The `share` strategy's replicator of one worker: persisted WRITEs to the
+/// remote log its server shares with the other workers on each backup.
+pub struct ShareReplicator<N: Nic> {
     backups: Vec<NodeId>,
     logs: HashMap<NodeId, (Arc<SharedLog>, RemoteLogTarget<N::Qp>)>,
     waiting: VecDeque<Waiting>,

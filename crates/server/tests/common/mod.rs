@@ -36,7 +36,7 @@ pub fn steady_leases() -> rowankv_server::FailoverSettings {
 
 /// A client of `cluster` on a new NIC, with `config`.
 pub fn client_of(
-    cluster: &mut rowankv_server::Cluster,
+    cluster: &mut rowankv_deploy::Cluster,
     config: rowankv_client::ClientConfig,
 ) -> Result<rowankv_client::Client<LoopbackNic>, rowankv_client::ClientError> {
     let nic = cluster.attach_client().expect("a client NIC");

@@ -15,6 +15,7 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
+use rowankv_cm::role::CmTask;
 use rowankv_cm::{ConfigManager, CoordStore, EmbeddedStore, StoreSource};
 use rowankv_engine::{Engine, EngineConfig};
 use rowankv_fabric::{Fabric, FaultInjector, LoopbackFabric, LoopbackNic, Nic, QpAddr, QueuePair};
@@ -22,20 +23,20 @@ use rowankv_pmem::{MediaModelConfig, MediaStats, Medium, Pool, PoolOptions};
 use rowankv_rowan::RowanSender;
 use rowankv_rpc::directory::{Accepted, Directory};
 use rowankv_rpc::endpoint::{connect_pair, Endpoint, PeerId};
-use rowankv_types::{Clock, NodeId, SegmentId, SystemClock};
-use rowankv_wire::config::{Config, ConfigSource, Member};
-
-use crate::cm_role::CmTask;
-use crate::control::CM_PORT;
-use crate::events::EventLog;
-use crate::node::{assemble, on_demand, replication_qp_depth, roles, ServerSpec};
-use crate::replication::{
+use rowankv_server::control::CM_PORT;
+use rowankv_server::events::EventLog;
+use rowankv_server::node::{assemble, on_demand, replication_qp_depth, roles, ServerSpec};
+use rowankv_server::replication::{
     RemoteLogTarget, Replicator, RowanReplicator, RpcReplicator, RwriteReplicator, ShareReplicator,
     SharedLog, SharedLogs, Strategy,
 };
-use crate::runtime::{Executor, Placement, Task};
-use crate::server::{ServerSettings, ServerShared};
-use crate::services::{decode_region, ReplicationServices, REMOTE_LOG_SERVICE, ROWAN_SERVICE};
+use rowankv_server::runtime::{Executor, Placement, Task};
+use rowankv_server::server::{ServerSettings, ServerShared};
+use rowankv_server::services::{
+    decode_region, ReplicationServices, REMOTE_LOG_SERVICE, ROWAN_SERVICE,
+};
+use rowankv_types::{Clock, NodeId, SegmentId, SystemClock};
+use rowankv_wire::config::{Config, ConfigSource, Member};
 
 /// Clients attach to the fabric as nodes from this id on.
 pub const CLIENT_NODE_BASE: u32 = 1000;
@@ -84,10 +85,9 @@ impl Default for ClusterConfig {
     }
 }
 
-/// Errors of building a cluster.
-#[derive(Debug, thiserror::Error)]
-#[error("starting the cluster: {0}")]
-pub struct ClusterError(pub String);
+/// Errors of building a cluster (defined with the server's assembly, which
+/// returns them too).
+pub use rowankv_server::node::ClusterError;
 
 fn err<E: std::fmt::Display>(what: &str) -> impl FnOnce(E) -> ClusterError + '_ {
     move |e| ClusterError(format!("{what}: {e}"))

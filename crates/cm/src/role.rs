@@ -44,18 +44,18 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use rowankv_cm::{plan_failover, plan_join, plan_ready, ActiveLease, ConfigManager};
 use rowankv_fabric::Nic;
 use rowankv_rpc::directory::{Acceptor, Directory};
 use rowankv_rpc::endpoint::{Endpoint, Event, PeerId, SendError};
+use rowankv_server::control::{forget_peer, Links, CONTROL_PORT};
+use rowankv_server::events::{EventKind, EventLog};
+use rowankv_server::runtime::{Periodic, Step, Task};
+use rowankv_server::server::FailoverSettings;
 use rowankv_types::{Clock, NodeId, ShardId, Term};
 use rowankv_wire::config::Member;
 use rowankv_wire::frame::{self, Body, Envelope, ErrorCode, Response};
 
-use crate::control::{forget_peer, Links, CONTROL_PORT};
-use crate::events::{EventKind, EventLog};
-use crate::runtime::{Periodic, Step, Task};
-use crate::server::FailoverSettings;
+use crate::{plan_failover, plan_join, plan_ready, ActiveLease, ConfigManager};
 
 /// A prepare/commit round of one configuration term.
 #[derive(Debug)]
