@@ -28,6 +28,7 @@ pub mod client;
 pub mod cluster;
 pub mod cm;
 pub mod join;
+pub mod local;
 pub mod server;
 
 use std::net::SocketAddr;
