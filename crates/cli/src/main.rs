@@ -139,6 +139,11 @@ struct YcsbArgs {
     /// Also draw throughput and PUT/GET latency per strategy into this PNG file.
     #[arg(long, value_name = "FILE.png")]
     plot: Option<PathBuf>,
+    /// `loopback`: the cluster in this process; `tcp`: a CM and the servers as
+    /// processes on this host over the tcp fabric, the load from this one (no
+    /// media model there: no DLWA; CPU per operation counts every process).
+    #[arg(long, default_value = "loopback")]
+    fabric: String,
 }
 
 #[derive(Args)]
@@ -319,6 +324,7 @@ fn bench_ycsb(args: YcsbArgs) -> Result<()> {
     if let Some(v) = args.seed {
         opts.seed = v;
     }
+    opts.fabric = args.fabric.parse().map_err(anyhow::Error::msg)?;
     opts.progress = !args.json;
     check_plot_target(args.plot.as_deref());
     let results = ycsb::run(&opts)
@@ -328,7 +334,7 @@ fn bench_ycsb(args: YcsbArgs) -> Result<()> {
         println!("{}", serde_json::to_string_pretty(&results)?);
     } else {
         println!(
-            "YCSB-{} {} keys, {:?} sizes, {} servers, RF {}, {} workers/server, {} clients x {} deep, {} s; media timing {}",
+            "YCSB-{} {} keys, {:?} sizes, {} servers, RF {}, {} workers/server, {} clients x {} deep, {} s, {} fabric; media timing {}",
             opts.workload,
             match opts.keys { rowankv_bench::ycsb::workload::KeyDist::Zipfian { theta } => format!("zipfian {theta}"), k => format!("{k:?}").to_lowercase() },
             opts.sizes,
@@ -338,7 +344,12 @@ fn bench_ycsb(args: YcsbArgs) -> Result<()> {
             opts.clients,
             opts.depth,
             opts.seconds,
-            opts.media_bandwidth.map_or("off".to_string(), |b| format!("{} MB/s per DIMM", b / 1_000_000)),
+            args.fabric,
+            if opts.fabric == ycsb::FabricKind::Tcp {
+                "n/a (servers in other processes)".to_string()
+            } else {
+                opts.media_bandwidth.map_or("off".to_string(), |b| format!("{} MB/s per DIMM", b / 1_000_000))
+            },
         );
         print!("{}", ycsb::table(&results));
     }

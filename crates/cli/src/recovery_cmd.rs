@@ -33,6 +33,10 @@ pub struct FailoverArgs {
     /// new configuration and the shards served again marked, into this PNG file.
     #[arg(long, value_name = "FILE.png")]
     plot: Option<PathBuf>,
+    /// `loopback` (one process) or `tcp` (the CM and servers as processes; the
+    /// commit and the shards served again are then seen from a client).
+    #[arg(long, default_value = "loopback")]
+    fabric: String,
 }
 
 fn median(mut v: Vec<f64>) -> Option<f64> {
@@ -53,6 +57,7 @@ pub fn failover(args: FailoverArgs) -> Result<()> {
         pool_bytes: 1 << 30,
         strategies: vec![Strategy::Rowan],
         progress: !args.json,
+        fabric: args.fabric.parse().map_err(anyhow::Error::msg)?,
         ..YcsbOptions::default()
     };
     crate::check_plot_target(args.plot.as_deref());
@@ -64,10 +69,11 @@ pub fn failover(args: FailoverArgs) -> Result<()> {
         let r = r.into_iter().next().context("one result")?;
         if !args.json {
             println!(
-                "run {}: {} objects, 3 servers, RF 3, lease {} ms, {:.0} ops/s over the phase",
+                "run {}: {} objects, 3 servers, RF 3, lease {} ms, {} fabric, media timing off, {:.0} ops/s over the phase",
                 run + 1,
                 args.records,
                 args.lease_ms,
+                args.fabric,
                 r.ops_per_sec
             );
             print!("{}", ycsb::timeline_report(&r));

@@ -47,7 +47,9 @@ pub struct LocalCluster {
 
 fn free_port() -> Result<u16, ProcessError> {
     let l = TcpListener::bind("127.0.0.1:0").map_err(|e| ProcessError(format!("a port: {e}")))?;
-    Ok(l.local_addr().map_err(|e| ProcessError(e.to_string()))?.port())
+    Ok(l.local_addr()
+        .map_err(|e| ProcessError(e.to_string()))?
+        .port())
 }
 
 fn spawn(binary: &Path, dir: &Path, name: &str, args: &[&str]) -> Result<Child, ProcessError> {
@@ -93,7 +95,11 @@ impl LocalCluster {
             &s.binary,
             dir,
             "cm",
-            &["cm", "--config", dir.join("cm.toml").to_str().unwrap_or_default()],
+            &[
+                "cm",
+                "--config",
+                dir.join("cm.toml").to_str().unwrap_or_default(),
+            ],
         )?;
         let mut c = LocalCluster {
             spec: spec.clone(),
@@ -117,7 +123,56 @@ impl LocalCluster {
             c.start_server(i)?;
         }
         c.wait_members(s.servers, Duration::from_secs(60))?;
+        c.wait_served(Duration::from_secs(60))?;
         Ok(c)
+    }
+
+    /// Wait until a read is served (every server's workers are up: a client
+    /// connects to all of them).
+    pub fn wait_served(&self, patience: Duration) -> Result<(), ProcessError> {
+        let deadline = Instant::now() + patience;
+        let mut last = String::new();
+        while Instant::now() < deadline {
+            let config = rowankv_client::ClientConfig {
+                timeout: Duration::from_secs(2),
+                connect_timeout: Duration::from_secs(2),
+                ..rowankv_client::ClientConfig::default()
+            };
+            match crate::client::connect(
+                self.spec.cluster_id,
+                &self.secret,
+                std::slice::from_ref(&self.cm),
+                config,
+            ) {
+                Ok(mut r) => {
+                    let every = r.client.cluster_config().members.len();
+                    let connected = r
+                        .client
+                        .cluster_config()
+                        .members
+                        .iter()
+                        .filter(|m| r.client.server_peer(m.node).is_some())
+                        .count();
+                    match r.client.get(b"local-cluster-probe") {
+                        Ok(_) | Err(rowankv_client::ClientError::NotFound)
+                            if connected == every =>
+                        {
+                            return Ok(())
+                        }
+                        Ok(_) | Err(rowankv_client::ClientError::NotFound) => {
+                            last = format!("{connected} of {every} servers accept clients")
+                        }
+                        Err(e) => last = e.to_string(),
+                    }
+                }
+                Err(e) => last = e.to_string(),
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Err(ProcessError(format!(
+            "no read was served within {patience:?}: {last} (logs in {})",
+            self.spec.dir.join("logs").display()
+        )))
     }
 
     /// Start server `i` (again) from its file.
@@ -152,7 +207,9 @@ impl LocalCluster {
     }
 
     /// A configuration source reading from the CM (its own fabric node).
-    pub fn source(&self) -> Result<(crate::Attached, Arc<crate::client::Remembering>), ProcessError> {
+    pub fn source(
+        &self,
+    ) -> Result<(crate::Attached, Arc<crate::client::Remembering>), ProcessError> {
         attach_client(
             self.spec.cluster_id,
             &self.secret,

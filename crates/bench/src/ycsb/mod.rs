@@ -5,6 +5,6 @@ pub mod runner;
 pub mod workload;
 
 pub use runner::{
-    run, table, timeline_report, FailoverTimes, TimedEvent, YcsbOptions, YcsbResult,
+    run, table, timeline_report, FabricKind, FailoverTimes, TimedEvent, YcsbOptions, YcsbResult,
     SCALED_MEDIA_BANDWIDTH, TIMELINE_STEP_NS,
 };

@@ -28,11 +28,13 @@ use parking_lot::Mutex;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use rowankv_client::{Client, ClientConfig, ClientError, Op as ClientOp, Output};
+use rowankv_deploy::local::{cpu_seconds_of, LocalCluster, LocalSpec};
 use rowankv_deploy::{Cluster, ClusterConfig};
-use rowankv_fabric::LoopbackNic;
+use rowankv_fabric::Nic;
 use rowankv_pmem::{MediaModelConfig, MediaTiming};
-use rowankv_server::{EventKind, Placement, ServerSettings, Step, Strategy, Task};
+use rowankv_server::{EventKind, Executor, Placement, ServerSettings, Step, Strategy, Task};
 use rowankv_types::NodeId;
+use rowankv_types::{Clock, SystemClock};
 use rowankv_wire::frame::KV_BYTES_MAX;
 use serde::Serialize;
 
@@ -69,6 +71,31 @@ pub struct YcsbOptions {
     pub lease_ns: Option<u64>,
     /// Read back every acknowledged PUT at the end.
     pub verify: bool,
+    /// `loopback` (one process) or `tcp` (a CM and the servers as processes
+    /// on this host, the load generators in this one: no media model there,
+    /// so no DLWA; CPU time is this process's and theirs).
+    pub fabric: FabricKind,
+    /// The `rowankv` binary that `tcp` starts (default: this executable).
+    pub binary: Option<std::path::PathBuf>,
+}
+
+/// Which fabric a run uses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FabricKind {
+    Loopback,
+    Tcp,
+}
+
+impl std::str::FromStr for FabricKind {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "loopback" => Ok(FabricKind::Loopback),
+            "tcp" => Ok(FabricKind::Tcp),
+            other => Err(format!("{other:?}: the fabric is loopback or tcp")),
+        }
+    }
 }
 
 /// Media bandwidth per DIMM of the scaled setting (see `docs/results/ycsb.md`):
@@ -102,6 +129,8 @@ impl Default for YcsbOptions {
             kill_at: None,
             lease_ns: None,
             verify: false,
+            fabric: FabricKind::Loopback,
+            binary: None,
         }
     }
 }
@@ -145,6 +174,8 @@ pub struct YcsbResult {
     /// Acknowledged PUTs read back (keys), and those missing or older.
     pub verified_keys: u64,
     pub lost_writes: u64,
+    /// `loopback` or `tcp`.
+    pub fabric: FabricKind,
 }
 
 /// An event of the failover timeline.
@@ -238,9 +269,11 @@ enum Kind {
 }
 
 /// A load generator: one pipelined client.
-struct LoadClient {
+struct LoadClient<N: Nic> {
     name: String,
-    client: Client<LoopbackNic>,
+    client: Client<N>,
+    /// What keeps a process client attached (its fabric node and directory).
+    _keep: Option<Box<dyn std::any::Any + Send>>,
     gen: Generator,
     sizes: SizeDist,
     depth: usize,
@@ -261,7 +294,7 @@ struct LoadClient {
     acked_out: Arc<Mutex<std::collections::HashMap<u64, u64>>>,
 }
 
-impl LoadClient {
+impl<N: Nic> LoadClient<N> {
     fn submit(&mut self, op: Op) -> bool {
         let key_bytes = self.sizes.key_bytes();
         let (cop, kind) = match op {
@@ -315,7 +348,7 @@ impl LoadClient {
     }
 }
 
-impl Task for LoadClient {
+impl<N: Nic> Task for LoadClient<N> {
     fn name(&self) -> &str {
         &self.name
     }
@@ -457,6 +490,239 @@ fn clock_ticks_per_second() -> f64 {
     100.0
 }
 
+/// Where a run's servers are: in this process, or processes on this host.
+enum Target {
+    Loopback(Cluster),
+    Tcp(TcpTarget),
+}
+
+struct TcpTarget {
+    local: LocalCluster,
+    executor: Option<Executor>,
+    clock: Arc<dyn Clock>,
+    _dir: tempfile::TempDir,
+}
+
+impl Target {
+    fn start(opts: &YcsbOptions, strategy: Strategy) -> Result<Target, String> {
+        let total_shards = opts.shards_per_server as usize * opts.servers;
+        if opts.fabric == FabricKind::Tcp {
+            let binary = match &opts.binary {
+                Some(b) => b.clone(),
+                None => std::env::current_exe().map_err(|e| e.to_string())?,
+            };
+            let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+            if std::env::var_os("ROWANKV_KEEP_LOGS").is_some() {
+                eprintln!(
+                    "tcp cluster files and logs kept in {}",
+                    dir.path().display()
+                );
+            }
+            let local = LocalCluster::start(LocalSpec {
+                binary,
+                dir: dir.path().to_path_buf(),
+                cluster_id: 0x7c90_0000_0000_0001 | rand::random::<u32>() as u64,
+                servers: opts.servers,
+                shards_per_server: opts.shards_per_server,
+                replication_factor: opts.replication_factor,
+                strategy: strategy.name().to_string(),
+                workers: opts.workers as u16,
+                pool_bytes: opts.pool_bytes as u64,
+                segment_bytes: opts.segment_bytes as u64,
+                lease_ms: opts.lease_ns.map_or(200, |l| (l / 1_000_000).max(5)),
+            })
+            .map_err(|e| e.to_string())?;
+            let clock: Arc<dyn Clock> = SystemClock::new();
+            let executor = Executor::new(
+                Placement::Shared {
+                    threads: opts.threads,
+                },
+                clock.clone(),
+            );
+            return Ok(Target::Tcp(TcpTarget {
+                local,
+                executor: Some(executor),
+                clock,
+                _dir: dir,
+            }));
+        }
+        let media = MediaModelConfig {
+            timing: opts.media_bandwidth.map(|b| MediaTiming {
+                media_write_bytes_per_sec_per_dimm: b,
+            }),
+            ..MediaModelConfig::default()
+        };
+        Cluster::start(ClusterConfig {
+            servers: opts.servers,
+            shards_per_server: opts.shards_per_server,
+            replication_factor: opts.replication_factor,
+            strategy,
+            settings: {
+                let mut s = ServerSettings {
+                    workers: opts.workers,
+                    ..ServerSettings::default()
+                };
+                if let Some(lease) = opts.lease_ns {
+                    s.failover.lease_ns = lease;
+                    s.failover.renew_ns = (lease / 10).max(1_000_000);
+                    s.failover.cm_lease_ns = 4 * lease;
+                }
+                s
+            },
+            pool_bytes: opts.pool_bytes,
+            segment_bytes: opts.segment_bytes,
+            media_model: Some(media),
+            placement: Placement::Shared {
+                threads: opts.threads,
+            },
+            keys_per_shard_expected: (opts.records as usize * 2 / total_shards).max(1024),
+            ..ClusterConfig::default()
+        })
+        .map(Target::Loopback)
+        .map_err(|e| e.to_string())
+    }
+
+    fn clock(&self) -> Arc<dyn Clock> {
+        match self {
+            Target::Loopback(c) => c.clock().clone(),
+            Target::Tcp(t) => t.clock.clone(),
+        }
+    }
+
+    /// A load generator with a new client, on the cluster's executor (`tcp`:
+    /// on this process's).
+    fn spawn_client(&mut self, config: ClientConfig, parts: LoadParts) -> Result<(), String> {
+        match self {
+            Target::Loopback(cluster) => {
+                let nic = cluster.attach_client().map_err(|e| e.to_string())?;
+                let client = Client::connect(
+                    nic,
+                    cluster.directory().clone(),
+                    cluster.config_source(),
+                    config,
+                )
+                .map_err(|e| e.to_string())?;
+                cluster.spawn(parts.with_client(client, None));
+            }
+            Target::Tcp(t) => {
+                let l = &t.local;
+                let remote = rowankv_deploy::client::connect(
+                    l.spec.cluster_id,
+                    &l.secret,
+                    std::slice::from_ref(&l.cm),
+                    config,
+                )
+                .map_err(|e| e.to_string())?;
+                let keep: Box<dyn std::any::Any + Send> = Box::new((remote.net, remote.source));
+                if let Some(ex) = &mut t.executor {
+                    ex.spawn(parts.with_client(remote.client, Some(keep)));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn flush_media(&self) {
+        if let Target::Loopback(c) = self {
+            c.flush_media();
+        }
+    }
+
+    /// Media counters per server (none for servers in other processes).
+    fn media_stats(&self) -> Vec<Option<rowankv_pmem::MediaStats>> {
+        match self {
+            Target::Loopback(c) => c.media_stats(),
+            Target::Tcp(t) => vec![None; t.local.spec.servers],
+        }
+    }
+
+    /// CPU seconds used so far by this process and the servers' (and CM's).
+    fn cpu_seconds(&self) -> f64 {
+        match self {
+            Target::Loopback(_) => cpu_seconds(),
+            Target::Tcp(t) => {
+                cpu_seconds()
+                    + t.local
+                        .pids()
+                        .into_iter()
+                        .filter_map(cpu_seconds_of)
+                        .sum::<f64>()
+            }
+        }
+    }
+
+    fn members(&self) -> usize {
+        match self {
+            Target::Loopback(c) => c.cm().current().members.len(),
+            Target::Tcp(t) => t.local.config().map_or(0, |c| c.members.len()),
+        }
+    }
+
+    fn shutdown(self) {
+        match self {
+            Target::Loopback(c) => c.shutdown(),
+            Target::Tcp(mut t) => {
+                if let Some(ex) = t.executor.take() {
+                    ex.stop();
+                }
+                drop(t.local);
+                if std::env::var_os("ROWANKV_KEEP_LOGS").is_some() {
+                    let _ = t._dir.keep();
+                }
+            }
+        }
+    }
+}
+
+/// Everything of a load generator but its client.
+struct LoadParts {
+    name: String,
+    gen: Generator,
+    sizes: SizeDist,
+    depth: usize,
+    max_value: usize,
+    phase: Arc<AtomicU8>,
+    counters: Arc<Counters>,
+    hist: Arc<Mutex<Histograms>>,
+    rng: ChaCha8Rng,
+    acked: Option<std::collections::HashMap<u64, u64>>,
+    acked_out: Arc<Mutex<std::collections::HashMap<u64, u64>>>,
+}
+
+impl LoadParts {
+    fn with_client<N: Nic>(
+        self,
+        client: Client<N>,
+        keep: Option<Box<dyn std::any::Any + Send>>,
+    ) -> Box<dyn Task> {
+        Box::new(LoadClient {
+            name: self.name,
+            client,
+            _keep: keep,
+            gen: self.gen,
+            sizes: self.sizes,
+            depth: self.depth,
+            max_value: self.max_value,
+            phase: self.phase,
+            counters: self.counters,
+            hist: self.hist,
+            local: Histograms {
+                put: histogram(),
+                get: histogram(),
+            },
+            inflight: Default::default(),
+            done: Vec::new(),
+            key: Vec::new(),
+            value: Vec::new(),
+            rng: self.rng,
+            loading_done: false,
+            load_reported: false,
+            acked: self.acked,
+            acked_out: self.acked_out,
+        })
+    }
+}
+
 /// Run every strategy of `opts` and return one result each.
 pub fn run(opts: &YcsbOptions) -> Result<Vec<YcsbResult>, String> {
     let mut results = Vec::new();
@@ -467,40 +733,7 @@ pub fn run(opts: &YcsbOptions) -> Result<Vec<YcsbResult>, String> {
 }
 
 fn run_one(opts: &YcsbOptions, strategy: Strategy) -> Result<YcsbResult, String> {
-    let media = MediaModelConfig {
-        timing: opts.media_bandwidth.map(|b| MediaTiming {
-            media_write_bytes_per_sec_per_dimm: b,
-        }),
-        ..MediaModelConfig::default()
-    };
-    let total_shards = opts.shards_per_server as usize * opts.servers;
-    let mut cluster = Cluster::start(ClusterConfig {
-        servers: opts.servers,
-        shards_per_server: opts.shards_per_server,
-        replication_factor: opts.replication_factor,
-        strategy,
-        settings: {
-            let mut s = ServerSettings {
-                workers: opts.workers,
-                ..ServerSettings::default()
-            };
-            if let Some(lease) = opts.lease_ns {
-                s.failover.lease_ns = lease;
-                s.failover.renew_ns = (lease / 10).max(1_000_000);
-                s.failover.cm_lease_ns = 4 * lease;
-            }
-            s
-        },
-        pool_bytes: opts.pool_bytes,
-        segment_bytes: opts.segment_bytes,
-        media_model: Some(media),
-        placement: Placement::Shared {
-            threads: opts.threads,
-        },
-        keys_per_shard_expected: (opts.records as usize * 2 / total_shards).max(1024),
-        ..ClusterConfig::default()
-    })
-    .map_err(|e| e.to_string())?;
+    let mut target = Target::start(opts, strategy)?;
     let phase = Arc::new(AtomicU8::new(PHASE_WAIT));
     let buckets = (opts.seconds * 1e9 / TIMELINE_STEP_NS as f64).ceil() as usize + 10;
     let counters = Arc::new(Counters::new(buckets));
@@ -511,19 +744,12 @@ fn run_one(opts: &YcsbOptions, strategy: Strategy) -> Result<YcsbResult, String>
     }));
     let max_value = KV_BYTES_MAX - opts.sizes.key_bytes();
     for c in 0..opts.clients {
-        let nic = cluster.attach_client().map_err(|e| e.to_string())?;
-        let client = Client::connect(
-            nic,
-            cluster.directory().clone(),
-            cluster.config_source(),
-            ClientConfig {
-                worker_hint: c,
-                inflight_max: opts.depth,
-                timeout: Duration::from_secs(10),
-                ..ClientConfig::default()
-            },
-        )
-        .map_err(|e| e.to_string())?;
+        let config = ClientConfig {
+            worker_hint: c,
+            inflight_max: opts.depth,
+            timeout: Duration::from_secs(10),
+            ..ClientConfig::default()
+        };
         let gen = Generator::new(
             opts.workload,
             opts.keys,
@@ -533,9 +759,8 @@ fn run_one(opts: &YcsbOptions, strategy: Strategy) -> Result<YcsbResult, String>
             opts.seed,
         )
         .with_client(c as u64, opts.clients as u64);
-        cluster.spawn(Box::new(LoadClient {
+        let parts = LoadParts {
             name: format!("client-{c}"),
-            client,
             gen,
             sizes: opts.sizes,
             depth: opts.depth,
@@ -543,20 +768,11 @@ fn run_one(opts: &YcsbOptions, strategy: Strategy) -> Result<YcsbResult, String>
             phase: phase.clone(),
             counters: counters.clone(),
             hist: hist.clone(),
-            local: Histograms {
-                put: histogram(),
-                get: histogram(),
-            },
-            inflight: Default::default(),
-            done: Vec::new(),
-            key: Vec::new(),
-            value: Vec::new(),
             rng: ChaCha8Rng::seed_from_u64(opts.seed ^ (c as u64).wrapping_mul(0x9e37_79b9)),
-            loading_done: false,
-            load_reported: false,
             acked: opts.verify.then(std::collections::HashMap::new),
             acked_out: acked_out.clone(),
-        }));
+        };
+        target.spawn_client(config, parts)?;
     }
 
     // Load.
@@ -589,73 +805,117 @@ fn run_one(opts: &YcsbOptions, strategy: Strategy) -> Result<YcsbResult, String>
     let load_seconds = load_start.elapsed().as_secs_f64();
 
     // Measure.
-    cluster.flush_media();
-    let media_before = cluster.media_stats();
+    target.flush_media();
+    let media_before = target.media_stats();
     let errors_before = counters.errors.load(Ordering::Relaxed);
-    let cpu_before = cpu_seconds();
+    let cpu_before = target.cpu_seconds();
     let start = Instant::now();
-    let run_start_ns = cluster.clock().now_ns();
+    let clock = target.clock();
+    let run_start_ns = clock.now_ns();
     counters.run_start_ns.store(run_start_ns, Ordering::Relaxed);
     phase.store(PHASE_RUN, Ordering::Release);
     let mut kill = None;
+    let mut tcp_watch = None;
     if let Some(at) = opts.kill_at.filter(|&a| a < opts.seconds) {
         std::thread::sleep(Duration::from_secs_f64(at));
         let victim = opts.servers - 1;
-        let members = cluster.cm().current().members.len();
+        let members = target.members();
         if members < 2 {
             phase.store(PHASE_STOP, Ordering::Release);
             wait_for_hand_in(&counters, opts.clients);
-            cluster.shutdown();
+            target.shutdown();
             return Err(format!(
                 "run spoiled: live servers were evicted before the kill (their leases \
                  were renewed late), {members} server left, nothing to fail over to; \
                  a longer --lease-ms tolerates longer stalls of this machine"
             ));
         }
-        kill = Some((victim, cluster.clock().now_ns()));
-        cluster.kill_server(victim);
+        let kill_ns = clock.now_ns();
+        match &mut target {
+            Target::Loopback(cluster) => {
+                kill = Some((victim, kill_ns));
+                cluster.kill_server(victim);
+            }
+            Target::Tcp(t) => {
+                let before = t.local.config().map_err(|e| e.to_string())?;
+                t.local.kill_server(victim);
+                kill = Some((victim, kill_ns));
+                tcp_watch = Some(watch_tcp_failover(&t.local, before, Instant::now())?);
+            }
+        }
         std::thread::sleep(Duration::from_secs_f64(opts.seconds - at));
     } else {
         std::thread::sleep(Duration::from_secs_f64(opts.seconds));
     }
     let ops = counters.ops.load(Ordering::Relaxed);
     let elapsed = start.elapsed().as_secs_f64();
-    let cpu = cpu_seconds() - cpu_before;
+    let cpu = target.cpu_seconds() - cpu_before;
     phase.store(PHASE_STOP, Ordering::Release);
-    cluster.flush_media();
-    let media_after = cluster.media_stats();
+    target.flush_media();
+    let media_after = target.media_stats();
     wait_for_hand_in(&counters, opts.clients);
-    let (verified_keys, lost_writes) = if opts.verify {
-        let acked = std::mem::take(&mut *acked_out.lock());
-        read_back(&mut cluster, opts.sizes.key_bytes(), &acked).map_err(|e| {
-            // What the cluster went through explains a failed read-back.
-            let events: Vec<String> = timed_events(&cluster, run_start_ns)
-                .iter()
-                .map(|ev| format!("{:.1} ms: {}", ev.at_ms, ev.what))
-                .collect();
-            let killed = kill.map_or(String::new(), |(v, at)| {
-                format!(
-                    "; s{v} killed at {:.1} ms",
-                    at.saturating_sub(run_start_ns) as f64 / 1e6
+    let acked = std::mem::take(&mut *acked_out.lock());
+    let (verified_keys, lost_writes, events, failover) = match &mut target {
+        Target::Loopback(cluster) => {
+            let checked = if opts.verify {
+                read_back(cluster, opts.sizes.key_bytes(), &acked).map_err(|e| {
+                    // What the cluster went through explains a failed read-back.
+                    let events: Vec<String> = timed_events(cluster, run_start_ns)
+                        .iter()
+                        .map(|ev| format!("{:.1} ms: {}", ev.at_ms, ev.what))
+                        .collect();
+                    let killed = kill.map_or(String::new(), |(v, at)| {
+                        format!(
+                            "; s{v} killed at {:.1} ms",
+                            at.saturating_sub(run_start_ns) as f64 / 1e6
+                        )
+                    });
+                    format!(
+                        "reading back the acknowledged writes: {e}{killed}; events since the start of the phase: [{}]",
+                        events.join("; ")
+                    )
+                })?
+            } else {
+                (0, 0)
+            };
+            let events = timed_events(cluster, run_start_ns);
+            let failover =
+                kill.map(|(victim, at)| failover_times(cluster, victim, at, run_start_ns));
+            (checked.0, checked.1, events, failover)
+        }
+        Target::Tcp(t) => {
+            let checked = if opts.verify {
+                let l = &t.local;
+                let mut remote = rowankv_deploy::client::connect(
+                    l.spec.cluster_id,
+                    &l.secret,
+                    std::slice::from_ref(&l.cm),
+                    read_back_config(),
                 )
-            });
-            format!(
-                "reading back the acknowledged writes: {e}{killed}; events since the start of the phase: [{}]",
-                events.join("; ")
-            )
-        })?
-    } else {
-        (0, 0)
+                .map_err(|e| e.to_string())?;
+                read_back_with(&mut remote.client, opts.sizes.key_bytes(), &acked)
+                    .map_err(|e| format!("reading back the acknowledged writes: {e}"))?
+            } else {
+                (0, 0)
+            };
+            let failover = match (tcp_watch, kill) {
+                (Some(w), Some((_, at))) => {
+                    let mut f = w.join().map_err(|_| "the failover watcher panicked")?;
+                    f.kill_at_ms = (at - run_start_ns) as f64 / 1e6;
+                    Some(f)
+                }
+                _ => None,
+            };
+            (checked.0, checked.1, Vec::new(), failover)
+        }
     };
-    let events = timed_events(&cluster, run_start_ns);
-    let failover = kill.map(|(victim, at)| failover_times(&cluster, victim, at, run_start_ns));
     let timeline: Vec<u64> = counters
         .timeline
         .iter()
         .map(|c| c.load(Ordering::Relaxed))
         .take((opts.seconds * 1e9 / TIMELINE_STEP_NS as f64).ceil() as usize)
         .collect();
-    cluster.shutdown();
+    target.shutdown();
 
     let dlwa_per_server: Vec<f64> = media_after
         .iter()
@@ -707,6 +967,7 @@ fn run_one(opts: &YcsbOptions, strategy: Strategy) -> Result<YcsbResult, String>
         failover,
         verified_keys,
         lost_writes,
+        fabric: opts.fabric,
     })
 }
 
@@ -747,6 +1008,100 @@ fn describe(kind: &EventKind) -> String {
             format!("{shard} copied to {to} ({entries} entries)")
         }
     }
+}
+
+/// Over `tcp` the CM's events are in its process: a thread watches from the
+/// outside instead, from the kill on. It reads the configuration from the CM
+/// every 5 ms until a term without one of `before`'s members is there (the
+/// failover committed, as a client sees it), then reads a key of every shard
+/// whose primary changed until each is served (found or not found, not
+/// refused). Times are from `killed`.
+fn watch_tcp_failover(
+    local: &LocalCluster,
+    before: Arc<rowankv_wire::config::Config>,
+    killed: Instant,
+) -> Result<std::thread::JoinHandle<FailoverTimes>, String> {
+    use rowankv_wire::config::ConfigSource;
+    let (net, source) = local.source().map_err(|e| e.to_string())?;
+    let reach = (
+        local.spec.cluster_id,
+        local.secret.clone(),
+        local.cm.clone(),
+    );
+    Ok(std::thread::spawn(move || {
+        let _net = net;
+        let ms = |t: Instant| t.duration_since(killed).as_secs_f64() * 1e3;
+        let mut times = FailoverTimes {
+            killed: 0,
+            kill_at_ms: 0.0,
+            detected_ms: None,
+            stored_ms: None,
+            committed_ms: None,
+            all_served_ms: None,
+            shards_promoted: 0,
+            others_failed: Vec::new(),
+        };
+        let deadline = killed + Duration::from_secs(30);
+        let after = loop {
+            if Instant::now() > deadline {
+                return times;
+            }
+            if let Ok(c) = source.fetch() {
+                if c.term > before.term && c.members.len() < before.members.len() {
+                    times.committed_ms = Some(ms(Instant::now()));
+                    break c;
+                }
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        };
+        if let Some(gone) = before
+            .members
+            .iter()
+            .find(|m| after.member(m.node).is_none())
+        {
+            times.killed = gone.node.0;
+        }
+        // A key of every shard whose primary changed.
+        let moved: Vec<_> = after
+            .shards
+            .iter()
+            .filter(|s| before.shard(s.shard).map(|b| b.primary) != Some(s.primary))
+            .map(|s| s.shard)
+            .collect();
+        times.shards_promoted = moved.len();
+        let mut probes = Vec::new();
+        for i in 0u64.. {
+            if probes.len() == moved.len() || i > 1_000_000 {
+                break;
+            }
+            let key = format!("failover-probe-{i}").into_bytes();
+            let shard = after.shard_for_key(&key).shard;
+            if moved.contains(&shard) && !probes.iter().any(|(s, _)| *s == shard) {
+                probes.push((shard, key));
+            }
+        }
+        let Ok(mut remote) = rowankv_deploy::client::connect(
+            reach.0,
+            &reach.1,
+            std::slice::from_ref(&reach.2),
+            ClientConfig {
+                timeout: Duration::from_secs(10),
+                ..ClientConfig::default()
+            },
+        ) else {
+            return times;
+        };
+        for (_, key) in &probes {
+            while Instant::now() < deadline {
+                match remote.client.get(key) {
+                    Ok(_) | Err(ClientError::NotFound) => break,
+                    Err(_) => std::thread::sleep(Duration::from_millis(1)),
+                }
+            }
+        }
+        times.all_served_ms = Some(ms(Instant::now()));
+        times
+    }))
 }
 
 /// When each failover step happened after the kill of server `victim` at `kill_ns`.
@@ -833,13 +1188,26 @@ pub(crate) fn read_back(
         nic,
         cluster.directory().clone(),
         cluster.config_source(),
-        ClientConfig {
-            inflight_max: 32,
-            timeout: Duration::from_secs(10),
-            ..ClientConfig::default()
-        },
+        read_back_config(),
     )
     .map_err(|e| e.to_string())?;
+    read_back_with(&mut client, key_bytes, acked)
+}
+
+fn read_back_config() -> ClientConfig {
+    ClientConfig {
+        inflight_max: 32,
+        timeout: Duration::from_secs(10),
+        ..ClientConfig::default()
+    }
+}
+
+/// [`read_back`] through `client`.
+fn read_back_with<N: Nic>(
+    client: &mut Client<N>,
+    key_bytes: usize,
+    acked: &std::collections::HashMap<u64, u64>,
+) -> Result<(u64, u64), String> {
     let mut records: Vec<(u64, u64)> = acked.iter().map(|(r, v)| (*r, *v)).collect();
     records.sort_unstable();
     let mut pending: std::collections::HashMap<u64, (u64, u64)> = std::collections::HashMap::new();
@@ -896,7 +1264,11 @@ pub fn table(results: &[YcsbResult]) -> String {
                 format!("{:.0}", r.put_p99_us),
                 format!("{:.0}", r.get_p50_us),
                 format!("{:.0}", r.get_p99_us),
-                format!("{:.3}", r.dlwa_max),
+                if r.fabric == FabricKind::Tcp {
+                    "n/a".to_string()
+                } else {
+                    format!("{:.3}", r.dlwa_max)
+                },
                 format!("{:.1}", r.cpu_us_per_op),
                 format!("{}", r.errors + r.timeouts),
             ]
