@@ -188,12 +188,17 @@ impl LocalCluster {
         Ok(())
     }
 
-    /// SIGKILL server `i`.
-    pub fn kill_server(&mut self, i: usize) {
+    /// SIGKILL server `i`; when the signal was sent (the process may take a
+    /// while longer to be gone: unmapping its pool).
+    pub fn kill_server(&mut self, i: usize) -> Instant {
+        let at = Instant::now();
         if let Some(mut c) = self.servers[i].take() {
             let _ = c.kill();
+            let at = Instant::now();
             let _ = c.wait();
+            return at;
         }
+        at
     }
 
     /// The pids of the running servers and the CM.

@@ -838,9 +838,10 @@ fn run_one(opts: &YcsbOptions, strategy: Strategy) -> Result<YcsbResult, String>
             }
             Target::Tcp(t) => {
                 let before = t.local.config().map_err(|e| e.to_string())?;
-                t.local.kill_server(victim);
+                let kill_ns = clock.now_ns();
+                let killed = t.local.kill_server(victim);
                 kill = Some((victim, kill_ns));
-                tcp_watch = Some(watch_tcp_failover(&t.local, before, Instant::now())?);
+                tcp_watch = Some(watch_tcp_failover(&t.local, before, killed)?);
             }
         }
         std::thread::sleep(Duration::from_secs_f64(opts.seconds - at));
