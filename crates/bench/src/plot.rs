@@ -840,6 +840,7 @@ mod tests {
             failover: None,
             verified_keys: 0,
             lost_writes: 0,
+            fabric: crate::ycsb::FabricKind::Loopback,
         }
     }
 

@@ -492,8 +492,8 @@ fn clock_ticks_per_second() -> f64 {
 
 /// Where a run's servers are: in this process, or processes on this host.
 enum Target {
-    Loopback(Cluster),
-    Tcp(TcpTarget),
+    Loopback(Box<Cluster>),
+    Tcp(Box<TcpTarget>),
 }
 
 struct TcpTarget {
@@ -539,12 +539,12 @@ impl Target {
                 },
                 clock.clone(),
             );
-            return Ok(Target::Tcp(TcpTarget {
+            return Ok(Target::Tcp(Box::new(TcpTarget {
                 local,
                 executor: Some(executor),
                 clock,
                 _dir: dir,
-            }));
+            })));
         }
         let media = MediaModelConfig {
             timing: opts.media_bandwidth.map(|b| MediaTiming {
@@ -578,7 +578,7 @@ impl Target {
             keys_per_shard_expected: (opts.records as usize * 2 / total_shards).max(1024),
             ..ClusterConfig::default()
         })
-        .map(Target::Loopback)
+        .map(|c| Target::Loopback(Box::new(c)))
         .map_err(|e| e.to_string())
     }
 
