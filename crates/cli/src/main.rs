@@ -229,6 +229,8 @@ fn run() -> Result<()> {
         Command::Sim(_) | Command::Demo(_) => "error",
         // A process's log tells what it did: joins, configurations, failovers.
         Command::Server(_) | Command::Cm(_) => "info,rowankv_fabric=warn,rowankv_rpc=warn",
+        // A client command's output is its answer; what it retried is not news.
+        Command::Put(_) | Command::Get(_) | Command::Del(_) | Command::Status(_) => "error",
         _ => "warn",
     };
     tracing_subscriber::fmt()
