@@ -157,7 +157,7 @@ pub fn del(a: KeyArgs) -> Result<()> {
 pub fn status(a: StatusArgs) -> Result<()> {
     let t = Instant::now();
     let timeout = Duration::from_secs_f64(a.reach.timeout_s.max(0.1));
-    let (_net, source) =
+    let (net, source) =
         client::attach_client(a.reach.cluster_id, &a.reach.secret()?, &a.reach.cm, timeout)?;
     let c = source.last().context("the CMs served no configuration")?;
     let rows: Vec<serde_json::Value> = c
@@ -175,6 +175,9 @@ pub fn status(a: StatusArgs) -> Result<()> {
                 .iter()
                 .filter(|s| s.joining.contains(&m.node))
                 .count();
+            // What the server says of itself: its lease, its segments, DLWA.
+            let stats = client::server_stats(&net, c.cluster_id, m.node, timeout)
+                .unwrap_or_else(|e| serde_json::json!({ "unreachable": e }));
             serde_json::json!({
                 "node": m.node.0,
                 "address": m.address,
@@ -182,6 +185,7 @@ pub fn status(a: StatusArgs) -> Result<()> {
                 "primary_shards": primaries,
                 "backup_shards": backups,
                 "joining_shards": joining,
+                "server": stats,
             })
         })
         .collect();
@@ -199,7 +203,7 @@ pub fn status(a: StatusArgs) -> Result<()> {
         return Ok(());
     }
     println!(
-        "cluster {:#x}, term {}, {} shards, replication factor {}, {} live servers (read from the CM in {:.0} ms)",
+        "cluster {:#x}, term {}, {} shards, replication factor {}, {} live servers (read in {:.0} ms)",
         c.cluster_id,
         c.term.0,
         c.shards.len(),
@@ -208,18 +212,62 @@ pub fn status(a: StatusArgs) -> Result<()> {
         t.elapsed().as_secs_f64() * 1e3
     );
     println!(
-        "{:>10}  {:<22} {:>7} {:>9} {:>8}",
-        "node", "address", "workers", "primaries", "backups"
+        "{:>10}  {:<22} {:>7} {:>9} {:>7} {:>7}  {:>10} {:>9} {:>5}  segments in use",
+        "node",
+        "address",
+        "workers",
+        "primaries",
+        "backups",
+        "joining",
+        "lease left",
+        "free segs",
+        "DLWA"
     );
     for r in rows {
         let n = |k: &str| r[k].as_u64().unwrap_or(0);
+        let srv = &r["server"];
+        let (lease, free, dlwa, used) = match srv.get("unreachable") {
+            Some(why) => (
+                "-".to_string(),
+                "-".to_string(),
+                "-".to_string(),
+                format!("unreachable: {}", why.as_str().unwrap_or("")),
+            ),
+            None => {
+                let used: Vec<String> = srv["segments"]
+                    .as_object()
+                    .map(|m| {
+                        m.iter()
+                            .filter(|(k, _)| !k.ends_with("/free"))
+                            .map(|(k, v)| format!("{k} {v}"))
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                (
+                    format!(
+                        "{:.0} ms",
+                        srv["lease_remaining_ms"].as_f64().unwrap_or(0.0)
+                    ),
+                    srv["free_segments"].to_string(),
+                    srv["dlwa"]
+                        .as_f64()
+                        .map_or("n/a".to_string(), |d| format!("{d:.2}")),
+                    used.join(", "),
+                )
+            }
+        };
         println!(
-            "{:>10}  {:<22} {:>7} {:>9} {:>8}",
+            "{:>10}  {:<22} {:>7} {:>9} {:>7} {:>7}  {:>10} {:>9} {:>5}  {}",
             n("node"),
             r["address"].as_str().unwrap_or("-"),
             n("workers"),
             n("primary_shards"),
-            n("backup_shards")
+            n("backup_shards"),
+            n("joining_shards"),
+            lease,
+            free,
+            dlwa,
+            used
         );
     }
     Ok(())

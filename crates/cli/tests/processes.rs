@@ -324,6 +324,22 @@ fn acknowledged_writes_survive_a_server_killed_mid_run_and_it_rejoins() {
         "kind = \"embedded\"\npath = \"data/cm.store\"",
     );
     c.wait_ready(3);
+    // Every server answers for itself: a lease that runs, its segments, DLWA.
+    let out = c.cli(&["status", "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    for m in v["members"].as_array().unwrap() {
+        let s = &m["server"];
+        assert!(
+            s["lease_remaining_ms"].as_f64().is_some_and(|l| l > 0.0),
+            "{m}"
+        );
+        assert!(s["free_segments"].as_u64().is_some_and(|f| f > 0), "{m}");
+        assert!(
+            s["dlwa"].as_f64().is_some(),
+            "an emulated pool counts DLWA: {m}"
+        );
+        assert_eq!(s["node"], m["node"], "{m}");
+    }
     let (term0, _) = c.status().unwrap();
     let records: Vec<PathBuf> = (0..3).map(|i| c.workload(&format!("c{i}"), 6.0)).collect();
     std::thread::sleep(Duration::from_secs(2));

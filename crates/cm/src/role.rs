@@ -144,7 +144,7 @@ impl<N: Nic> CmTask<N> {
         if self.round.is_some() {
             return false;
         }
-        let Some(active) = &self.active else {
+        let Some(_) = &self.active else {
             return false;
         };
         let Some(member) = self.joins.lock().pop() else {
@@ -155,20 +155,37 @@ impl<N: Nic> CmTask<N> {
         let Some(next) = plan_join(&config, member) else {
             return false;
         };
+        let Some(term) = self.store_next(next, now_ns, now_ns, "a join") else {
+            return false;
+        };
+        tracing::info!(cm = %self.name, server = %node, %term, "a server joined the configuration");
+        self.failed.remove(&node);
+        self.rescued.remove(&node);
+        self.granted.insert(node, now_ns);
+        true
+    }
+
+    /// Store `next` as the active CM and start its prepare/commit round, not
+    /// committed before `not_before_ns`; its term, or `None` (logged, naming
+    /// `what`) if it could not be stored.
+    fn store_next(
+        &mut self,
+        next: rowankv_wire::config::Config,
+        not_before_ns: u64,
+        now_ns: u64,
+        what: &str,
+    ) -> Option<Term> {
+        let active = self.active.as_ref()?;
         match self.manager.commit_as(active, next) {
             Ok(c) => {
-                tracing::info!(cm = %self.name, server = %node, term = %c.term, "a server joined the configuration");
-                self.failed.remove(&node);
-                self.rescued.remove(&node);
-                self.granted.insert(node, now_ns);
                 self.events
                     .record(now_ns, EventKind::ConfigStored { term: c.term });
-                self.start_round(c.term, now_ns);
-                true
+                self.start_round(c.term, not_before_ns);
+                Some(c.term)
             }
             Err(e) => {
-                tracing::warn!(cm = %self.name, error = %e, "storing a join");
-                false
+                tracing::warn!(cm = %self.name, error = %e, "storing {what}");
+                None
             }
         }
     }
@@ -408,7 +425,7 @@ impl<N: Nic> CmTask<N> {
         if dead.is_empty() {
             return false;
         }
-        let Some(active) = &self.active else {
+        let Some(_) = &self.active else {
             return false;
         };
         // Leave at least one server: with every server gone there is nothing
@@ -450,18 +467,8 @@ impl<N: Nic> CmTask<N> {
             .max()
             .unwrap_or(now_ns)
             .max(self.round.as_ref().map_or(0, |r| r.not_before_ns));
-        match self.manager.commit_as(active, next) {
-            Ok(c) => {
-                self.events
-                    .record(now_ns, EventKind::ConfigStored { term: c.term });
-                self.start_round(c.term, not_before);
-                true
-            }
-            Err(e) => {
-                tracing::warn!(cm = %self.name, error = %e, "storing the next configuration");
-                false
-            }
-        }
+        self.store_next(next, not_before, now_ns, "the next configuration")
+            .is_some()
     }
 
     /// A configuration an operator stored (a term beyond what this CM committed)
@@ -484,7 +491,7 @@ impl<N: Nic> CmTask<N> {
         if self.round.is_some() {
             return false;
         }
-        let Some(active) = &self.active else {
+        let Some(_) = &self.active else {
             return false;
         };
         while let Some(((shard, node), primary)) = self.ready.pop_first() {
@@ -497,18 +504,9 @@ impl<N: Nic> CmTask<N> {
             let Some(next) = plan_ready(&config, shard, node) else {
                 continue;
             };
-            match self.manager.commit_as(active, next) {
-                Ok(c) => {
-                    self.events
-                        .record(now_ns, EventKind::ConfigStored { term: c.term });
-                    self.start_round(c.term, now_ns);
-                    return true;
-                }
-                Err(e) => {
-                    tracing::warn!(cm = %self.name, error = %e, "storing a ready backup");
-                    return false;
-                }
-            }
+            return self
+                .store_next(next, now_ns, now_ns, "a ready backup")
+                .is_some();
         }
         false
     }

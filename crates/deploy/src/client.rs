@@ -138,3 +138,51 @@ pub fn connect(
         net,
     })
 }
+
+/// A server's state (`Body::Stats` to its control role): the JSON object it
+/// answers, or why there is none (it did not answer within `timeout`).
+pub fn server_stats(
+    net: &Attached,
+    cluster_id: u64,
+    node: rowankv_types::NodeId,
+    timeout: Duration,
+) -> Result<serde_json::Value, String> {
+    use rowankv_fabric::Nic;
+    use rowankv_rpc::endpoint::{Endpoint, EndpointConfig, Event};
+    use rowankv_server::control::CONTROL_PORT;
+    use rowankv_types::Term;
+    use rowankv_wire::frame::{self, Body, Envelope, Response};
+    let mut ep =
+        Endpoint::new(net.nic.clone(), EndpointConfig::default()).map_err(|e| e.to_string())?;
+    let peer = net
+        .directory
+        .connect(&mut ep, node, CONTROL_PORT, timeout)
+        .map_err(|e| e.to_string())?;
+    let env = Envelope {
+        cluster_id,
+        term: Term(0),
+        request_id: 1,
+        sender: net.nic.node(),
+    };
+    ep.request(peer, &env, &Body::Stats)
+        .map_err(|e| e.to_string())?;
+    let deadline = std::time::Instant::now() + timeout;
+    let (mut events, mut data) = (Vec::new(), Vec::new());
+    while std::time::Instant::now() < deadline {
+        ep.poll(&mut events, &mut data).map_err(|e| e.to_string())?;
+        for e in &events {
+            if let Event::Message { start, len, .. } = *e {
+                let f = frame::decode(&data[start..start + len]).map_err(|e| e.to_string())?;
+                return match f.body {
+                    Body::Response(Response::Value { value, .. }) => {
+                        serde_json::from_slice(value).map_err(|e| e.to_string())
+                    }
+                    Body::Response(other) => Err(format!("answered {other:?}")),
+                    other => Err(format!("sent {:?}", other.msg_type())),
+                };
+            }
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    Err(format!("no answer within {timeout:?}"))
+}

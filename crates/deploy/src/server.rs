@@ -47,7 +47,12 @@ pub const JOIN_PATIENCE: Duration = Duration::from_secs(120);
 
 /// Open the pool at `path`, creating it when absent; whether it was created.
 fn open_pool(dep: &ServerDeployment) -> Result<(Arc<Pool>, bool), ProcessError> {
-    let opts = PoolOptions::new(dep.medium, dep.pool_bytes as usize);
+    let mut opts = PoolOptions::new(dep.medium, dep.pool_bytes as usize);
+    // Emulated PM counts what Optane would write (DLWA, in `rowankv status`):
+    // bytes only, never a delay.
+    if dep.medium == rowankv_pmem::Medium::Emulated {
+        opts.media_model = Some(rowankv_pmem::MediaModelConfig::default());
+    }
     let path: &Path = &dep.pool_path;
     if path.exists() {
         let pool = Pool::open(path, opts).map_err(perr(&format!("opening {}", path.display())))?;

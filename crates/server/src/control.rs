@@ -379,6 +379,48 @@ impl<N: Nic> ControlTask<N> {
         }
     }
 
+    /// What `rowankv status` shows of this server (`Body::Stats`): its term,
+    /// how long its lease still runs (negative: expired), its segments by
+    /// owner and state, DLWA since start when its pool has a media model, and
+    /// its request counters.
+    fn stats_json(&self) -> Vec<u8> {
+        let s = &self.shared;
+        let now = s.now_ns();
+        let lease_ms = (s.lease_until_ns() as i128 - now as i128) as f64 / 1e6;
+        let segments: serde_json::Map<String, serde_json::Value> = s
+            .engine
+            .segment_census()
+            .into_iter()
+            .map(|((owner, state), n)| {
+                (
+                    format!("{owner:?}/{state:?}").to_lowercase(),
+                    serde_json::Value::from(n),
+                )
+            })
+            .collect();
+        let dlwa = s.engine.pool().media().map(|m| m.stats().dlwa());
+        let st = &s.stats;
+        let n = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
+        serde_json::json!({
+            "node": s.node.0,
+            "term": s.term().0,
+            "strategy": s.strategy.name(),
+            "lease_remaining_ms": lease_ms,
+            "free_segments": s.engine.free_segments(),
+            "segments": segments,
+            "dlwa": dlwa,
+            "puts": n(&st.puts),
+            "gets": n(&st.gets),
+            "dels": n(&st.dels),
+            "replicated_in": n(&st.replicated_in),
+            "installed": n(&st.installed),
+            "rejected_blocked": n(&st.rejected_blocked),
+            "rejected_stale_term": n(&st.rejected_stale_term),
+        })
+        .to_string()
+        .into_bytes()
+    }
+
     fn respond(&mut self, peer: PeerId, request_id: u64, r: Response<'_>) {
         let env = self.envelope(request_id);
         if let Err(e) = self.ep.respond(peer, &env, &Body::Response(r)) {
@@ -472,6 +514,19 @@ impl<N: Nic> ControlTask<N> {
             Body::Ping => {
                 let held = self.shared.term();
                 self.respond(peer, h.request_id, Response::Ok { version: held.0 });
+            }
+            // Anyone connected (they proved the cluster's secret) may ask.
+            Body::Stats => {
+                let json = self.stats_json();
+                let term = self.shared.term();
+                self.respond(
+                    peer,
+                    h.request_id,
+                    Response::Value {
+                        version: term.0,
+                        value: &json,
+                    },
+                );
             }
             Body::Gather { shard, cursor } => self.handle_gather(peer, &h, shard, cursor),
             Body::Install { shard, entries } => self.handle_install(peer, &h, shard, entries),

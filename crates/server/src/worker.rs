@@ -369,7 +369,8 @@ impl<N: Nic> Worker<N> {
             | Body::Gather { .. }
             | Body::Install { .. }
             | Body::Ready { .. }
-            | Body::Config { .. } => {
+            | Body::Config { .. }
+            | Body::Stats => {
                 let detail = format!("{:?} goes to a server's control role", f.body.msg_type());
                 self.reject(peer, h.request_id, ErrorCode::UnknownType, &detail);
             }

@@ -38,6 +38,7 @@
 //! | `Install`           | 11   | `shard u16`, then encoded log entries (a non-empty multiple of 64 B)  |
 //! | `Ready`             | 12   | `shard u16, node u32` (`node` holds a full copy of `shard` now)       |
 //! | `Config`            | 13   | `offset u32` (a page of the configuration the CM stores, from offset) |
+//! | `Stats`             | 14   | empty (a server's state, answered with `Value`: JSON, version = term) |
 //! | `Response`          | 0x80 | `status u8`, then per status (below)                                  |
 //!
 //! | status | response   | rest of the body                                                    |
@@ -179,6 +180,7 @@ pub enum MsgType {
     Install = 11,
     Ready = 12,
     Config = 13,
+    Stats = 14,
     Response = 0x80,
 }
 
@@ -191,6 +193,7 @@ impl MsgType {
             4 => MsgType::Replicate,
             5 => MsgType::GrantSegment,
             6 => MsgType::Ping,
+            14 => MsgType::Stats,
             7 => MsgType::Lease,
             8 => MsgType::Prepare,
             9 => MsgType::Commit,
@@ -266,6 +269,9 @@ pub enum Body<'a> {
     Config {
         offset: u32,
     },
+    /// Ask a server's control role for its state (`rowankv status`): answered
+    /// with `Response::Value`, the value a JSON object, the version its term.
+    Stats,
     Response(Response<'a>),
 }
 
@@ -279,6 +285,7 @@ impl Body<'_> {
             Body::Replicate { .. } => MsgType::Replicate,
             Body::GrantSegment { .. } => MsgType::GrantSegment,
             Body::Ping => MsgType::Ping,
+            Body::Stats => MsgType::Stats,
             Body::Lease => MsgType::Lease,
             Body::Prepare { .. } => MsgType::Prepare,
             Body::Commit { .. } => MsgType::Commit,
@@ -321,7 +328,7 @@ impl Body<'_> {
             }
             Body::Replicate { entries } => check_entries(entries, "replicate")?,
             Body::GrantSegment { .. } => GRANT_SEGMENT_BYTES,
-            Body::Ping | Body::Lease => 0,
+            Body::Ping | Body::Lease | Body::Stats => 0,
             Body::Config { .. } => 4,
             Body::Prepare { .. } | Body::Commit { .. } => 8,
             Body::Gather { .. } => GATHER_BYTES,
@@ -597,7 +604,7 @@ pub fn encode(
             out.push(u8::from(sealed.is_some()));
             out.extend_from_slice(&sealed.unwrap_or(0).to_le_bytes());
         }
-        Body::Ping | Body::Lease => {}
+        Body::Ping | Body::Lease | Body::Stats => {}
         Body::Config { offset } => out.extend_from_slice(&offset.to_le_bytes()),
         Body::Prepare { term } | Body::Commit { term } => {
             out.extend_from_slice(&term.0.to_le_bytes())
@@ -830,6 +837,10 @@ fn decode_body(msg_type: MsgType, bytes: &[u8]) -> Result<Body<'_>, FrameError> 
         MsgType::Ping => {
             Reader::new(bytes, "ping").finish()?;
             Body::Ping
+        }
+        MsgType::Stats => {
+            Reader::new(bytes, "stats").finish()?;
+            Body::Stats
         }
         MsgType::Response => Body::Response(decode_response(bytes)?),
     };

@@ -120,6 +120,7 @@ fn samples(entries: &[u8]) -> Vec<Body<'_>> {
         },
         Body::Ping,
         Body::Lease,
+        Body::Stats,
         Body::Prepare { term: Term(9) },
         Body::Commit {
             term: Term(u64::MAX),
@@ -235,6 +236,7 @@ fn msg_types_map_to_their_bytes() {
         (MsgType::Install, 11),
         (MsgType::Ready, 12),
         (MsgType::Config, 13),
+        (MsgType::Stats, 14),
         (MsgType::Response, 0x80),
     ];
     for (t, b) in all {
@@ -242,7 +244,7 @@ fn msg_types_map_to_their_bytes() {
         assert_eq!(MsgType::from_u8(b), Some(t));
     }
     assert_eq!(MsgType::from_u8(0), None);
-    assert_eq!(MsgType::from_u8(14), None);
+    assert_eq!(MsgType::from_u8(15), None);
     assert_eq!(MsgType::from_u8(0x81), None);
 }
 
@@ -426,6 +428,11 @@ fn trailing_bytes_in_a_body_are_rejected() {
         decode(&raw_frame(6, &[0, 0])),
         Err(FrameError::TrailingBytes(2))
     );
+    assert_eq!(
+        decode(&raw_frame(14, &[7])),
+        Err(FrameError::TrailingBytes(1))
+    );
+    assert_eq!(decode(&raw_frame(14, &[])).unwrap().body, Body::Stats);
     let mut put = write_body(&[1, 0, 1, 0, 0, 0, b'k', b'v']);
     put.extend_from_slice(b"extra");
     assert_eq!(
