@@ -1,5 +1,9 @@
-//! `rowankv bench ycsb`: YCSB on an in-process cluster, one run per replication
-//! strategy, side by side (seed 000 §6.3).
+//! `rowankv bench ycsb`: YCSB on a cluster, one run per replication strategy,
+//! side by side (seed 000 §6.3). The cluster is in this process (`loopback`,
+//! the default) or, with `FabricKind::Tcp`, a CM and the servers as processes
+//! on this host over the tcp fabric, the load generators staying here (no media
+//! model there: no DLWA; CPU time counts every process; a failover is timed
+//! from a client, the CM's events being in its process).
 //!
 //! Each strategy gets a fresh cluster with the same configuration. Load
 //! generators are tasks on the cluster's own executor (so clients and servers
@@ -270,33 +274,22 @@ enum Kind {
 
 /// A load generator: one pipelined client.
 struct LoadClient<N: Nic> {
-    name: String,
     client: Client<N>,
     /// What keeps a process client attached (its fabric node and directory).
     _keep: Option<Box<dyn std::any::Any + Send>>,
-    gen: Generator,
-    sizes: SizeDist,
-    depth: usize,
-    max_value: usize,
-    phase: Arc<AtomicU8>,
-    counters: Arc<Counters>,
-    hist: Arc<Mutex<Histograms>>,
+    p: LoadParts,
     local: Histograms,
     inflight: std::collections::HashMap<u64, Kind>,
     done: Vec<rowankv_client::Completed>,
     key: Vec<u8>,
     value: Vec<u8>,
-    rng: ChaCha8Rng,
     loading_done: bool,
     load_reported: bool,
-    /// With `verify`: the highest acknowledged version of each record written.
-    acked: Option<std::collections::HashMap<u64, u64>>,
-    acked_out: Arc<Mutex<std::collections::HashMap<u64, u64>>>,
 }
 
 impl<N: Nic> LoadClient<N> {
     fn submit(&mut self, op: Op) -> bool {
-        let key_bytes = self.sizes.key_bytes();
+        let key_bytes = self.p.sizes.key_bytes();
         let (cop, kind) = match op {
             Op::Get { record } => {
                 record_key(record, key_bytes, &mut self.key);
@@ -334,39 +327,39 @@ impl<N: Nic> LoadClient<N> {
                 true
             }
             Err(_) => {
-                self.counters.errors.fetch_add(1, Ordering::Relaxed);
+                self.p.counters.errors.fetch_add(1, Ordering::Relaxed);
                 false
             }
         }
     }
 
     fn fill_value(&mut self, len: usize) {
-        let len = len.min(self.max_value);
+        let len = len.min(self.p.max_value);
         self.value.clear();
         self.value.resize(len, 0);
-        self.rng.fill(&mut self.value[..]);
+        self.p.rng.fill(&mut self.value[..]);
     }
 }
 
 impl<N: Nic> Task for LoadClient<N> {
     fn name(&self) -> &str {
-        &self.name
+        &self.p.name
     }
 
     fn step(&mut self, now_ns: u64) -> Step {
-        let phase = self.phase.load(Ordering::Acquire);
+        let phase = self.p.phase.load(Ordering::Acquire);
         if phase == PHASE_STOP {
-            let mut h = self.hist.lock();
+            let mut h = self.p.hist.lock();
             let _ = h.put.add(&self.local.put);
             let _ = h.get.add(&self.local.get);
-            if let Some(acked) = self.acked.take() {
-                let mut out = self.acked_out.lock();
+            if let Some(acked) = self.p.acked.take() {
+                let mut out = self.p.acked_out.lock();
                 for (r, v) in acked {
                     let e = out.entry(r).or_insert(0);
                     *e = (*e).max(v);
                 }
             }
-            self.counters.handed_in.fetch_add(1, Ordering::Release);
+            self.p.counters.handed_in.fetch_add(1, Ordering::Release);
             return Step::Done;
         }
         let mut did = false;
@@ -382,7 +375,7 @@ impl<N: Nic> Task for LoadClient<N> {
             let us = (c.latency.as_nanos() / 1000).max(1) as u64;
             let measuring = phase == PHASE_RUN;
             if let (Ok(Output::Written { version }), Kind::Put { record }, Some(acked)) =
-                (&c.result, kind, self.acked.as_mut())
+                (&c.result, kind, self.p.acked.as_mut())
             {
                 let e = acked.entry(record).or_insert(0);
                 *e = (*e).max(*version);
@@ -392,21 +385,21 @@ impl<N: Nic> Task for LoadClient<N> {
                 | (Err(ClientError::NotFound), Kind::Get)
                 | (Ok(_), Kind::Get) => {
                     if measuring {
-                        self.counters.ops.fetch_add(1, Ordering::Relaxed);
-                        let start = self.counters.run_start_ns.load(Ordering::Relaxed);
+                        self.p.counters.ops.fetch_add(1, Ordering::Relaxed);
+                        let start = self.p.counters.run_start_ns.load(Ordering::Relaxed);
                         let b = (now_ns.saturating_sub(start) / TIMELINE_STEP_NS) as usize;
-                        if let Some(slot) = self.counters.timeline.get(b) {
+                        if let Some(slot) = self.p.counters.timeline.get(b) {
                             slot.fetch_add(1, Ordering::Relaxed);
                         }
                         if matches!(kind, Kind::Put { .. }) {
-                            self.counters.puts.fetch_add(1, Ordering::Relaxed);
+                            self.p.counters.puts.fetch_add(1, Ordering::Relaxed);
                             let _ = self.local.put.record(us);
                         } else {
-                            self.counters.gets.fetch_add(1, Ordering::Relaxed);
+                            self.p.counters.gets.fetch_add(1, Ordering::Relaxed);
                             let _ = self.local.get.record(us);
                         }
                     } else if phase == PHASE_LOAD && matches!(kind, Kind::Put { .. }) {
-                        self.counters.loaded.fetch_add(1, Ordering::Relaxed);
+                        self.p.counters.loaded.fetch_add(1, Ordering::Relaxed);
                     }
                 }
                 (
@@ -414,25 +407,25 @@ impl<N: Nic> Task for LoadClient<N> {
                     Kind::RmwGet { record, value_len },
                 ) => {
                     if measuring {
-                        self.counters.gets.fetch_add(1, Ordering::Relaxed);
-                        self.counters.ops.fetch_add(1, Ordering::Relaxed);
+                        self.p.counters.gets.fetch_add(1, Ordering::Relaxed);
+                        self.p.counters.ops.fetch_add(1, Ordering::Relaxed);
                         let _ = self.local.get.record(us);
                     }
                     self.submit(Op::Put { record, value_len });
                 }
                 (Err(e), _) if e.is_unknown() => {
-                    self.counters.timeouts.fetch_add(1, Ordering::Relaxed);
+                    self.p.counters.timeouts.fetch_add(1, Ordering::Relaxed);
                 }
                 _ => {
-                    self.counters.errors.fetch_add(1, Ordering::Relaxed);
+                    self.p.counters.errors.fetch_add(1, Ordering::Relaxed);
                 }
             }
         }
         self.done = done;
         match phase {
             PHASE_LOAD => {
-                while !self.loading_done && self.client.inflight() < self.depth {
-                    match self.gen.load_op() {
+                while !self.loading_done && self.client.inflight() < self.p.depth {
+                    match self.p.gen.load_op() {
                         Some(op) => {
                             did |= self.submit(op);
                         }
@@ -443,14 +436,15 @@ impl<N: Nic> Task for LoadClient<N> {
                 }
                 if self.loading_done && !self.load_reported && self.client.inflight() == 0 {
                     self.load_reported = true;
-                    self.counters
+                    self.p
+                        .counters
                         .load_clients_done
                         .fetch_add(1, Ordering::Relaxed);
                 }
             }
             PHASE_RUN => {
-                while self.client.inflight() < self.depth {
-                    let op = self.gen.next_op();
+                while self.client.inflight() < self.p.depth {
+                    let op = self.p.gen.next_op();
                     if !self.submit(op) {
                         break;
                     }
@@ -467,27 +461,9 @@ impl<N: Nic> Task for LoadClient<N> {
     }
 }
 
+/// This process's CPU time (user + system), seconds.
 fn cpu_seconds() -> f64 {
-    // The process's utime + stime from /proc (Linux), in clock ticks: no unsafe
-    // call needed.
-    let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else {
-        return 0.0;
-    };
-    let after = stat.rsplit_once(')').map_or("", |(_, r)| r);
-    let fields: Vec<&str> = after.split_whitespace().collect();
-    // Fields after the command: state is [0]; utime is field 14 overall → [11].
-    let ticks = |i: usize| {
-        fields
-            .get(i)
-            .and_then(|f| f.parse::<f64>().ok())
-            .unwrap_or(0.0)
-    };
-    (ticks(11) + ticks(12)) / clock_ticks_per_second()
-}
-
-fn clock_ticks_per_second() -> f64 {
-    // USER_HZ is 100 on every Linux configuration this runs on.
-    100.0
+    cpu_seconds_of(std::process::id()).unwrap_or(0.0)
 }
 
 /// Where a run's servers are: in this process, or processes on this host.
@@ -685,6 +661,7 @@ struct LoadParts {
     counters: Arc<Counters>,
     hist: Arc<Mutex<Histograms>>,
     rng: ChaCha8Rng,
+    /// With `verify`: the highest acknowledged version of each record written.
     acked: Option<std::collections::HashMap<u64, u64>>,
     acked_out: Arc<Mutex<std::collections::HashMap<u64, u64>>>,
 }
@@ -696,16 +673,9 @@ impl LoadParts {
         keep: Option<Box<dyn std::any::Any + Send>>,
     ) -> Box<dyn Task> {
         Box::new(LoadClient {
-            name: self.name,
             client,
             _keep: keep,
-            gen: self.gen,
-            sizes: self.sizes,
-            depth: self.depth,
-            max_value: self.max_value,
-            phase: self.phase,
-            counters: self.counters,
-            hist: self.hist,
+            p: self,
             local: Histograms {
                 put: histogram(),
                 get: histogram(),
@@ -714,11 +684,8 @@ impl LoadParts {
             done: Vec::new(),
             key: Vec::new(),
             value: Vec::new(),
-            rng: self.rng,
             loading_done: false,
             load_reported: false,
-            acked: self.acked,
-            acked_out: self.acked_out,
         })
     }
 }
