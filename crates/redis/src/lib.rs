@@ -1,0 +1,2 @@
+//! RowanKV's Redis command layer (being written).
+#![forbid(unsafe_code)]
