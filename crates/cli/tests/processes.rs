@@ -86,6 +86,17 @@ impl Cluster {
 
     /// A cluster's files in `dir`: `store` is the TOML of the CMs' store.
     fn start(dir: &Path, cms: usize, servers: usize, store: &str) -> Cluster {
+        Cluster::start_with_lease(dir, cms, servers, store, 200)
+    }
+
+    /// As [`Cluster::start`], with a server lease of `lease_ms`.
+    fn start_with_lease(
+        dir: &Path,
+        cms: usize,
+        servers: usize,
+        store: &str,
+        lease_ms: u64,
+    ) -> Cluster {
         std::fs::create_dir_all(dir.join("logs")).unwrap();
         std::fs::write(dir.join("secret"), "a secret of the process tests\n").unwrap();
         let cm_addrs: Vec<String> = (0..cms)
@@ -103,7 +114,7 @@ impl Cluster {
             std::fs::write(
                 &file,
                 format!(
-                    "cluster_id = {CLUSTER_ID}\nsecret_file = \"secret\"\nlisten = \"{a}\"\nlease_ms = 200\n\
+                    "cluster_id = {CLUSTER_ID}\nsecret_file = \"secret\"\nlisten = \"{a}\"\nlease_ms = {lease_ms}\n\
                      [bootstrap]\nservers = {servers}\nshards_per_server = 4\nreplication_factor = 3\nstrategy = \"rowan\"\n\
                      [store]\n{store}\n"
                 ),
@@ -398,6 +409,69 @@ fn acknowledged_writes_survive_a_server_killed_mid_run_and_it_rejoins() {
         std::thread::sleep(Duration::from_millis(50));
     }
     check_read_back(&c, &records);
+}
+
+/// A server killed and restarted on its pool within its lease is still a
+/// member: the CM never removed it. Its peers' replication connections to its
+/// old process fail; they are given up and dialled again to the new one, and
+/// writes go on without a failover (before, every write to a shard it backs up
+/// failed until an operator removed it).
+#[test]
+fn a_server_restarted_within_its_lease_is_dialled_again_and_writes_go_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = Cluster::start_with_lease(
+        dir.path(),
+        1,
+        3,
+        "kind = \"embedded\"\npath = \"data/cm.store\"",
+        10_000,
+    );
+    c.wait_ready(3);
+    let keys: Vec<String> = (0..24).map(|i| format!("restart-{i}")).collect();
+    for k in &keys {
+        let out = c.cli(&["put", k, "before", "--timeout-s", "10"]);
+        assert!(
+            out.status.success(),
+            "put {k}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let (term0, members0) = c.status().unwrap();
+    c.kill_server(0);
+    c.restart_server(0);
+    let restarted = Instant::now();
+    // Every shard takes writes again: on every server, each replicated to all
+    // three (RF 3), the restarted one included.
+    for k in &keys {
+        let out = c.cli(&["put", k, "after", "--timeout-s", "20"]);
+        assert!(
+            out.status.success(),
+            "put {k} after the restart: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    eprintln!(
+        "every key written again {:?} after the restart",
+        restarted.elapsed()
+    );
+    let (term1, members1) = c.status().unwrap();
+    assert_eq!(members1, members0, "the restarted server stayed a member");
+    assert_eq!(
+        term1, term0,
+        "no failover: the restart was within the lease"
+    );
+    for k in &keys {
+        let out = c.cli(&["get", k, "--timeout-s", "10"]);
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout).trim_end(),
+            "after",
+            "{k}"
+        );
+    }
+    // It came back on its data: recovered from its pool, not formatted as a
+    // new backup.
+    let log = std::fs::read_to_string(dir.path().join("logs/server-0-again.log")).unwrap();
+    assert!(log.contains("pool recovered"), "{log}");
 }
 
 #[test]

@@ -33,7 +33,7 @@ use rowankv_server::replication::{
 use rowankv_server::runtime::{Executor, Placement, Task};
 use rowankv_server::server::{ServerSettings, ServerShared};
 use rowankv_server::services::{
-    decode_region, ReplicationServices, REMOTE_LOG_SERVICE, ROWAN_SERVICE,
+    decode_region, encode_path_request, ReplicationServices, REMOTE_LOG_SERVICE, ROWAN_SERVICE,
 };
 use rowankv_types::{Clock, NodeId, SegmentId, SystemClock};
 use rowankv_wire::config::{Config, ConfigSource, Member};
@@ -500,6 +500,7 @@ pub fn build(
                             nodes[b],
                             ROWAN_SERVICE,
                             qp.addr(),
+                            w as u16,
                         )?;
                         qp.connect(accepted.qp).map_err(err("Rowan connect"))?;
                         let mtu = servers[a].engine.config().mtu_bytes;
@@ -526,6 +527,7 @@ pub fn build(
                             node,
                             REMOTE_LOG_SERVICE,
                             qp.addr(),
+                            w as u16,
                         )?;
                         qp.connect(accepted.qp).map_err(err("connect"))?;
                         let region = decode_region(&accepted.private, node)
@@ -626,9 +628,10 @@ fn connect_path(
     node: NodeId,
     service: u16,
     from: QpAddr,
+    worker: u16,
 ) -> Result<Accepted, ClusterError> {
     let reply = directory
-        .request(node, service, from, Vec::new())
+        .request(node, service, from, encode_path_request(worker))
         .map_err(|e| ClusterError(format!("connecting to service {service} of {node}: {e}")))?;
     receiver.serve();
     reply

@@ -114,8 +114,9 @@ pub struct BackupLog<N: Nic> {
     /// (the baselines' replication) rather than by a Rowan receiver.
     receiver: Option<Mutex<RowanReceiver<N>>>,
     /// This server's ends of the queue pairs remote senders WRITE into its
-    /// granted segments with (the WRITE strategies), until `disconnect`.
-    writers: Mutex<Vec<N::Qp>>,
+    /// granted segments with (the WRITE strategies), until `disconnect`, with
+    /// the key their sender gave.
+    writers: Mutex<Vec<(Option<u16>, N::Qp)>>,
     /// Segments a remote sender sealed, waiting out the grace period for its WRITEs
     /// still in flight: (sealed at, segment).
     sealed: Mutex<VecDeque<(u64, SegmentId)>>,
@@ -233,11 +234,40 @@ impl<N: Nic> BackupLog<N> {
             .map_err(|e| EngineError::Config(format!("accepting a sender: {e}")))
     }
 
+    /// As [`Self::accept`], for the sender known on its node as `key` (a
+    /// worker): the queue pair accepted before for the same node and key is
+    /// closed (`rowankv_rowan::RowanReceiver::accept_as`).
+    pub fn accept_as(&self, sender: QpAddr, key: u16) -> Result<QpAddr, EngineError> {
+        self.receiver
+            .as_ref()
+            .ok_or(EngineError::Config(
+                "a passive backup log has no receiver".into(),
+            ))?
+            .lock()
+            .accept_as(sender, key)
+            .map_err(|e| EngineError::Config(format!("accepting a sender: {e}")))
+    }
+
     /// Keep `qp`, this server's end of a connection a remote sender WRITEs into
     /// granted segments through (connected already), so that [`Self::disconnect`]
     /// can destroy it.
     pub fn accept_writer(&self, qp: N::Qp) {
-        self.writers.lock().push(qp);
+        self.writers.lock().push((None, qp));
+    }
+
+    /// As [`Self::accept_writer`], for the sender's queue pair known on its node
+    /// as `key`: the one kept before for the same node and key is closed.
+    pub fn accept_writer_as(&self, qp: N::Qp, key: u16) {
+        let node = qp.peer().map(|p| p.node);
+        let mut writers = self.writers.lock();
+        writers.retain(|(k, old)| {
+            let same = *k == Some(key) && node.is_some() && old.peer().map(|p| p.node) == node;
+            if same {
+                old.close();
+            }
+            !same
+        });
+        writers.push((Some(key), qp));
     }
 
     /// Destroy the queue pairs from `node` (removed from the configuration) —
@@ -251,7 +281,7 @@ impl<N: Nic> BackupLog<N> {
             .map_or(0, |r| r.lock().disconnect(node));
         let mut writers = self.writers.lock();
         let before = writers.len();
-        writers.retain(|qp| {
+        writers.retain(|(_, qp)| {
             let from_node = qp.peer().is_some_and(|p| p.node == node);
             if from_node {
                 qp.close();

@@ -103,7 +103,9 @@ pub struct RowanReceiver<N: Nic> {
     config: ReceiverConfig,
     srq: N::Srq,
     ring_cq: N::Cq,
-    qps: Vec<N::Qp>,
+    /// Accepted queue pairs, with the key their sender gave (see
+    /// [`Self::accept_as`]).
+    qps: Vec<(Option<u16>, N::Qp)>,
     posted: VecDeque<Posted>,
     next_wr_id: u64,
 }
@@ -141,6 +143,27 @@ impl<N: Nic> RowanReceiver<N> {
     /// Accept a sender: create a queue pair on the shared SRQ and the ring CQ,
     /// connected to `sender`. Returns the address the sender connects to.
     pub fn accept(&mut self, sender: QpAddr) -> Result<QpAddr, RowanError> {
+        self.accept_keyed(sender, None)
+    }
+
+    /// As [`Self::accept`], for the sender known on its node as `key` (a
+    /// worker): a queue pair accepted earlier for the same node and key — a
+    /// connection the sender gave up and dialled again, or one of a sender
+    /// that restarted — is closed first, so a sender holds one at a time.
+    pub fn accept_as(&mut self, sender: QpAddr, key: u16) -> Result<QpAddr, RowanError> {
+        self.accept_keyed(sender, Some(key))
+    }
+
+    fn accept_keyed(&mut self, sender: QpAddr, key: Option<u16>) -> Result<QpAddr, RowanError> {
+        if key.is_some() {
+            self.qps.retain(|(k, qp)| {
+                let same = *k == key && qp.peer().is_some_and(|p| p.node == sender.node);
+                if same {
+                    qp.close();
+                }
+                !same
+            });
+        }
         let qp = self.nic.create_qp(
             &self.ring_cq,
             &self.ring_cq,
@@ -149,7 +172,7 @@ impl<N: Nic> RowanReceiver<N> {
         )?;
         qp.connect(sender)?;
         let addr = qp.addr();
-        self.qps.push(qp);
+        self.qps.push((key, qp));
         Ok(addr)
     }
 
@@ -158,7 +181,7 @@ impl<N: Nic> RowanReceiver<N> {
     /// here. Returns how many were closed.
     pub fn disconnect(&mut self, node: NodeId) -> usize {
         let before = self.qps.len();
-        self.qps.retain(|qp| {
+        self.qps.retain(|(_, qp)| {
             let from_node = qp.peer().is_some_and(|p| p.node == node);
             if from_node {
                 qp.close();

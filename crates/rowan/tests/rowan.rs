@@ -1066,3 +1066,40 @@ fn write_without_posted_buffer_is_rnr_and_retry_after_reset_succeeds() {
     expect_one_success(&node.cq, 3);
     assert_eq!(read(rig.receiver.log(), 0, entry.len()), entry);
 }
+
+/// A sender that dials again under the key it used (a worker whose connection
+/// failed, or a restarted server) gets a new queue pair and its old one is
+/// closed: its SENDs fail and never land. Other keys, and the same key from
+/// another node, keep theirs.
+#[test]
+fn accepting_a_sender_again_under_its_key_closes_its_old_queue_pair() {
+    let mut rig = rig(Arc::new(DramMemory::new(64 * 1024)), config(4096, 8));
+    rig.receiver.post(&[0, 4096, 8192]).expect("post");
+    let a = sender_node(&rig.fabric, 1, 64);
+    let b = sender_node(&rig.fabric, 2, 64);
+    let dial = |rig: &mut Rig, node: &SenderNode, key: u16| {
+        let qp = node.nic.create_qp(&node.cq, &node.cq, None, 8).unwrap();
+        let remote = rig.receiver.accept_as(qp.addr(), key).expect("accept");
+        qp.connect(remote).expect("connect");
+        RowanSender::new(qp, 4096)
+    };
+    let mut old = dial(&mut rig, &a, 0);
+    let mut other_key = dial(&mut rig, &a, 1);
+    let mut other_node = dial(&mut rig, &b, 0);
+    let mut new = dial(&mut rig, &a, 0);
+    let entry = [7u8; 64];
+    let status = |s: &mut RowanSender<LoopbackQp>, node: &SenderNode, id: u64| {
+        s.write(id, &entry).expect("post");
+        let c = drain(&node.cq);
+        assert_eq!(c.len(), 1, "{c:?}");
+        c[0].status
+    };
+    assert_ne!(
+        status(&mut old, &a, 1),
+        WcStatus::Success,
+        "the old queue pair"
+    );
+    assert_eq!(status(&mut new, &a, 2), WcStatus::Success);
+    assert_eq!(status(&mut other_key, &a, 3), WcStatus::Success);
+    assert_eq!(status(&mut other_node, &b, 4), WcStatus::Success);
+}

@@ -101,10 +101,13 @@ impl<N: Nic> ReplicationServices<N> {
     /// Answer every pending request; whether any was.
     pub fn serve(&mut self) -> bool {
         let mut served = 0;
+        let server = &self.server;
         if let Some(a) = &self.rowan {
-            let blog = &self.server.blog;
-            served += a.serve_pending(|from, _| {
-                blog.accept(from)
+            served += a.serve_pending(|from, private| {
+                let key = admit(server, from, private)?;
+                server
+                    .blog
+                    .accept_as(from, key)
                     .map(|qp| Accepted {
                         qp,
                         private: Vec::new(),
@@ -113,8 +116,9 @@ impl<N: Nic> ReplicationServices<N> {
             });
         }
         if let Some((a, log)) = &self.remote_log {
-            let (blog, nic) = (&self.server.blog, &self.nic);
-            served += a.serve_pending(|from: QpAddr, _| {
+            let nic = &self.nic;
+            served += a.serve_pending(|from: QpAddr, private| {
+                let key = admit(server, from, private)?;
                 let target = nic
                     .create_qp(&log.cq, &log.cq, None, 16)
                     .map_err(|e| format!("passive queue pair: {e}"))?;
@@ -122,7 +126,7 @@ impl<N: Nic> ReplicationServices<N> {
                     .connect(from)
                     .map_err(|e| format!("connecting the passive queue pair: {e}"))?;
                 let qp = target.addr();
-                blog.accept_writer(target);
+                server.blog.accept_writer_as(target, key);
                 Ok(Accepted {
                     qp,
                     private: encode_region(&log.region),
@@ -131,6 +135,36 @@ impl<N: Nic> ReplicationServices<N> {
         }
         served > 0
     }
+}
+
+/// Bytes of a replication path's request: the sending worker's index (u16,
+/// little-endian), its key at this server.
+pub const PATH_REQUEST_BYTES: usize = 2;
+
+/// The private data of a replication path's request from `worker`.
+pub fn encode_path_request(worker: u16) -> Vec<u8> {
+    worker.to_le_bytes().to_vec()
+}
+
+/// Whether a replication path from `from` may be accepted, and its key: the
+/// sender must be another member of the configuration this server holds (a
+/// removed server is fenced: `BackupLog::disconnect` closed its paths, and it
+/// may not open new ones), and name its worker.
+fn admit<N: Nic>(server: &ServerShared<N>, from: QpAddr, private: &[u8]) -> Result<u16, String> {
+    let key: [u8; PATH_REQUEST_BYTES] = private.try_into().map_err(|_| {
+        format!(
+            "a replication path request of {} bytes, not {PATH_REQUEST_BYTES}",
+            private.len()
+        )
+    })?;
+    let config = server.config();
+    if from.node == server.node || config.member(from.node).is_none() {
+        return Err(format!(
+            "{} is not a peer server in the configuration of {}",
+            from.node, config.term
+        ));
+    }
+    Ok(u16::from_le_bytes(key))
 }
 
 #[cfg(test)]

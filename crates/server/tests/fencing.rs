@@ -790,3 +790,42 @@ fn a_removed_primarys_landing_is_refused_by_a_backup_that_adopted_its_removal() 
     );
     cluster.shutdown();
 }
+
+/// A replication path (`ROWAN_SERVICE`, `REMOTE_LOG_SERVICE`) is opened only
+/// for another member of the configuration the server holds, naming its
+/// worker: a removed server may not open a new path past the fence, and a
+/// request without its worker's key is refused rather than accepted unkeyed.
+#[test]
+fn replication_paths_are_refused_to_non_members_and_to_requests_without_a_worker() {
+    use rowankv_fabric::QpAddr;
+    use rowankv_server::services::{encode_path_request, REMOTE_LOG_SERVICE, ROWAN_SERVICE};
+    use rowankv_types::QpNum;
+    for (strategy, service) in [
+        (Strategy::Rowan, ROWAN_SERVICE),
+        (Strategy::Rwrite, REMOTE_LOG_SERVICE),
+    ] {
+        let cluster = start(strategy, 3, FailoverSettings::default(), false);
+        let ask = |from: u32, private: Vec<u8>| {
+            let from = QpAddr {
+                node: NodeId(from),
+                qpn: QpNum(77),
+            };
+            cluster
+                .directory()
+                .request(NodeId(0), service, from, private)
+                .expect("a request")
+                .recv_timeout(ANSWER_TIMEOUT)
+                .expect("an answer")
+        };
+        let e = ask(999, encode_path_request(0)).expect_err("a non-member");
+        assert!(e.contains("n999 is not a peer server"), "{strategy}: {e}");
+        let e = ask(0, encode_path_request(0)).expect_err("the server itself");
+        assert!(e.contains("not a peer server"), "{strategy}: {e}");
+        let e = ask(1, Vec::new()).expect_err("no worker");
+        assert!(e.contains("of 0 bytes, not 2"), "{strategy}: {e}");
+        // A member naming its worker is admitted: what stops this one is only
+        // that no queue pair qp77 exists on its node to connect to.
+        let e = ask(1, encode_path_request(5)).expect_err("no such queue pair");
+        assert!(e.contains("qp77 } does not exist"), "{strategy}: {e}");
+    }
+}

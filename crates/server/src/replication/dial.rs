@@ -38,7 +38,7 @@ use rowankv_types::NodeId;
 use rowankv_wire::frame::Response;
 
 use super::{Link, LinkKind, Outcomes, RemoteLogTarget, ReplCtx, Replicator, SharedLog, Strategy};
-use crate::services::{decode_region, REMOTE_LOG_SERVICE, ROWAN_SERVICE};
+use crate::services::{decode_region, encode_path_request, REMOTE_LOG_SERVICE, ROWAN_SERVICE};
 
 /// How long a dial may wait for the backup's answers.
 pub const DIAL_TIMEOUT_NS: u64 = 2_000_000_000;
@@ -150,7 +150,12 @@ impl<N: Nic> Dialer<N> {
                 .map_err(|e| format!("a queue pair: {e}"))?;
             let answer = self
                 .directory
-                .request(backup, service, qp.addr(), Vec::new())
+                .request(
+                    backup,
+                    service,
+                    qp.addr(),
+                    encode_path_request(self.worker as u16),
+                )
                 .map_err(|e| e.to_string())?;
             dial.qp = Some((qp, answer));
         }

@@ -1,7 +1,7 @@
 //! `rowan`: every entry is a persisted SEND to each backup's Rowan receiver, which
 //! lands it in the backup's one b-log without the backup's CPU (seed 000 §3, §4.1).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use rowankv_fabric::{Completion, Nic, QpState, QueuePair, WcStatus};
 use rowankv_rowan::RowanSender;
@@ -15,6 +15,8 @@ use super::{Link, LinkKind, Outcomes, ReplCtx, Replicator, WR_TAG_REPL};
 /// to each backup's Rowan receiver.
 pub struct RowanReplicator<N: Nic> {
     senders: HashMap<NodeId, RowanSender<N::Qp>>,
+    /// Backups whose connection was reset and has not carried an entry since.
+    reset: HashSet<NodeId>,
     mtu_bytes: usize,
     failed_posts: Vec<(u64, String)>,
 }
@@ -25,6 +27,7 @@ impl<N: Nic> RowanReplicator<N> {
     pub fn new(senders: HashMap<NodeId, RowanSender<N::Qp>>, mtu_bytes: usize) -> Self {
         RowanReplicator {
             senders,
+            reset: HashSet::new(),
             mtu_bytes,
             failed_posts: Vec::new(),
         }
@@ -39,9 +42,23 @@ impl<N: Nic> Replicator<N> for RowanReplicator<N> {
             return;
         };
         // A connection that failed (a cut link, a backup that was down) is reset
-        // and tried again: if the fault is gone the write goes through, if not it
-        // fails again and the write is reported failed.
+        // and tried again: if the fault is gone the write goes through. If it
+        // fails again before carrying anything, the connection is given up:
+        // the backup may have restarted (its receiver no longer knows the queue
+        // pair), and a new one is dialled through the connection manager
+        // (`OnDemand`) when the write is replicated again.
         if sender.qp().state() == QpState::Error {
+            if !self.reset.insert(backup) {
+                let sender = self.senders.remove(&backup).expect("looked up");
+                sender.qp().close();
+                self.reset.remove(&backup);
+                tracing::info!(%backup, "a Rowan connection failed again after a reset: dialling anew");
+                self.failed_posts.push((
+                    token,
+                    format!("the connection to {backup} failed again: connecting anew"),
+                ));
+                return;
+            }
             if let Err(e) = sender.qp().reset() {
                 self.failed_posts
                     .push((token, format!("resetting the connection to {backup}: {e}")));
@@ -67,6 +84,11 @@ impl<N: Nic> Replicator<N> for RowanReplicator<N> {
     fn on_completion(&mut self, _cx: &mut ReplCtx<'_, N>, c: &Completion, out: &mut Outcomes) {
         let token = c.wr_id & ((1 << WR_TAG_SHIFT) - 1);
         if c.status == WcStatus::Success {
+            if !self.reset.is_empty() {
+                let senders = &self.senders;
+                self.reset
+                    .retain(|b| senders.get(b).is_none_or(|s| s.qp().addr().qpn != c.qpn));
+            }
             out.acked.push(token);
         } else {
             out.failed
@@ -90,7 +112,10 @@ impl<N: Nic> Replicator<N> for RowanReplicator<N> {
 
     fn add(&mut self, backup: NodeId, link: Link<N>) {
         if let LinkKind::Rowan(sender) = link.0 {
-            self.senders.insert(backup, sender);
+            self.reset.remove(&backup);
+            if let Some(old) = self.senders.insert(backup, sender) {
+                old.qp().close();
+            }
         }
     }
 

@@ -11,7 +11,7 @@
 //! never reused, so an answer that comes after its request failed names no
 //! pending request and is ignored.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 
 use rowankv_fabric::{Completion, Nic};
 use rowankv_rpc::endpoint::{PeerId, SendError};
@@ -42,6 +42,9 @@ struct Queued {
 /// to one worker of each backup.
 pub struct RpcReplicator {
     peers: HashMap<NodeId, PeerId>,
+    /// Backups whose connection failed and has not been answered on since: a
+    /// second failure gives the connection up (see `on_send_failed`).
+    reset: HashSet<NodeId>,
     /// How long a hand-over may go unanswered.
     timeout_ns: u64,
     next_request: u64,
@@ -58,6 +61,7 @@ impl RpcReplicator {
     pub fn new(peers: HashMap<NodeId, PeerId>, timeout_ns: u64) -> Self {
         RpcReplicator {
             peers,
+            reset: HashSet::new(),
             timeout_ns,
             next_request: 1,
             pending: BTreeMap::new(),
@@ -181,16 +185,19 @@ impl<N: Nic> Replicator<N> for RpcReplicator {
             );
             return;
         }
-        let token = self.pending.remove(&request_id).expect("checked").token;
+        let Pending { token, backup, .. } = self.pending.remove(&request_id).expect("checked");
         match response {
-            Response::Ok { .. } => out.acked.push(token),
+            Response::Ok { .. } => {
+                self.reset.remove(&backup);
+                out.acked.push(token)
+            }
             other => out
                 .failed
                 .push((token, format!("replicate RPC answered {other:?}"))),
         }
     }
 
-    fn on_send_failed(&mut self, _cx: &mut ReplCtx<'_, N>, peer: PeerId, out: &mut Outcomes) {
+    fn on_send_failed(&mut self, cx: &mut ReplCtx<'_, N>, peer: PeerId, out: &mut Outcomes) {
         // The endpoint gave the connection's credits back when it reset it.
         let lost: Vec<u64> = self
             .pending
@@ -203,6 +210,19 @@ impl<N: Nic> Replicator<N> for RpcReplicator {
             let why = format!("replicate RPC to {}: the connection failed", p.backup);
             out.failed.push((p.token, why));
         }
+        // The endpoint reset the connection, which is enough after a cut link.
+        // A second failure before any answer gives it up: the backup may have
+        // restarted, and its new process knows nothing of this connection. A
+        // new one is dialled (`OnDemand`) when the write is replicated again.
+        let Some(backup) = self.peers.iter().find(|(_, &p)| p == peer).map(|(&b, _)| b) else {
+            return;
+        };
+        if !self.reset.insert(backup) {
+            self.reset.remove(&backup);
+            self.peers.remove(&backup);
+            cx.ep.close(peer);
+            tracing::info!(%backup, "a replication connection failed again: dialling anew");
+        }
     }
 
     fn connected(&self, backup: NodeId) -> bool {
@@ -211,6 +231,7 @@ impl<N: Nic> Replicator<N> for RpcReplicator {
 
     fn add(&mut self, backup: NodeId, link: Link<N>) {
         if let LinkKind::Rpc(peer) = link.0 {
+            self.reset.remove(&backup);
             self.peers.insert(backup, peer);
         }
     }
