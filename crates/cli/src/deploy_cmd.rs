@@ -117,6 +117,43 @@ pub struct KeyArgs {
 }
 
 #[derive(Args)]
+pub struct LeaveArgs {
+    /// The server's node (`n10002` or `10002`, as `rowankv status` shows it).
+    #[arg(value_parser = parse_node)]
+    node: rowankv_types::NodeId,
+    #[command(flatten)]
+    reach: Reach,
+}
+
+fn parse_node(s: &str) -> Result<rowankv_types::NodeId, String> {
+    let t = s.trim();
+    t.strip_prefix('n')
+        .unwrap_or(t)
+        .parse()
+        .map(rowankv_types::NodeId)
+        .map_err(|_| format!("{s:?} is not a node (n10002 or 10002)"))
+}
+
+/// Remove a server on purpose: it is taken out of the configuration as a
+/// failed one would be (its shards' backups promoted), once its lease ran out;
+/// then it stops, and its identity never joins again.
+pub fn leave(a: LeaveArgs) -> Result<()> {
+    let timeout = Duration::from_secs_f64(a.reach.timeout_s.max(0.1));
+    let (term, members) = client::leave_server(
+        a.reach.cluster_id,
+        &a.reach.secret()?,
+        &a.reach.cm,
+        a.node,
+        timeout,
+    )?;
+    eprintln!(
+        "{} left: the configuration of {term} has {members} members",
+        a.node
+    );
+    Ok(())
+}
+
+#[derive(Args)]
 pub struct StatusArgs {
     /// Print JSON.
     #[arg(long)]

@@ -53,6 +53,9 @@ enum Command {
     /// The cluster's configuration as its CM serves it: term, members and their
     /// addresses, shards per server.
     Status(deploy_cmd::StatusArgs),
+    /// Remove server NODE from a deployed cluster on purpose: its shards move to
+    /// their backups, then it stops (its pool may not serve this cluster again).
+    Leave(deploy_cmd::LeaveArgs),
     /// A mixed load on a deployed cluster from this process, every write
     /// recorded and every read checked against it.
     Workload(deploy_cmd::WorkloadArgs),
@@ -230,7 +233,11 @@ fn run() -> Result<()> {
         // A process's log tells what it did: joins, configurations, failovers.
         Command::Server(_) | Command::Cm(_) => "info,rowankv_fabric=warn,rowankv_rpc=warn",
         // A client command's output is its answer; what it retried is not news.
-        Command::Put(_) | Command::Get(_) | Command::Del(_) | Command::Status(_) => "error",
+        Command::Put(_)
+        | Command::Get(_)
+        | Command::Del(_)
+        | Command::Status(_)
+        | Command::Leave(_) => "error",
         _ => "warn",
     };
     tracing_subscriber::fmt()
@@ -263,6 +270,7 @@ fn run() -> Result<()> {
         Command::Get(args) => deploy_cmd::get(args),
         Command::Del(args) => deploy_cmd::del(args),
         Command::Status(args) => deploy_cmd::status(args),
+        Command::Leave(args) => deploy_cmd::leave(args),
         Command::Workload(args) => deploy_cmd::workload(args),
         Command::Sim(args) => sim_cmd::run_cmd(args),
     }

@@ -259,6 +259,26 @@ impl Cluster {
         )
     }
 
+    /// Server `i`'s node, by its address in the configuration.
+    fn node_of(&self, i: usize) -> u64 {
+        let file = std::fs::read_to_string(self.dir.join(format!("server-{i}.toml"))).unwrap();
+        let listen = file
+            .lines()
+            .find_map(|l| l.strip_prefix("listen = "))
+            .unwrap()
+            .trim_matches('"')
+            .to_string();
+        let out = self.cli(&["status", "--json"]);
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        v["members"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|m| m["address"].as_str() == Some(listen.as_str()))
+            .and_then(|m| m["node"].as_u64())
+            .unwrap_or_else(|| panic!("server {i} ({listen}) is not a member: {v}"))
+    }
+
     fn kill_server(&mut self, i: usize) {
         let p = &mut self.servers[i];
         p.child.kill().unwrap(); // SIGKILL
@@ -322,9 +342,10 @@ fn check_read_back(c: &Cluster, records: &[PathBuf]) -> u64 {
 }
 
 /// A server killed mid-run is failed over; restarted on its pool it rejoins
-/// under its identity as a joining backup and is filled again; then another
-/// server is killed, and every write acknowledged before any of this is still
-/// there (on the rejoined server among others).
+/// under its identity as a joining backup and is filled again; another leaves
+/// on purpose (`rowankv leave`); then a third is killed, and every write
+/// acknowledged before any of this is still there, on the rejoined server, the
+/// only one left.
 #[test]
 fn acknowledged_writes_survive_a_server_killed_mid_run_and_it_rejoins() {
     let dir = tempfile::tempdir().unwrap();
@@ -393,12 +414,47 @@ fn acknowledged_writes_survive_a_server_killed_mid_run_and_it_rejoins() {
         std::thread::sleep(Duration::from_millis(100));
     }
     eprintln!("rejoined and filled in {:?}", restarted.elapsed());
-    let (term1, _) = c.status().unwrap();
+
+    // Server 2 leaves on purpose: out of the configuration, its process ends by
+    // itself, and its identity may not join again.
+    let (term_before, _) = c.status().unwrap();
+    let leaving = c.node_of(2);
+    let out = c.cli(&["leave", &format!("n{leaving}"), "--timeout-s", "20"]);
+    let said = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(out.status.success(), "leave: {said}");
+    assert!(said.contains("left: the configuration of"), "{said}");
+    let (term1, members) = c.status().unwrap();
+    assert!(
+        term1 > term_before && !members.contains(&leaving),
+        "{members:?}"
+    );
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let exit = loop {
+        if let Some(status) = c.servers[2].child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(Instant::now() < deadline, "the server that left still runs");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(exit.success(), "the server that left exited with {exit}");
+    let log = std::fs::read_to_string(c.dir.join("logs/server-2.log")).unwrap();
+    assert!(log.contains("this server left the cluster"), "{log}");
+    let out = c.cli(&["leave", &format!("n{leaving}")]);
+    assert!(!out.status.success(), "leaving twice");
+    check_read_back(&c, &records);
+
+    // Started again on its pool, it is refused, and says why.
+    c.restart_server(2);
+    let exit = c.servers[2].child.wait().unwrap();
+    assert!(!exit.success());
+    let log = std::fs::read_to_string(c.dir.join("logs/server-2-again.log")).unwrap();
+    assert!(log.contains("left the cluster (rowankv leave)"), "{log}");
+
     c.kill_server(1);
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         if let Some((term, members)) = c.status() {
-            if term > term1 && members.len() == 2 {
+            if term > term1 && members.len() == 1 {
                 break;
             }
         }

@@ -55,6 +55,10 @@ pub struct NodeRecord {
     /// A server's worker count (0 for others).
     #[serde(default)]
     pub workers: u16,
+    /// A server removed on purpose (`rowankv leave`): its identity never joins
+    /// again.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub left: bool,
 }
 
 /// Every identity handed out, with its record, in identity order.

@@ -125,10 +125,15 @@ pub struct CmTask<N: Nic> {
     /// Servers that joined and are not members (a process deployment's join
     /// desk fills it): added, one per configuration round.
     joins: Joins,
+    /// Servers to remove on purpose (`rowankv leave`).
+    leaves: Leaves,
 }
 
 /// Servers waiting to be added to the configuration ([`CmTask::with_joins`]).
 pub type Joins = Arc<parking_lot::Mutex<Vec<Member>>>;
+
+/// Servers to remove from the configuration on purpose ([`CmTask::with_leaves`]).
+pub type Leaves = Arc<parking_lot::Mutex<Vec<NodeId>>>;
 
 impl<N: Nic> CmTask<N> {
     /// Take the servers to add from `joins` (what a CM process's join desk
@@ -137,6 +142,56 @@ impl<N: Nic> CmTask<N> {
     pub fn with_joins(mut self, joins: Joins) -> Self {
         self.joins = joins;
         self
+    }
+
+    /// Take the servers to remove on purpose from `leaves` (what a CM
+    /// process's desk hears from `rowankv leave`).
+    pub fn with_leaves(mut self, leaves: Leaves) -> Self {
+        self.leaves = leaves;
+        self
+    }
+
+    /// Remove one server that asked to leave, if any and no round is under
+    /// way: as a failed server is removed (`plan_failover`: its shards' backups
+    /// promoted, it taken out of every replica set), and never granted a lease
+    /// again. The configuration is committed once the lease it holds ran out,
+    /// as for a failure: until then it may still serve, and nothing it serves
+    /// may be lost. It learns of its removal when its lease is refused, and
+    /// stops.
+    fn admit_leaves(&mut self, now_ns: u64) -> bool {
+        if self.round.is_some() || self.active.is_none() {
+            return false;
+        }
+        let Some(node) = self.leaves.lock().pop() else {
+            return false;
+        };
+        let config = self.manager.current();
+        if config.member(node).is_none() {
+            tracing::info!(cm = %self.name, server = %node, "asked to remove a server that is not a member");
+            return false;
+        }
+        if config.members.len() == 1 {
+            tracing::warn!(cm = %self.name, server = %node, "the last server may not leave");
+            return false;
+        }
+        let next = match plan_failover(&config, &[node]) {
+            Ok(n) => n,
+            Err(e) => {
+                tracing::error!(cm = %self.name, server = %node, error = %e, "the server may not leave");
+                return false;
+            }
+        };
+        let not_before = self.granted.get(&node).copied().unwrap_or(0)
+            + self.settings.lease_ns
+            + self.settings.lease_margin();
+        self.failed.insert(node);
+        self.suspects.remove(&node);
+        self.rescued.remove(&node);
+        let Some(term) = self.store_next(next, not_before.max(now_ns), now_ns, "a leave") else {
+            return false;
+        };
+        tracing::info!(cm = %self.name, server = %node, %term, "a server leaves the configuration");
+        true
     }
 
     /// Add one server that joined, if any is waiting and no round is.
@@ -237,6 +292,7 @@ impl<N: Nic> CmTask<N> {
             evs: Vec::new(),
             data: Vec::new(),
             joins: Joins::default(),
+            leaves: Leaves::default(),
         }
     }
 
@@ -811,6 +867,7 @@ impl<N: Nic> Task for CmTask<N> {
             did |= self.drive_round(now_ns);
             did |= self.promote_ready(now_ns);
             did |= self.admit_joins(now_ns);
+            did |= self.admit_leaves(now_ns);
             did |= self.watch_store(now_ns);
         }
         if did {

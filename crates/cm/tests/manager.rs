@@ -421,11 +421,13 @@ fn node_identities_are_handed_out_once_above_every_member_and_survive_a_new_mana
         kind: "server".into(),
         address: "10.0.0.7:7000".into(),
         workers: 0,
+        left: false,
     };
     let client = rowankv_cm::NodeRecord {
         kind: "client".into(),
         address: String::new(),
         workers: 0,
+        left: false,
     };
     // Two managers on one store, interleaved: every identity is new.
     let mut seen = std::collections::BTreeSet::new();
@@ -456,6 +458,7 @@ fn node_identities_are_handed_out_once_above_every_member_and_survive_a_new_mana
         kind: "switch".into(),
         address: String::new(),
         workers: 0,
+        left: false,
     };
     assert!(matches!(c.allocate_node(&bad), Err(CmError::Invalid(_))));
     assert_eq!(
@@ -476,6 +479,7 @@ fn a_corrupt_node_counter_is_an_error_not_a_reused_identity() {
         kind: "server".into(),
         address: "h:1".into(),
         workers: 0,
+        left: false,
     };
     let e = m.allocate_node(&r).unwrap_err();
     assert!(

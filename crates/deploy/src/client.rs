@@ -186,3 +186,43 @@ pub fn server_stats(
     }
     Err(format!("no answer within {timeout:?}"))
 }
+
+/// Remove server `node` from the cluster on purpose (`rowankv leave`): ask every
+/// CM at `cms` ([`crate::join::leave`]), then wait up to `timeout` for a
+/// configuration without it. Returns that configuration's term and member
+/// count.
+pub fn leave_server(
+    cluster_id: u64,
+    secret: &[u8],
+    cms: &[String],
+    node: rowankv_types::NodeId,
+    timeout: Duration,
+) -> Result<(rowankv_types::Term, usize), ProcessError> {
+    use rowankv_fabric::Nic;
+    let (net, source) = attach_client(cluster_id, secret, cms, timeout)?;
+    let first = source
+        .last()
+        .ok_or_else(|| ProcessError("the CMs served no configuration".into()))?;
+    if first.member(node).is_none() {
+        return Err(ProcessError(format!(
+            "{node} is not a member of the configuration of {}",
+            first.term
+        )));
+    }
+    let aliases = alias_cms(&net.directory, cms);
+    crate::join::leave(&net.directory, &aliases, net.nic.node(), node)?;
+    let deadline = std::time::Instant::now() + timeout;
+    loop {
+        if let Ok(c) = source.fetch() {
+            if c.member(node).is_none() {
+                return Ok((c.term, c.members.len()));
+            }
+        }
+        if std::time::Instant::now() > deadline {
+            return Err(ProcessError(format!(
+                "the CMs took the request, but no configuration without {node} within {timeout:?}"
+            )));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}

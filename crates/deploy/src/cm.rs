@@ -34,7 +34,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use parking_lot::RwLock;
-use rowankv_cm::role::{CmTask, Joins};
+use rowankv_cm::role::{CmTask, Joins, Leaves};
 use rowankv_cm::{
     allocate_node, node_record, update_node_record, CmError, ConfigManager, CoordStore,
     EmbeddedStore, EtcdConfig, EtcdStore, NodeRecord,
@@ -48,7 +48,7 @@ use rowankv_server::{EventLog, Executor, FailoverSettings, Placement, ServerSett
 use rowankv_types::{Clock, NodeId, QpNum, SystemClock};
 use rowankv_wire::config::{Config, Member};
 
-use crate::join::{JoinAnswer, JoinRequest, JOIN_SERVICE};
+use crate::join::{JoinAnswer, JoinRequest, LeaveRequest, JOIN_SERVICE, LEAVE_SERVICE, LEFT};
 use crate::{any_port, attach, host_of, perr, ProcessError};
 
 /// The failover settings of a cluster whose server lease is `lease_ms`: renewed
@@ -99,6 +99,8 @@ struct JoinDesk {
     answer: JoinAnswer,
     /// Servers to add to a running cluster (the CM's role takes them).
     joins: Joins,
+    /// Servers to remove on purpose (the CM's role takes them).
+    leaves: Leaves,
 }
 
 impl JoinDesk {
@@ -132,6 +134,7 @@ impl JoinDesk {
             kind: "server".into(),
             address: r.address.clone(),
             workers: r.workers,
+            left: false,
         };
         let store = self.store.as_ref();
         let node = match r.node {
@@ -142,6 +145,12 @@ impl JoinDesk {
                         return Err(format!(
                             "{node} was never handed out by this cluster's CMs \
                              (a pool of another cluster, or a store that was reset)"
+                        ))
+                    }
+                    Some(old) if old.left => {
+                        return Err(format!(
+                            "{LEFT}{node} left the cluster (rowankv leave); its pool may not \
+                             serve again: remove the pool file to join as a new server"
                         ))
                     }
                     Some(old) if old.address != r.address => {
@@ -177,6 +186,42 @@ impl JoinDesk {
         }
         Ok(node)
     }
+
+    /// Answer `rowankv leave`: the server's record says it left (it may never
+    /// join again), and the CM's role removes it.
+    fn serve_leaves(&mut self, acceptor: &Acceptor) {
+        acceptor.serve_pending(|_from, private| {
+            let request: LeaveRequest = serde_json::from_slice(private)
+                .map_err(|e| format!("refused: leave: a malformed request: {e}"))?;
+            let node = NodeId(request.node);
+            let store = self.store.as_ref();
+            let mut record = match node_record(store, node).map_err(|e| e.to_string())? {
+                Some(r) if r.kind == "server" => r,
+                Some(r) => {
+                    return Err(format!(
+                        "refused: leave: {node} is a {}, not a server",
+                        r.kind
+                    ))
+                }
+                None => return Err(format!("refused: leave: {node} was never handed out")),
+            };
+            if !record.left {
+                record.left = true;
+                update_node_record(store, node, &record).map_err(|e| e.to_string())?;
+            }
+            tracing::info!(%node, "a server leaves on request");
+            let mut leaves = self.leaves.lock();
+            leaves.retain(|&n| n != node);
+            leaves.push(node);
+            Ok(Accepted {
+                qp: QpAddr {
+                    node: self.me,
+                    qpn: QpNum(0),
+                },
+                private: private.to_vec(),
+            })
+        });
+    }
 }
 
 /// Run a CM until `stop` is set.
@@ -188,6 +233,7 @@ pub fn run(dep: &CmDeployment, stop: Arc<AtomicBool>) -> Result<(), ProcessError
         kind: "cm".into(),
         address: dep.advertise.clone(),
         workers: 0,
+        left: false,
     };
     let mut attempts = 0u32;
     let me = loop {
@@ -230,7 +276,9 @@ pub fn run(dep: &CmDeployment, stop: Arc<AtomicBool>) -> Result<(), ProcessError
             strategy: dep.strategy.name().to_string(),
         },
         joins: Joins::default(),
+        leaves: Leaves::default(),
     };
+    let leaves = net.directory.register(me, LEAVE_SERVICE);
     let settings = ServerSettings {
         failover: failover_settings(dep.lease_ms),
         ..ServerSettings::default()
@@ -242,6 +290,7 @@ pub fn run(dep: &CmDeployment, stop: Arc<AtomicBool>) -> Result<(), ProcessError
     while !stop.load(Ordering::Acquire) {
         let config = view.as_ref().map(|v| v.current());
         desk.serve(&joins, config.as_deref());
+        desk.serve_leaves(&leaves);
         if Instant::now() >= next_read {
             next_read = Instant::now() + Duration::from_millis(50);
             match &view {
@@ -285,7 +334,8 @@ pub fn run(dep: &CmDeployment, stop: Arc<AtomicBool>) -> Result<(), ProcessError
                 crashed.clone(),
                 clock.clone(),
             )
-            .with_joins(desk.joins.clone());
+            .with_joins(desk.joins.clone())
+            .with_leaves(desk.leaves.clone());
             let mut ex = Executor::new(Placement::Dedicated, clock.clone());
             ex.spawn(Box::new(task));
             executor = Some(ex);
@@ -315,7 +365,7 @@ fn remember(members: &RwLock<HashMap<NodeId, String>>, c: &Config) {
 fn joined_servers(store: &dyn CoordStore) -> Result<Joined, CmError> {
     Ok(rowankv_cm::node_records(store)?
         .into_iter()
-        .filter(|(_, r)| r.kind == "server" && r.workers > 0)
+        .filter(|(_, r)| r.kind == "server" && r.workers > 0 && !r.left)
         .map(|(node, r)| {
             let member = Member {
                 node,

@@ -16,7 +16,15 @@
 //!   CM counts on).
 //!
 //! A CM refuses an identity it never handed out (another cluster's pool, or a
-//! store that was reset), with the reason.
+//! store that was reset), and one that left the cluster (below), with the
+//! reason.
+//!
+//! Leaving: `rowankv leave NODE` asks every CM it knows at [`LEAVE_SERVICE`],
+//! private data `{"node": u32}`, answered `{"node": u32}`. Each CM records in
+//! the node's record that it left (so it never joins again) and hands it to its
+//! CM role; the active one removes it from the configuration
+//! (`rowankv_cm::role::CmTask::with_leaves`). The server learns it when its
+//! lease is refused, tries to join again, is refused as [`LEFT`], and exits.
 
 use std::time::{Duration, Instant};
 
@@ -47,6 +55,19 @@ pub struct JoinAnswer {
     pub lease_ms: u64,
     pub strategy: String,
 }
+
+/// The CM's service that removes a server on purpose.
+pub const LEAVE_SERVICE: u16 = u16::MAX - 4;
+
+/// What `rowankv leave` asks, and what the CM answers.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LeaveRequest {
+    pub node: u32,
+}
+
+/// How a CM's refusal of a server that left begins (after `refused: join: `).
+pub const LEFT: &str = "left: ";
 
 /// The node a joining process names as itself before it has one.
 pub const UNJOINED: NodeId = NodeId(u32::MAX - 1);
@@ -100,6 +121,49 @@ pub fn join(
         }
         std::thread::sleep(Duration::from_millis(100));
     }
+}
+
+/// Whether a join failed because the server left the cluster.
+pub fn refused_as_left(e: &ProcessError) -> bool {
+    e.0.contains(&format!("refused: join: {LEFT}"))
+}
+
+/// Ask the CMs (`cms`, aliases in `directory`), on behalf of the client `me`, to
+/// remove `node`: every CM that answers records it; the answers' count is
+/// returned (at least one, or an error with the last reason).
+pub fn leave(
+    directory: &Directory,
+    cms: &[NodeId],
+    me: NodeId,
+    node: NodeId,
+) -> Result<usize, ProcessError> {
+    let private = serde_json::to_vec(&LeaveRequest { node: node.0 }).expect("serializes");
+    let mut answered = 0;
+    let mut last = String::from("no CM was asked");
+    for &cm in cms {
+        let from = QpAddr {
+            node: me,
+            qpn: QpNum(0),
+        };
+        let answer = directory
+            .request(cm, LEAVE_SERVICE, from, private.clone())
+            .map_err(|e| e.to_string())
+            .and_then(|rx| {
+                rx.recv_timeout(Duration::from_secs(15))
+                    .map_err(|_| "no answer".to_string())?
+            });
+        match answer {
+            Ok(_) => answered += 1,
+            Err(why) if why.starts_with("refused: leave") => {
+                return Err(ProcessError(format!("the CM refused: {why}")))
+            }
+            Err(why) => last = why,
+        }
+    }
+    if answered == 0 {
+        return Err(ProcessError(format!("no CM answered: {last}")));
+    }
+    Ok(answered)
 }
 
 #[cfg(test)]

@@ -39,7 +39,7 @@ use rowankv_types::{Clock, NodeId, SystemClock};
 use rowankv_wire::config::{Config, ConfigSource};
 
 use crate::cm::failover_settings;
-use crate::join::{join, JoinRequest};
+use crate::join::{join, refused_as_left, JoinRequest};
 use crate::{alias_cms, any_port, attach, host_of, perr, ProcessError};
 
 /// How long a server waits for a CM to answer its join.
@@ -77,14 +77,23 @@ enum Ended {
 
 /// Run a server until `stop` is set. A server the CM removes while it runs
 /// joins again under its identity and is filled again as a joining backup.
+/// A server removed on purpose (`rowankv leave`) is refused when it joins
+/// again, and ends without an error.
 pub fn run(dep: &ServerDeployment, stop: Arc<AtomicBool>) -> Result<(), ProcessError> {
+    let mut evicted = false;
     loop {
-        match run_once(dep, &stop)? {
-            Ended::Stopped => return Ok(()),
-            Ended::Evicted => {
+        match run_once(dep, &stop) {
+            Ok(Ended::Stopped) => return Ok(()),
+            Ok(Ended::Evicted) => {
                 tracing::warn!("removed from the configuration by the CM: joining again");
+                evicted = true;
                 std::thread::sleep(Duration::from_millis(100));
             }
+            Err(e) if evicted && refused_as_left(&e) => {
+                tracing::info!("this server left the cluster: stopping");
+                return Ok(());
+            }
+            Err(e) => return Err(e),
         }
     }
 }
