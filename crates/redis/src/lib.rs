@@ -83,7 +83,7 @@ mod cmd;
 mod context;
 mod fail;
 mod glob;
-mod keyspace;
+pub mod keyspace;
 mod mem;
 mod num;
 mod rmw;

@@ -1,20 +1,20 @@
 //! [`MemKeyspace`]: the keyspace in a `BTreeMap`, for tests and a standalone demo.
-//!
-//! Keys are ordered by a 64-bit hash of the key, then the key, and a SCAN cursor is
-//! the hash to resume from. So a cursor stays valid while keys come and go (a key
-//! live for the whole scan is returned once: the cursor never passes over the hash
-//! of a key not yet returned), without a cursor table. Keys that share a hash are
-//! never split across two batches.
-//!
-//! Expired records are dropped when met (a read, a write, a scan); nothing runs in
-//! the background.
 
 use std::collections::BTreeMap;
 
 use crate::keyspace::{Expect, Keyspace, KeyspaceError, Record};
 
-/// An in-memory [`Keyspace`]: versions, expiry and conditional writes, one key at a
-/// time (it is used from one thread; every call is atomic).
+/// An in-memory [`Keyspace`]: versions, expiry and conditional writes (it is used
+/// from one thread, so every call is atomic).
+///
+/// Keys are ordered by a 64-bit hash of the key, then the key, and a SCAN cursor is
+/// the hash to resume from. So a cursor stays valid while keys come and go (a key
+/// live for the whole scan is returned once: the cursor never passes over the hash
+/// of a key not yet returned), without a table of cursors. Keys that share a hash
+/// are never split across two batches.
+///
+/// Expired records are dropped when met (a read, a write, a scan, DBSIZE); nothing
+/// runs in the background.
 #[derive(Clone, Debug, Default)]
 pub struct MemKeyspace {
     records: BTreeMap<(u64, Vec<u8>), Record>,
