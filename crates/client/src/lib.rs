@@ -42,6 +42,7 @@ use rowankv_rpc::directory::{ConnectError, Directory};
 use rowankv_rpc::endpoint::{Endpoint, EndpointConfig, Event, PeerId, SendError};
 use rowankv_types::{Clock, NodeId, RequestId, RequestRecord, SystemClock, Term};
 use rowankv_wire::config::{Config, ConfigSource};
+pub use rowankv_wire::frame::Expect;
 use rowankv_wire::frame::{self, Body, Envelope, ErrorCode, Response, KEY_BYTES_MAX, KV_BYTES_MAX};
 
 /// Settings of a client.
@@ -141,15 +142,38 @@ impl ClientError {
 /// An operation.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Op {
-    Get { key: Vec<u8> },
-    Put { key: Vec<u8>, value: Vec<u8> },
-    Del { key: Vec<u8> },
+    Get {
+        key: Vec<u8>,
+    },
+    Put {
+        key: Vec<u8>,
+        value: Vec<u8>,
+    },
+    Del {
+        key: Vec<u8>,
+    },
+    /// A PUT executed only if `expect` holds for the key, atomically (else
+    /// `ErrorCode::ConditionFailed`, nothing written).
+    PutIf {
+        key: Vec<u8>,
+        value: Vec<u8>,
+        expect: Expect,
+    },
+    /// A DEL executed only if `expect` holds for the key.
+    DelIf {
+        key: Vec<u8>,
+        expect: Expect,
+    },
 }
 
 impl Op {
     pub fn key(&self) -> &[u8] {
         match self {
-            Op::Get { key } | Op::Put { key, .. } | Op::Del { key } => key,
+            Op::Get { key }
+            | Op::Put { key, .. }
+            | Op::Del { key }
+            | Op::PutIf { key, .. }
+            | Op::DelIf { key, .. } => key,
         }
     }
 }
@@ -408,7 +432,7 @@ impl<N: Nic> Client<N> {
                 max: KEY_BYTES_MAX,
             });
         }
-        if let Op::Put { key, value } = op {
+        if let Op::Put { key, value } | Op::PutIf { key, value, .. } = op {
             if key.len() + value.len() > KV_BYTES_MAX {
                 return Err(ClientError::TooLarge {
                     what: "key + value",
@@ -546,6 +570,17 @@ impl<N: Nic> Client<N> {
                 request,
             },
             Op::Del { key } => Body::Del { key, request },
+            Op::PutIf { key, value, expect } => Body::PutIf {
+                key,
+                value,
+                request,
+                expect: *expect,
+            },
+            Op::DelIf { key, expect } => Body::DelIf {
+                key,
+                request,
+                expect: *expect,
+            },
         };
         match self.ep.request(peer, &env, &body) {
             Ok(()) => {
@@ -899,6 +934,52 @@ impl<N: Nic> Client<N> {
             Output::Value { .. } => Err(ClientError::Server {
                 code: ErrorCode::Malformed,
                 detail: "a value answered a DEL".into(),
+            }),
+        }
+    }
+
+    /// The value of `key` and its version (`None` if absent or deleted).
+    pub fn get_versioned(&mut self, key: &[u8]) -> Result<Option<(Vec<u8>, u64)>, ClientError> {
+        match self.execute(Op::Get { key: key.to_vec() }) {
+            Ok(Output::Value { value, version }) => Ok(Some((value, version))),
+            Ok(Output::Written { .. }) => Err(ClientError::Server {
+                code: ErrorCode::Malformed,
+                detail: "a write acknowledgement answered a GET".into(),
+            }),
+            Err(ClientError::NotFound) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Store `value` under `key` if `expect` holds for the key's live value, as
+    /// one atomic step at the key's primary; returns the new version. A
+    /// condition that does not hold (or another write of the key in flight) is
+    /// `ClientError::Server` with `ErrorCode::ConditionFailed`: read again and
+    /// decide again.
+    pub fn put_if(&mut self, key: &[u8], value: &[u8], expect: Expect) -> Result<u64, ClientError> {
+        let op = Op::PutIf {
+            key: key.to_vec(),
+            value: value.to_vec(),
+            expect,
+        };
+        self.written(op, "PUT")
+    }
+
+    /// Delete `key` if `expect` holds for its live value ([`Client::put_if`]).
+    pub fn delete_if(&mut self, key: &[u8], expect: Expect) -> Result<u64, ClientError> {
+        let op = Op::DelIf {
+            key: key.to_vec(),
+            expect,
+        };
+        self.written(op, "DEL")
+    }
+
+    fn written(&mut self, op: Op, what: &str) -> Result<u64, ClientError> {
+        match self.execute(op)? {
+            Output::Written { version } => Ok(version),
+            Output::Value { .. } => Err(ClientError::Server {
+                code: ErrorCode::Malformed,
+                detail: format!("a value answered a {what}"),
             }),
         }
     }

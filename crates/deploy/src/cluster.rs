@@ -10,7 +10,7 @@
 //! `rpc`: an RPC connection to the backup's worker of the same index modulo its
 //! worker count). Clients connect at run time through the [`Directory`].
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -20,21 +20,15 @@ use rowankv_cm::{ConfigManager, CoordStore, EmbeddedStore, StoreSource};
 use rowankv_engine::{Engine, EngineConfig};
 use rowankv_fabric::{Fabric, FaultInjector, LoopbackFabric, LoopbackNic, Nic, QpAddr, QueuePair};
 use rowankv_pmem::{MediaModelConfig, MediaStats, Medium, Pool, PoolOptions};
-use rowankv_rowan::RowanSender;
 use rowankv_rpc::directory::{Accepted, Directory};
-use rowankv_rpc::endpoint::{connect_pair, Endpoint, PeerId};
+use rowankv_rpc::endpoint::{connect_pair, Endpoint};
 use rowankv_server::control::CM_PORT;
 use rowankv_server::events::EventLog;
 use rowankv_server::node::{assemble, on_demand, replication_qp_depth, roles, ServerSpec};
-use rowankv_server::replication::{
-    RemoteLogTarget, Replicator, RowanReplicator, RpcReplicator, RwriteReplicator, ShareReplicator,
-    SharedLog, SharedLogs, Strategy,
-};
+use rowankv_server::replication::{link, Replicator, SharedLogs, Strategy};
 use rowankv_server::runtime::{Executor, Placement, Task};
 use rowankv_server::server::{ServerSettings, ServerShared};
-use rowankv_server::services::{
-    decode_region, encode_path_request, ReplicationServices, REMOTE_LOG_SERVICE, ROWAN_SERVICE,
-};
+use rowankv_server::services::{encode_path_request, ReplicationServices};
 use rowankv_types::{Clock, NodeId, SegmentId, SystemClock};
 use rowankv_wire::config::{Config, ConfigSource, Member};
 
@@ -459,23 +453,21 @@ pub fn build(
         }
         eps.push(row);
     }
-    let shared_logs: Vec<HashMap<NodeId, Arc<SharedLog>>> = (0..n)
-        .map(|a| {
-            (0..n)
-                .filter(|&b| b != a)
-                .map(|b| (nodes[b], SharedLog::new()))
-                .collect()
-        })
-        .collect();
+    // The `share` strategy's remote logs of each server, by backup.
+    let shared_logs: Vec<SharedLogs> = (0..n).map(|_| SharedLogs::default()).collect();
     let qp_depth = replication_qp_depth(s);
+    let strategy = config.strategy;
     let mut repls: Vec<Vec<Box<dyn Replicator<LoopbackNic>>>> = Vec::new();
     for a in 0..n {
         let mut row: Vec<Box<dyn Replicator<LoopbackNic>>> = Vec::new();
+        let mtu = servers[a].engine.config().mtu_bytes;
         for w in 0..s.workers {
-            // RPC peers of this worker at every other server.
-            let mut peers: HashMap<NodeId, PeerId> = HashMap::new();
-            if config.strategy != Strategy::Rowan {
-                for b in (0..n).filter(|&b| b != a) {
+            // Every path of this worker to every other server, as the dialer of
+            // a process sets it up (`rowankv_server::replication::link`), the
+            // receiving servers answering at once.
+            let mut repl = strategy.replicator::<LoopbackNic>(w, s, mtu);
+            for b in (0..n).filter(|&b| b != a) {
+                let rpc = if strategy.path_needs_rpc() {
                     let bw = w % s.workers;
                     let mut ea = eps[a][w].take().expect("endpoint");
                     let mut eb = eps[b][bw].take().expect("endpoint");
@@ -483,87 +475,32 @@ pub fn build(
                         connect_pair(&mut ea, &mut eb).map_err(err("connecting workers"))?;
                     eps[a][w] = Some(ea);
                     eps[b][bw] = Some(eb);
-                    peers.insert(nodes[b], pa);
-                }
-            }
-            let ep = eps[a][w].as_ref().expect("endpoint");
-            let repl: Box<dyn Replicator<LoopbackNic>> = match config.strategy {
-                Strategy::Rowan => {
-                    let mut senders = HashMap::new();
-                    for b in (0..n).filter(|&b| b != a) {
+                    Some(pa)
+                } else {
+                    None
+                };
+                let qp = match strategy.path_service() {
+                    Some(service) => {
+                        let ep = eps[a][w].as_ref().expect("endpoint");
                         let qp = nics[a]
                             .create_qp(ep.cq(), ep.cq(), None, qp_depth)
-                            .map_err(err("Rowan QP"))?;
+                            .map_err(err("a replication queue pair"))?;
                         let accepted = connect_path(
                             &directory,
                             &mut services[b],
                             nodes[b],
-                            ROWAN_SERVICE,
+                            service,
                             qp.addr(),
                             w as u16,
                         )?;
-                        qp.connect(accepted.qp).map_err(err("Rowan connect"))?;
-                        let mtu = servers[a].engine.config().mtu_bytes;
-                        senders.insert(nodes[b], RowanSender::new(qp, mtu));
+                        Some((qp, accepted))
                     }
-                    let mtu = servers[a].engine.config().mtu_bytes;
-                    Box::new(RowanReplicator::new(senders, mtu))
-                }
-                Strategy::Rpc => Box::new(RpcReplicator::new(peers, s.replicate_timeout())),
-                Strategy::Rwrite | Strategy::Batch | Strategy::Share => {
-                    let mut targets = HashMap::new();
-                    for b in (0..n).filter(|&b| b != a) {
-                        let qp = nics[a]
-                            .create_qp(ep.cq(), ep.cq(), None, qp_depth)
-                            .map_err(err("WRITE QP"))?;
-                        let node = nodes[b];
-                        // The backup's end is the backup log's: destroyed when
-                        // the backup adopts a configuration without this server
-                        // (its fence against a removed primary's WRITEs). The
-                        // answer carries where to WRITE.
-                        let accepted = connect_path(
-                            &directory,
-                            &mut services[b],
-                            node,
-                            REMOTE_LOG_SERVICE,
-                            qp.addr(),
-                            w as u16,
-                        )?;
-                        qp.connect(accepted.qp).map_err(err("connect"))?;
-                        let region = decode_region(&accepted.private, node)
-                            .map_err(|e| ClusterError(format!("{node}'s remote log: {e}")))?;
-                        targets.insert(
-                            node,
-                            RemoteLogTarget {
-                                qp,
-                                region,
-                                peer: peers[&node],
-                            },
-                        );
-                    }
-                    match config.strategy {
-                        Strategy::Share => {
-                            let logs = targets
-                                .into_iter()
-                                .map(|(node, t)| (node, (shared_logs[a][&node].clone(), t)))
-                                .collect();
-                            Box::new(ShareReplicator::new(logs, s.replicate_timeout()))
-                        }
-                        Strategy::Batch => Box::new(RwriteReplicator::new(
-                            w as u32,
-                            targets,
-                            Some(s.batch),
-                            s.replicate_timeout(),
-                        )),
-                        _ => Box::new(RwriteReplicator::new(
-                            w as u32,
-                            targets,
-                            None,
-                            s.replicate_timeout(),
-                        )),
-                    }
-                }
-            };
+                    None => None,
+                };
+                let l = link(strategy, nodes[b], qp, rpc, mtu, &shared_logs[a])
+                    .map_err(|e| ClusterError(format!("a path to {}: {e}", nodes[b])))?;
+                repl.add(nodes[b], l);
+            }
             row.push(repl);
         }
         repls.push(row);
@@ -574,9 +511,7 @@ pub fn build(
         .collect();
     let mut tasks: Vec<(Owner, Box<dyn Task>)> = Vec::new();
     for ((a, row), services) in repls.into_iter().enumerate().zip(services) {
-        let shared_logs: SharedLogs = Arc::new(parking_lot::Mutex::new(
-            shared_logs[a].clone().into_iter().collect(),
-        ));
+        let shared_logs = &shared_logs[a];
         let workers = row
             .into_iter()
             .enumerate()
@@ -584,7 +519,7 @@ pub fn build(
                 let ep = eps[a][w].take().expect("endpoint");
                 (
                     ep,
-                    on_demand(&servers[a], &directory, w, &shared_logs, repl),
+                    on_demand(&servers[a], &directory, w, shared_logs, repl),
                 )
             })
             .collect();

@@ -318,7 +318,8 @@ fn raw_key_matches(b: &[u8], key: &[u8]) -> bool {
         && &b[start..start + key.len()] == key
 }
 
-fn hash_key(key: &[u8]) -> u64 {
+/// The hash of `key` its shard's index files it under (xxh3).
+pub fn hash_key(key: &[u8]) -> u64 {
     xxhash_rust::xxh3::xxh3_64(key)
 }
 

@@ -26,7 +26,8 @@ pub mod segment;
 
 pub use blog::{register_data_area, BackupLog, BackupLogConfig, ControlReport};
 pub use engine::{
-    CleanReport, Engine, EngineConfig, InstallReport, RecoveryReport, Written, WORKERS_MAX,
+    hash_key, CleanReport, Engine, EngineConfig, InstallReport, RecoveryReport, Written,
+    WORKERS_MAX,
 };
 pub use identity::{read_identity, write_identity, Identity};
 pub use index::{RequestOutcome, RequestStats, REQUEST_CLIENTS_MAX, REQUEST_WINDOW};

@@ -8,7 +8,6 @@
 //! empty; both are wrapped in [`OnDemand`], which connects through the
 //! directory to any backup they have no connection to.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use rowankv_engine::{register_data_area, BackupLog, Engine};
@@ -22,10 +21,7 @@ use crate::background::{CleanTask, DigestTask};
 use crate::control::{ControlTask, CONTROL_PORT};
 use crate::events::EventLog;
 use crate::lease::LeaseTask;
-use crate::replication::{
-    Dialer, OnDemand, Replicator, RowanReplicator, RpcReplicator, RwriteReplicator,
-    ShareReplicator, SharedLogs, Strategy,
-};
+use crate::replication::{BackupSide, Dialer, OnDemand, Replicator, SharedLogs, Strategy};
 use crate::runtime::Task;
 use crate::server::{ServerSettings, ServerShared};
 use crate::services::{RemoteLog, ReplicationServices, REMOTE_LOG_SERVICE, ROWAN_SERVICE};
@@ -70,8 +66,9 @@ pub fn assemble<N: Nic>(
     directory: &Directory,
 ) -> Result<Assembled<N>, ClusterError> {
     let s = &spec.settings;
+    let side = spec.strategy.backup_side();
     let blog = Arc::new(
-        if spec.strategy == Strategy::Rowan {
+        if side == BackupSide::Receiver {
             BackupLog::start(spec.engine.clone(), spec.nic.clone(), s.blog.clone())
         } else {
             BackupLog::passive(spec.engine.clone(), s.blog.clone())
@@ -80,7 +77,7 @@ pub fn assemble<N: Nic>(
     );
     // The backups' ends of remote-log connections complete on their own queue
     // (WRITE strategies).
-    let remote = if spec.strategy.uses_remote_logs() {
+    let remote = if side == BackupSide::RemoteLog {
         let mr = register_data_area(&spec.engine, &spec.nic).map_err(err("remote logs"))?;
         let cq = spec
             .nic
@@ -103,7 +100,7 @@ pub fn assemble<N: Nic>(
         spec.clock,
     ));
     let rowan =
-        (spec.strategy == Strategy::Rowan).then(|| directory.register(spec.node, ROWAN_SERVICE));
+        (side == BackupSide::Receiver).then(|| directory.register(spec.node, ROWAN_SERVICE));
     let remote_log = remote.map(|(region, cq)| {
         (
             directory.register(spec.node, REMOTE_LOG_SERVICE),
@@ -121,34 +118,6 @@ pub fn assemble<N: Nic>(
 /// Depth of a replication queue pair.
 pub fn replication_qp_depth(settings: &ServerSettings) -> usize {
     4 * settings.inflight_max + 64
-}
-
-/// A replicator of `strategy` with no connections yet (they are made on
-/// demand).
-pub(crate) fn unconnected<N: Nic>(
-    strategy: Strategy,
-    worker: usize,
-    settings: &ServerSettings,
-    mtu_bytes: usize,
-) -> Box<dyn Replicator<N>> {
-    let timeout = settings.replicate_timeout();
-    match strategy {
-        Strategy::Rowan => Box::new(RowanReplicator::new(HashMap::new(), mtu_bytes)),
-        Strategy::Rpc => Box::new(RpcReplicator::new(HashMap::new(), timeout)),
-        Strategy::Share => Box::new(ShareReplicator::new(HashMap::new(), timeout)),
-        Strategy::Batch => Box::new(RwriteReplicator::new(
-            worker as u32,
-            HashMap::new(),
-            Some(settings.batch),
-            timeout,
-        )),
-        Strategy::Rwrite => Box::new(RwriteReplicator::new(
-            worker as u32,
-            HashMap::new(),
-            None,
-            timeout,
-        )),
-    }
 }
 
 /// Wrap a worker's replicator so that it connects to backups it has no
@@ -238,7 +207,7 @@ pub fn roles_on_demand<N: Nic>(
     for w in 0..s.workers {
         let ep =
             Endpoint::new(assembled.nic.clone(), s.endpoint.clone()).map_err(err("endpoint"))?;
-        let inner = unconnected(shared.strategy, w, s, mtu);
+        let inner = shared.strategy.replicator(w, s, mtu);
         workers.push((ep, on_demand(&shared, directory, w, &shared_logs, inner)));
     }
     roles(

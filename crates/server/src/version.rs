@@ -9,15 +9,36 @@
 //! only when this server no longer leads its shard, whose new primary gathered it.
 //! Allocation and the in-flight set share one lock per shard, so a version is
 //! never handed out without being in flight.
+//!
+//! The book also knows which keys (by hash) have a write in flight, so that a
+//! conditional write ([`VersionBook::allocate_if`]) is atomic per key: it takes a
+//! version only if no write of its key is in flight and its condition holds on
+//! the published value, both checked under the shard's lock; every later write
+//! of the key then takes a later version. Two keys of one hash only make a
+//! conditional write fail more often (its caller reads and tries again).
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, HashMap};
 
 use parking_lot::Mutex;
 use rowankv_types::{ShardId, Version};
 
 struct ShardBook {
     next: u64,
-    inflight: BTreeSet<u64>,
+    /// Versions in flight and the hash of their key.
+    inflight: BTreeMap<u64, u64>,
+    /// Writes in flight per key hash.
+    keys: HashMap<u64, u32>,
+}
+
+/// Why a conditional write took no version.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Refusal {
+    /// Another write of the key is in flight.
+    InFlight,
+    /// The condition does not hold on the key's published value.
+    Condition,
+    /// The shard's versions are used up.
+    Exhausted,
 }
 
 /// Version allocation and CommitVer of every shard of one server.
@@ -34,29 +55,56 @@ impl VersionBook {
                 .map(|n| {
                     Mutex::new(ShardBook {
                         next: n.max(1),
-                        inflight: BTreeSet::new(),
+                        inflight: BTreeMap::new(),
+                        keys: HashMap::new(),
                     })
                 })
                 .collect(),
         }
     }
 
-    /// A new version of `shard`, in flight until [`VersionBook::complete`].
-    pub fn allocate(&self, shard: ShardId) -> Option<Version> {
+    /// A new version of `shard` for a write of the key of hash `key`, in
+    /// flight until [`VersionBook::complete`].
+    pub fn allocate(&self, shard: ShardId, key: u64) -> Option<Version> {
         let mut b = self.shards.get(shard.0 as usize)?.lock();
-        let v = b.next;
-        if v > Version::MAX.0 {
-            return None;
+        b.take(key)
+    }
+
+    /// As [`VersionBook::allocate`], for a conditional write: only if no write
+    /// of the key is in flight and `holds()` (the condition, read on the
+    /// published value) is true, both under the shard's lock.
+    pub fn allocate_if(
+        &self,
+        shard: ShardId,
+        key: u64,
+        holds: impl FnOnce() -> bool,
+    ) -> Result<Version, Refusal> {
+        let mut b = self
+            .shards
+            .get(shard.0 as usize)
+            .ok_or(Refusal::Exhausted)?
+            .lock();
+        if b.keys.contains_key(&key) {
+            return Err(Refusal::InFlight);
         }
-        b.next += 1;
-        b.inflight.insert(v);
-        Some(Version(v))
+        if !holds() {
+            return Err(Refusal::Condition);
+        }
+        b.take(key).ok_or(Refusal::Exhausted)
     }
 
     /// The entry of `version` is durable on every replica (or abandoned).
     pub fn complete(&self, shard: ShardId, version: Version) {
         if let Some(b) = self.shards.get(shard.0 as usize) {
-            b.lock().inflight.remove(&version.0);
+            let mut b = b.lock();
+            if let Some(key) = b.inflight.remove(&version.0) {
+                if let Some(n) = b.keys.get_mut(&key) {
+                    *n -= 1;
+                    if *n == 0 {
+                        b.keys.remove(&key);
+                    }
+                }
+            }
         }
     }
 
@@ -72,11 +120,24 @@ impl VersionBook {
     pub fn commit_version(&self, shard: ShardId) -> u64 {
         self.shards.get(shard.0 as usize).map_or(0, |b| {
             let b = b.lock();
-            match b.inflight.first() {
-                Some(&f) => f - 1,
+            match b.inflight.first_key_value() {
+                Some((&f, _)) => f - 1,
                 None => b.next - 1,
             }
         })
+    }
+}
+
+impl ShardBook {
+    fn take(&mut self, key: u64) -> Option<Version> {
+        let v = self.next;
+        if v > Version::MAX.0 {
+            return None;
+        }
+        self.next += 1;
+        self.inflight.insert(v, key);
+        *self.keys.entry(key).or_default() += 1;
+        Some(Version(v))
     }
 }
 
@@ -88,9 +149,9 @@ mod tests {
     fn commit_version_waits_for_the_oldest_in_flight() {
         let book = VersionBook::new([1, 10]);
         let s = ShardId(0);
-        let a = book.allocate(s).unwrap();
-        let b = book.allocate(s).unwrap();
-        let c = book.allocate(s).unwrap();
+        let a = book.allocate(s, 1).unwrap();
+        let b = book.allocate(s, 2).unwrap();
+        let c = book.allocate(s, 1).unwrap();
         assert_eq!((a.0, b.0, c.0), (1, 2, 3));
         assert_eq!(book.commit_version(s), 0);
         book.complete(s, b);
@@ -101,7 +162,34 @@ mod tests {
         assert_eq!(book.commit_version(s), 3);
         assert_eq!(book.commit_version(ShardId(1)), 9);
         book.raise(ShardId(1), 100);
-        assert_eq!(book.allocate(ShardId(1)), Some(Version(100)));
-        assert_eq!(book.allocate(ShardId(7)), None, "no such shard");
+        assert_eq!(book.allocate(ShardId(1), 1), Some(Version(100)));
+        assert_eq!(book.allocate(ShardId(7), 1), None, "no such shard");
+    }
+
+    #[test]
+    fn a_conditional_write_waits_for_every_write_of_its_key() {
+        let book = VersionBook::new([1]);
+        let s = ShardId(0);
+        let a = book.allocate(s, 7).unwrap();
+        let b = book.allocate(s, 7).unwrap();
+        assert_eq!(book.allocate_if(s, 7, || true), Err(Refusal::InFlight));
+        assert_eq!(book.allocate_if(s, 8, || false), Err(Refusal::Condition));
+        let other = book.allocate_if(s, 8, || true).unwrap();
+        assert_eq!(other, Version(3));
+        assert_eq!(book.allocate_if(s, 8, || true), Err(Refusal::InFlight));
+        book.complete(s, a);
+        assert_eq!(book.allocate_if(s, 7, || true), Err(Refusal::InFlight), "b");
+        book.complete(s, b);
+        let mut checked = false;
+        let c = book.allocate_if(s, 7, || {
+            checked = true;
+            true
+        });
+        assert_eq!(c, Ok(Version(4)));
+        assert!(checked);
+        book.complete(s, other);
+        book.complete(s, c.unwrap());
+        assert_eq!(book.commit_version(s), 4);
+        assert_eq!(book.allocate_if(s, 7, || true), Ok(Version(5)));
     }
 }

@@ -29,17 +29,27 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use rowankv_engine::entry::{self, Kind};
-use rowankv_engine::{EngineError, RequestOutcome};
+use rowankv_engine::{hash_key, EngineError, RequestOutcome};
 use rowankv_fabric::Nic;
 use rowankv_rpc::directory::Acceptor;
 use rowankv_rpc::endpoint::{Endpoint, Event, PeerId};
 use rowankv_types::{NodeId, RequestRecord, SegmentId, ShardId, Version};
 use rowankv_wire::config::Config;
-use rowankv_wire::frame::{self, Body, Envelope, ErrorCode, Response};
+use rowankv_wire::frame::{self, Body, Envelope, ErrorCode, Expect, Response};
 
-use crate::replication::{Outcomes, ReplCtx, Replicator, Strategy, SHARED_LOG_ID};
+use crate::replication::{BackupSide, Outcomes, ReplCtx, Replicator, SHARED_LOG_ID};
 use crate::runtime::{Step, Task};
 use crate::server::{ServerShared, KV_BYTES_MAX};
+use crate::version::Refusal;
+
+/// A write as a request gives it: kind, key, value, request record, condition.
+type WriteArgs<'a> = (
+    Kind,
+    &'a [u8],
+    &'a [u8],
+    Option<RequestRecord>,
+    Option<Expect>,
+);
 
 /// Unsealed segments granted to one remote log, at most. A log holds its current
 /// segment and a standby, plus segments granted by answers it gave up on and
@@ -312,9 +322,7 @@ impl<N: Nic> Worker<N> {
         // A write is counted in flight under the term it may use before the
         // configuration is read again (`ServerShared::note_write_started`), so a
         // re-replication copy either waits for it or it goes to the new backup.
-        if matches!(f.body, Body::Put { .. } | Body::Del { .. })
-            && !self.shared.settings.failover.unsafe_announce_writes_late
-        {
+        if f.body.is_write() && !self.shared.settings.failover.unsafe_announce_writes_late {
             self.shared
                 .note_write_started(self.index, self.config.term.0);
         }
@@ -329,10 +337,7 @@ impl<N: Nic> Worker<N> {
             self.reject(peer, h.request_id, ErrorCode::StaleTerm, &detail);
             return;
         }
-        if matches!(
-            f.body,
-            Body::Get { .. } | Body::Put { .. } | Body::Del { .. }
-        ) {
+        if matches!(f.body, Body::Get { .. }) || f.body.is_write() {
             // A write is admitted on the clock now, not at the step's start:
             // earlier messages of this step may have taken a while. A GET is
             // admitted on the step's time, an early refusal only: it is checked
@@ -352,9 +357,30 @@ impl<N: Nic> Worker<N> {
                 key,
                 value,
                 request,
-            } => self.handle_write(peer, h.request_id, Kind::Put, key, value, request, now_ns),
+            } => {
+                let w = (Kind::Put, key, value, request, None);
+                self.handle_write(peer, h.request_id, w, now_ns)
+            }
             Body::Del { key, request } => {
-                self.handle_write(peer, h.request_id, Kind::Del, key, &[], request, now_ns)
+                let w = (Kind::Del, key, &[][..], request, None);
+                self.handle_write(peer, h.request_id, w, now_ns)
+            }
+            Body::PutIf {
+                key,
+                value,
+                request,
+                expect,
+            } => {
+                let w = (Kind::Put, key, value, request, Some(expect));
+                self.handle_write(peer, h.request_id, w, now_ns)
+            }
+            Body::DelIf {
+                key,
+                request,
+                expect,
+            } => {
+                let w = (Kind::Del, key, &[][..], request, Some(expect));
+                self.handle_write(peer, h.request_id, w, now_ns)
             }
             Body::Replicate { entries } => {
                 self.handle_replicate(peer, h.request_id, h.sender, entries)
@@ -438,17 +464,9 @@ impl<N: Nic> Worker<N> {
         self.value_buf = value;
     }
 
-    #[allow(clippy::too_many_arguments)]
-    fn handle_write(
-        &mut self,
-        peer: PeerId,
-        request_id: u64,
-        kind: Kind,
-        key: &[u8],
-        value: &[u8],
-        request: Option<RequestRecord>,
-        now_ns: u64,
-    ) {
+    /// A PUT or DEL (`w`: kind, key, value, request record, condition).
+    fn handle_write(&mut self, peer: PeerId, request_id: u64, w: WriteArgs<'_>, now_ns: u64) {
+        let (kind, key, value, request, expect) = w;
         let Some(shard) = self.primary_shard(peer, request_id, key) else {
             return;
         };
@@ -516,17 +534,42 @@ impl<N: Nic> Worker<N> {
                 return;
             }
         }
-        let Some(version) = self.shared.versions.allocate(shard) else {
-            let why = "shard versions exhausted";
-            self.refuse_write(
-                shard,
-                None,
-                request,
-                (peer, request_id),
-                ErrorCode::Internal,
-                why,
-            );
-            return;
+        let key_hash = hash_key(key);
+        let allocated = match expect {
+            None => self
+                .shared
+                .versions
+                .allocate(shard, key_hash)
+                .ok_or(Refusal::Exhausted),
+            Some(e) => {
+                let engine = &self.shared.engine;
+                let buf = &mut self.value_buf;
+                self.shared.versions.allocate_if(shard, key_hash, || {
+                    let live = engine.get_into(shard, key, buf).ok().flatten();
+                    match e {
+                        Expect::Absent => live.is_none(),
+                        Expect::Version(v) => live == Some(Version(v)),
+                    }
+                })
+            }
+        };
+        let version = match allocated {
+            Ok(v) => v,
+            Err(refusal) => {
+                let (code, why) = match refusal {
+                    Refusal::Exhausted => (ErrorCode::Internal, "shard versions exhausted"),
+                    Refusal::InFlight => (
+                        ErrorCode::ConditionFailed,
+                        "another write of the key is in flight",
+                    ),
+                    Refusal::Condition => (
+                        ErrorCode::ConditionFailed,
+                        "the key's value is not the one expected",
+                    ),
+                };
+                self.refuse_write(shard, None, request, (peer, request_id), code, why);
+                return;
+            }
         };
         let mtu = self.shared.engine.config().mtu_bytes;
         let encoded = match request {
@@ -850,7 +893,7 @@ impl<N: Nic> Worker<N> {
     }
 
     fn handle_replicate(&mut self, peer: PeerId, request_id: u64, sender: NodeId, entries: &[u8]) {
-        if self.shared.strategy != Strategy::Rpc {
+        if self.shared.strategy.backup_side() != BackupSide::Appender {
             let detail = format!("this cluster replicates by {}", self.shared.strategy);
             self.reject(peer, request_id, ErrorCode::Malformed, &detail);
             return;
@@ -910,7 +953,7 @@ impl<N: Nic> Worker<N> {
         sealed: Option<u32>,
         now_ns: u64,
     ) {
-        if !self.shared.strategy.uses_remote_logs() {
+        if self.shared.strategy.backup_side() != BackupSide::RemoteLog {
             let detail = format!("this cluster replicates by {}", self.shared.strategy);
             self.reject(peer, request_id, ErrorCode::Malformed, &detail);
             return;

@@ -28,14 +28,14 @@ use std::time::{Duration, Instant};
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
-use rowankv_client::{Client, ClientConfig, ClientError, Completed, Op, OpId, Output};
+use rowankv_client::{Client, ClientConfig, ClientError, Completed, Expect, Op, OpId, Output};
 use rowankv_deploy::{Cluster, ClusterConfig};
 use rowankv_fabric::LoopbackNic;
 use rowankv_rpc::directory::Directory;
 use rowankv_server::{ServerSettings, Strategy};
 use rowankv_types::{ShardId, Version};
 use rowankv_wire::config::Config;
-use rowankv_wire::frame::KV_BYTES_MAX;
+use rowankv_wire::frame::{ErrorCode, KV_BYTES_MAX};
 
 const SERVERS: usize = 3;
 const WORKERS: usize = 3;
@@ -658,6 +658,97 @@ fn commit_versions_are_in_the_backups_logs(strategy: Strategy, seed: u64) {
     );
 }
 
+fn condition_failed(r: Result<u64, ClientError>) -> bool {
+    matches!(
+        r,
+        Err(ClientError::Server {
+            code: ErrorCode::ConditionFailed,
+            ..
+        })
+    )
+}
+
+/// Conditional writes (`PutIf`, `DelIf`): each executes only if its condition
+/// holds on the key's live value, and concurrent read-modify-write loops over
+/// them lose no update (the read-modify-write commands of the RESP front end).
+fn conditional_writes_are_atomic_per_key(strategy: Strategy) {
+    let mut cluster = start(strategy, None);
+    let mut c = client(&mut cluster, 0);
+    let k = b"cond-key".as_slice();
+    let v1 = c.put_if(k, b"a", Expect::Absent).expect("absent");
+    assert!(
+        condition_failed(c.put_if(k, b"b", Expect::Absent)),
+        "present now"
+    );
+    let v2 = c.put_if(k, b"b", Expect::Version(v1)).expect("at v1");
+    assert!(v2 > v1);
+    assert!(
+        condition_failed(c.put_if(k, b"c", Expect::Version(v1))),
+        "stale"
+    );
+    assert!(
+        condition_failed(c.delete_if(k, Expect::Version(v1))),
+        "stale"
+    );
+    assert_eq!(c.get_versioned(k).unwrap(), Some((b"b".to_vec(), v2)));
+    c.delete_if(k, Expect::Version(v2)).expect("at v2");
+    assert_eq!(c.get_versioned(k).unwrap(), None);
+    assert!(
+        condition_failed(c.put_if(k, b"d", Expect::Version(v2))),
+        "deleted"
+    );
+    c.put_if(k, b"d", Expect::Absent)
+        .expect("absent after the delete");
+
+    // Counters incremented by read + conditional write, from several threads.
+    const THREADS: usize = 3;
+    const INCREMENTS: u64 = 60;
+    let counters: Vec<Vec<u8>> = (0..2)
+        .map(|i| format!("counter-{i}").into_bytes())
+        .collect();
+    let mut clients: Vec<_> = (0..THREADS).map(|t| client(&mut cluster, t)).collect();
+    let handles: Vec<_> = clients
+        .drain(..)
+        .map(|mut c| {
+            let counters = counters.clone();
+            thread::spawn(move || {
+                let mut conflicts = 0u64;
+                for i in 0..INCREMENTS {
+                    let key = &counters[i as usize % counters.len()];
+                    loop {
+                        let (n, expect) = match c.get_versioned(key).expect("read") {
+                            Some((v, version)) => (
+                                String::from_utf8(v).unwrap().parse::<u64>().unwrap(),
+                                Expect::Version(version),
+                            ),
+                            None => (0, Expect::Absent),
+                        };
+                        match c.put_if(key, (n + 1).to_string().as_bytes(), expect) {
+                            Ok(_) => break,
+                            r if condition_failed(r.clone()) => conflicts += 1,
+                            Err(e) => panic!("increment: {e}"),
+                        }
+                    }
+                }
+                conflicts
+            })
+        })
+        .collect();
+    let conflicts: u64 = handles.into_iter().map(|h| h.join().unwrap()).sum();
+    let total: u64 = counters
+        .iter()
+        .map(|k| {
+            let v = c.get(k).unwrap();
+            String::from_utf8(v).unwrap().parse::<u64>().unwrap()
+        })
+        .sum();
+    assert_eq!(
+        total,
+        THREADS as u64 * INCREMENTS,
+        "{strategy}: increments lost ({conflicts} conflicts retried)"
+    );
+}
+
 macro_rules! for_strategy {
     ($module:ident, $strategy:expr, $seed:expr $(, $extra:item)* $(,)?) => {
         mod $module {
@@ -683,6 +774,11 @@ macro_rules! for_strategy {
             #[test]
             fn commit_versions_are_in_the_backups_logs() {
                 super::commit_versions_are_in_the_backups_logs($strategy, $seed);
+            }
+
+            #[test]
+            fn conditional_writes_are_atomic_per_key() {
+                super::conditional_writes_are_atomic_per_key($strategy);
             }
 
             $($extra)*

@@ -39,6 +39,8 @@
 //! | `Ready`             | 12   | `shard u16, node u32` (`node` holds a full copy of `shard` now)       |
 //! | `Config`            | 13   | `offset u32` (a page of the configuration the CM stores, from offset) |
 //! | `Stats`             | 14   | empty (a server's state, answered with `Value`: JSON, version = term) |
+//! | `PutIf`             | 15   | `expect` (9 B, below), then as `Put`                                  |
+//! | `DelIf`             | 16   | `expect` (9 B), then as `Del`                                         |
 //! | `Response`          | 0x80 | `status u8`, then per status (below)                                  |
 //!
 //! | status | response   | rest of the body                                                    |
@@ -56,6 +58,13 @@
 //! write is executed each time it arrives). Otherwise `client` is not 0,
 //! `seq < 2^40` (what a log entry stores) and `first_incomplete ≤ seq`; the server stores the record in the write's log entry
 //! and answers a request it already executed with that execution's outcome.
+//!
+//! A conditional write's `expect` is `tag u8, version u64`: tag 1, the key has no
+//! live value (version 0); tag 2, the key's live value has exactly `version`. The
+//! primary executes the write only if the condition holds and no other write of
+//! the key is in flight; otherwise it answers `Error` `ConditionFailed` and writes
+//! nothing. Conditional writes are how read-modify-write commands (Redis's INCR,
+//! SET NX, …) are atomic per key.
 //!
 //! # Invariants
 //!
@@ -181,6 +190,8 @@ pub enum MsgType {
     Ready = 12,
     Config = 13,
     Stats = 14,
+    PutIf = 15,
+    DelIf = 16,
     Response = 0x80,
 }
 
@@ -201,6 +212,8 @@ impl MsgType {
             11 => MsgType::Install,
             12 => MsgType::Ready,
             13 => MsgType::Config,
+            15 => MsgType::PutIf,
+            16 => MsgType::DelIf,
             0x80 => MsgType::Response,
             _ => return None,
         })
@@ -222,6 +235,19 @@ pub enum Body<'a> {
     Del {
         key: &'a [u8],
         request: Option<RequestRecord>,
+    },
+    /// A `Put` executed only if `expect` holds for the key.
+    PutIf {
+        key: &'a [u8],
+        value: &'a [u8],
+        request: Option<RequestRecord>,
+        expect: Expect,
+    },
+    /// A `Del` executed only if `expect` holds for the key.
+    DelIf {
+        key: &'a [u8],
+        request: Option<RequestRecord>,
+        expect: Expect,
     },
     /// One or more encoded log entries, replicated by RPC: non-empty, a multiple of 64 B.
     Replicate {
@@ -276,12 +302,22 @@ pub enum Body<'a> {
 }
 
 impl Body<'_> {
+    /// Whether this is a client's write (PUT or DEL, conditional or not).
+    pub fn is_write(&self) -> bool {
+        matches!(
+            self,
+            Body::Put { .. } | Body::Del { .. } | Body::PutIf { .. } | Body::DelIf { .. }
+        )
+    }
+
     /// The message type this body travels under.
     pub fn msg_type(&self) -> MsgType {
         match self {
             Body::Get { .. } => MsgType::Get,
             Body::Put { .. } => MsgType::Put,
             Body::Del { .. } => MsgType::Del,
+            Body::PutIf { .. } => MsgType::PutIf,
+            Body::DelIf { .. } => MsgType::DelIf,
             Body::Replicate { .. } => MsgType::Replicate,
             Body::GrantSegment { .. } => MsgType::GrantSegment,
             Body::Ping => MsgType::Ping,
@@ -325,6 +361,21 @@ impl Body<'_> {
                 check_key(key)?;
                 // Saturating: an absurd value length must end in TooLarge, not overflow.
                 (PUT_FIXED_BYTES + key.len()).saturating_add(value.len())
+            }
+            Body::PutIf {
+                key,
+                value,
+                request,
+                ..
+            } => {
+                check_request(request)?;
+                check_key(key)?;
+                (EXPECT_BYTES + PUT_FIXED_BYTES + key.len()).saturating_add(value.len())
+            }
+            Body::DelIf { key, request, .. } => {
+                check_key(key)?;
+                check_request(request)?;
+                EXPECT_BYTES + REQUEST_BYTES + KEY_FIXED_BYTES + key.len()
             }
             Body::Replicate { entries } => check_entries(entries, "replicate")?,
             Body::GrantSegment { .. } => GRANT_SEGMENT_BYTES,
@@ -445,6 +496,9 @@ pub enum ErrorCode {
     /// A write's request id is below its client's acknowledged floor: the client
     /// had its answer long ago, and the request is not executed again.
     Duplicate = 12,
+    /// A conditional write's condition did not hold (or another write of the
+    /// key was in flight): nothing was written.
+    ConditionFailed = 13,
 }
 
 impl ErrorCode {
@@ -462,6 +516,7 @@ impl ErrorCode {
             10 => ErrorCode::Internal,
             11 => ErrorCode::NotMember,
             12 => ErrorCode::Duplicate,
+            13 => ErrorCode::ConditionFailed,
             _ => return None,
         })
     }
@@ -482,6 +537,7 @@ impl fmt::Display for ErrorCode {
             ErrorCode::Internal => "internal error",
             ErrorCode::NotMember => "not a member",
             ErrorCode::Duplicate => "duplicate request",
+            ErrorCode::ConditionFailed => "condition failed",
         })
     }
 }
@@ -597,6 +653,29 @@ pub fn encode(
             put_u32(out, value.len());
             out.extend_from_slice(key);
             out.extend_from_slice(value);
+        }
+        Body::PutIf {
+            key,
+            value,
+            request,
+            expect,
+        } => {
+            put_expect(out, expect);
+            put_request(out, request);
+            put_u16(out, key.len());
+            put_u32(out, value.len());
+            out.extend_from_slice(key);
+            out.extend_from_slice(value);
+        }
+        Body::DelIf {
+            key,
+            request,
+            expect,
+        } => {
+            put_expect(out, expect);
+            put_request(out, request);
+            put_u16(out, key.len());
+            out.extend_from_slice(key);
         }
         Body::Replicate { entries } => out.extend_from_slice(entries),
         Body::GrantSegment { log, sealed } => {
@@ -767,6 +846,34 @@ fn decode_body(msg_type: MsgType, bytes: &[u8]) -> Result<Body<'_>, FrameError> 
                 request,
             }
         }
+        MsgType::PutIf => {
+            let mut r = Reader::new(bytes, "put-if");
+            let expect = r.expect()?;
+            let request = r.request()?;
+            let key_len = r.key_len()?;
+            let value_len = r.u32("value_len")? as usize;
+            let key = r.take(key_len, "key")?;
+            let value = r.take(value_len, "value")?;
+            r.finish()?;
+            Body::PutIf {
+                key,
+                value,
+                request,
+                expect,
+            }
+        }
+        MsgType::DelIf => {
+            let mut r = Reader::new(bytes, "del-if");
+            let expect = r.expect()?;
+            let request = r.request()?;
+            let key = r.key()?;
+            r.finish()?;
+            Body::DelIf {
+                key,
+                request,
+                expect,
+            }
+        }
         MsgType::Replicate => {
             check_entries(bytes, "replicate")?;
             Body::Replicate { entries: bytes }
@@ -915,6 +1022,27 @@ fn decode_response(bytes: &[u8]) -> Result<Response<'_>, FrameError> {
 }
 
 /// A request record as the wire carries it: all zeros for none.
+/// What a conditional write requires of its key's live value.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Expect {
+    /// The key has no live value.
+    Absent,
+    /// The key's live value has this version.
+    Version(u64),
+}
+
+/// Bytes of an encoded [`Expect`].
+pub const EXPECT_BYTES: usize = 9;
+
+fn put_expect(out: &mut Vec<u8>, expect: &Expect) {
+    let (tag, v) = match *expect {
+        Expect::Absent => (1u8, 0u64),
+        Expect::Version(v) => (2, v),
+    };
+    out.push(tag);
+    out.extend_from_slice(&v.to_le_bytes());
+}
+
 fn put_request(out: &mut Vec<u8>, request: &Option<RequestRecord>) {
     let (client, seq, first) =
         request.map_or((0, 0, 0), |r| (r.id.client, r.id.seq, r.first_incomplete));
@@ -981,6 +1109,18 @@ impl<'a> Reader<'a> {
     }
 
     /// A write's request record (all zeros: none).
+    fn expect(&mut self) -> Result<Expect, FrameError> {
+        let tag = self.u8("expect tag")?;
+        let v = self.u64("expect version")?;
+        match (tag, v) {
+            (1, 0) => Ok(Expect::Absent),
+            (2, v) if v > 0 => Ok(Expect::Version(v)),
+            _ => Err(FrameError::FieldLength(format!(
+                "a condition of tag {tag} and version {v} (1 with 0: absent; 2 with a version)"
+            ))),
+        }
+    }
+
     fn request(&mut self) -> Result<Option<RequestRecord>, FrameError> {
         let client = self.u64("request client")?;
         let seq = self.u64("request seq")?;

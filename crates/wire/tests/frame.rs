@@ -5,8 +5,8 @@ use proptest::prelude::*;
 use rowankv_types::{NodeId, RequestId, RequestRecord, ShardId, Term};
 use rowankv_wire::frame::{
     decode, decode_header, encode, put_value_bytes_max, value_response_bytes_max, Body, Envelope,
-    ErrorCode, FrameError, MsgType, Response, FRAME_BYTES_MAX_DEFAULT, HEADER_BYTES, KEY_BYTES_MAX,
-    MAGIC, WIRE_VERSION,
+    ErrorCode, Expect, FrameError, MsgType, Response, FRAME_BYTES_MAX_DEFAULT, HEADER_BYTES,
+    KEY_BYTES_MAX, MAGIC, WIRE_VERSION,
 };
 
 const MAX: usize = FRAME_BYTES_MAX_DEFAULT;
@@ -118,6 +118,23 @@ fn samples(entries: &[u8]) -> Vec<Body<'_>> {
             log: 0,
             sealed: Some(0),
         },
+        Body::PutIf {
+            key: b"counter",
+            value: b"41",
+            request: None,
+            expect: Expect::Version(7),
+        },
+        Body::PutIf {
+            key: b"k",
+            value: b"",
+            request: None,
+            expect: Expect::Absent,
+        },
+        Body::DelIf {
+            key: b"k",
+            request: None,
+            expect: Expect::Version(u64::MAX),
+        },
         Body::Ping,
         Body::Lease,
         Body::Stats,
@@ -206,8 +223,8 @@ fn every_body_and_response_round_trips() {
 
 #[test]
 fn every_error_code_round_trips() {
-    for b in 1..=12 {
-        let code = ErrorCode::from_u8(b).expect("codes 1..=12 exist");
+    for b in 1..=13 {
+        let code = ErrorCode::from_u8(b).expect("codes 1..=13 exist");
         let body = Body::Response(Response::Error {
             code,
             term: Term(3),
@@ -217,7 +234,7 @@ fn every_error_code_round_trips() {
         assert!(!code.to_string().is_empty());
     }
     assert_eq!(ErrorCode::from_u8(0), None);
-    assert_eq!(ErrorCode::from_u8(13), None);
+    assert_eq!(ErrorCode::from_u8(14), None);
 }
 
 #[test]
@@ -237,6 +254,8 @@ fn msg_types_map_to_their_bytes() {
         (MsgType::Ready, 12),
         (MsgType::Config, 13),
         (MsgType::Stats, 14),
+        (MsgType::PutIf, 15),
+        (MsgType::DelIf, 16),
         (MsgType::Response, 0x80),
     ];
     for (t, b) in all {
@@ -244,7 +263,7 @@ fn msg_types_map_to_their_bytes() {
         assert_eq!(MsgType::from_u8(b), Some(t));
     }
     assert_eq!(MsgType::from_u8(0), None);
-    assert_eq!(MsgType::from_u8(15), None);
+    assert_eq!(MsgType::from_u8(17), None);
     assert_eq!(MsgType::from_u8(0x81), None);
 }
 
@@ -433,6 +452,30 @@ fn trailing_bytes_in_a_body_are_rejected() {
         Err(FrameError::TrailingBytes(1))
     );
     assert_eq!(decode(&raw_frame(14, &[])).unwrap().body, Body::Stats);
+    // A condition is tag 1 with version 0 (absent) or tag 2 with a version.
+    let del = |tag: u8, v: u64| {
+        let mut b = vec![tag];
+        b.extend_from_slice(&v.to_le_bytes());
+        b.extend_from_slice(&[0; 24]); // no request record
+        b.extend_from_slice(&[1, 0, b'k']);
+        decode(&raw_frame(16, &b)).map(|f| match f.body {
+            Body::DelIf { expect, .. } => expect,
+            other => panic!("{other:?}"),
+        })
+    };
+    assert_eq!(del(1, 0), Ok(Expect::Absent));
+    assert_eq!(del(2, 9), Ok(Expect::Version(9)));
+    for (tag, v) in [(0, 0), (1, 5), (2, 0), (3, 1)] {
+        let e = del(tag, v).unwrap_err();
+        assert!(
+            e.to_string().contains("a condition of tag"),
+            "{tag} {v}: {e}"
+        );
+    }
+    assert!(
+        del(2, 9).is_ok() && decode(&raw_frame(16, &[2, 9])).is_err(),
+        "truncated"
+    );
     let mut put = write_body(&[1, 0, 1, 0, 0, 0, b'k', b'v']);
     put.extend_from_slice(b"extra");
     assert_eq!(
@@ -550,7 +593,7 @@ fn unknown_status_is_rejected() {
 
 #[test]
 fn unknown_error_code_is_rejected() {
-    for code in [0u8, 13, 0xFF] {
+    for code in [0u8, 14, 0xFF] {
         assert_eq!(
             decode(&raw_frame(0x80, &error_body(code, b""))),
             Err(FrameError::BadErrorCode(code))

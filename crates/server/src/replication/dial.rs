@@ -10,7 +10,9 @@
 //! [`Dialer`] sets the connection up without blocking the worker: it asks the
 //! backup's service through the directory ([`Directory::request`]) and, when the
 //! answer arrives on a later tick, connects its queue pair and hands the link to
-//! the replicator. What each strategy needs is set up here, in one place:
+//! the replicator. What each strategy needs comes from its description
+//! ([`Strategy::path_service`], [`Strategy::path_needs_rpc`]); the link is made
+//! from the answers by [`link`]:
 //!
 //! | strategy | connection |
 //! | --- | --- |
@@ -21,9 +23,13 @@
 //!
 //! A dial that gets no answer within [`DIAL_TIMEOUT_NS`], or is refused, is
 //! dropped and tried again on a later entry, no sooner than [`REDIAL_NS`] after.
+//! A replicator gives up a connection that failed again after a reset (`rowan`,
+//! `rpc`: a backup that restarted knows nothing of it); the next entry for that
+//! backup dials anew.
 //!
-//! The in-process cluster connects every path before its roles start and
-//! hands the replicators their links; its dialer then has nothing to do.
+//! The in-process cluster connects every path before its roles start, with the
+//! same [`link`] from what its servers answered, and hands the replicators
+//! their links; its dialer then has work only after such a give-up.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -37,8 +43,10 @@ use rowankv_rpc::endpoint::PeerId;
 use rowankv_types::NodeId;
 use rowankv_wire::frame::Response;
 
-use super::{Link, LinkKind, Outcomes, RemoteLogTarget, ReplCtx, Replicator, SharedLog, Strategy};
-use crate::services::{decode_region, encode_path_request, REMOTE_LOG_SERVICE, ROWAN_SERVICE};
+use super::{
+    BackupSide, Link, LinkKind, Outcomes, RemoteLogTarget, ReplCtx, Replicator, SharedLog, Strategy,
+};
+use crate::services::{decode_region, encode_path_request};
 
 /// How long a dial may wait for the backup's answers.
 pub const DIAL_TIMEOUT_NS: u64 = 2_000_000_000;
@@ -136,12 +144,7 @@ impl<N: Nic> Dialer<N> {
             rpc: None,
             rpc_done: None,
         };
-        let service = match self.strategy {
-            Strategy::Rowan => Some(ROWAN_SERVICE),
-            Strategy::Rpc => None,
-            Strategy::Rwrite | Strategy::Batch | Strategy::Share => Some(REMOTE_LOG_SERVICE),
-        };
-        if let Some(service) = service {
+        if let Some(service) = self.strategy.path_service() {
             let cq = cx.ep.cq();
             let qp = cx
                 .ep
@@ -159,7 +162,7 @@ impl<N: Nic> Dialer<N> {
                 .map_err(|e| e.to_string())?;
             dial.qp = Some((qp, answer));
         }
-        if self.strategy != Strategy::Rowan {
+        if self.strategy.path_needs_rpc() {
             let workers = (self.workers_of)(backup).unwrap_or(1).max(1);
             let worker = (self.worker % workers as usize) as u16;
             let (peer, answer) = self
@@ -235,32 +238,56 @@ impl<N: Nic> Dialer<N> {
     }
 
     fn make_link(&self, backup: NodeId, dial: Dial<N>) -> Result<Link<N>, String> {
-        let kind = match self.strategy {
-            Strategy::Rowan => {
-                let (qp, a) = dial.qp_done.ok_or("no Rowan receiver answered")?;
-                qp.connect(a.qp).map_err(|e| e.to_string())?;
-                LinkKind::Rowan(RowanSender::new(qp, self.mtu_bytes))
-            }
-            Strategy::Rpc => LinkKind::Rpc(dial.rpc_done.ok_or("no worker answered")?),
-            Strategy::Rwrite | Strategy::Batch | Strategy::Share => {
-                let (qp, a) = dial.qp_done.ok_or("no remote log answered")?;
-                let region = decode_region(&a.private, backup)?;
-                qp.connect(a.qp).map_err(|e| e.to_string())?;
-                let target = RemoteLogTarget {
-                    qp,
-                    region,
-                    peer: dial.rpc_done.ok_or("no worker answered")?,
-                };
-                if self.strategy == Strategy::Share {
-                    let log = self.shared_logs.lock().entry(backup).or_default().clone();
-                    LinkKind::Shared(log, target)
-                } else {
-                    LinkKind::RemoteLog(target)
-                }
-            }
-        };
-        Ok(Link(kind))
+        link(
+            self.strategy,
+            backup,
+            dial.qp_done,
+            dial.rpc_done,
+            self.mtu_bytes,
+            &self.shared_logs,
+        )
     }
+}
+
+/// The link of `strategy` to `backup` from the parts set up for it: the
+/// sender's queue pair and the service's answer (connected here), if the
+/// strategy's path has one ([`Strategy::path_service`]), and the RPC peer, if
+/// it needs one ([`Strategy::path_needs_rpc`]). The dialer makes it from what a
+/// backup's process answered; the in-process cluster from what its servers
+/// answered while it was built.
+pub fn link<N: Nic>(
+    strategy: Strategy,
+    backup: NodeId,
+    qp: Option<(N::Qp, Accepted)>,
+    rpc: Option<PeerId>,
+    mtu_bytes: usize,
+    shared_logs: &SharedLogs,
+) -> Result<Link<N>, String> {
+    let kind = match strategy.backup_side() {
+        BackupSide::Receiver => {
+            let (qp, a) = qp.ok_or("no Rowan receiver answered")?;
+            qp.connect(a.qp).map_err(|e| e.to_string())?;
+            LinkKind::Rowan(RowanSender::new(qp, mtu_bytes))
+        }
+        BackupSide::Appender => LinkKind::Rpc(rpc.ok_or("no worker answered")?),
+        BackupSide::RemoteLog => {
+            let (qp, a) = qp.ok_or("no remote log answered")?;
+            let region = decode_region(&a.private, backup)?;
+            qp.connect(a.qp).map_err(|e| e.to_string())?;
+            let target = RemoteLogTarget {
+                qp,
+                region,
+                peer: rpc.ok_or("no worker answered")?,
+            };
+            if strategy == Strategy::Share {
+                let log = shared_logs.lock().entry(backup).or_default().clone();
+                LinkKind::Shared(log, target)
+            } else {
+                LinkKind::RemoteLog(target)
+            }
+        }
+    };
+    Ok(Link(kind))
 }
 
 /// Give back what a failed dial holds: its queue pair, its RPC peer's slot.

@@ -9,6 +9,13 @@
 //! | `batch` | `rwrite`, entries batched per backup until 256 B or 5 µs | as `rwrite` |
 //! | `share` | one remote log per server pair, shared by the server's workers; space reserved with a local atomic | as `rwrite` |
 //!
+//! Each strategy is described in one place, [`Strategy`]'s methods: its backup
+//! side ([`BackupSide`]: what `node::assemble` sets up and which requests a
+//! backup's workers take), the path a sender makes to each backup (a service's
+//! queue pair, an RPC connection, or both; built by [`link`] for processes and
+//! the in-process cluster alike) and its replicator. A new strategy adds its
+//! variant, its rows there, and its replicator's module.
+//!
 //! A [`Replicator`] belongs to one worker. The worker hands it an entry and a
 //! token per backup; the replicator reports the token in `acked` once the entry
 //! is durable in that backup's log, or in `failed` if it cannot be.
@@ -22,6 +29,7 @@ mod share;
 #[cfg(test)]
 mod tests;
 
+use std::collections::HashMap;
 use std::fmt;
 use std::str::FromStr;
 
@@ -30,6 +38,10 @@ use rowankv_rpc::endpoint::{Endpoint, PeerId};
 use rowankv_types::NodeId;
 use rowankv_wire::frame::{Envelope, Response};
 
+use crate::server::ServerSettings;
+use crate::services::{REMOTE_LOG_SERVICE, ROWAN_SERVICE};
+
+pub use dial::link;
 pub(crate) use dial::Dialer;
 pub use dial::OnDemand;
 pub use dial::SharedLogs;
@@ -76,8 +88,81 @@ impl Strategy {
 
     /// Whether backups receive one-sided WRITEs into granted segments.
     pub fn uses_remote_logs(self) -> bool {
-        matches!(self, Strategy::Rwrite | Strategy::Batch | Strategy::Share)
+        self.backup_side() == BackupSide::RemoteLog
     }
+
+    // Both sides of each strategy are described here, and nowhere else: the
+    // backup side (how entries reach a backup's log), the connection a sender
+    // makes to each backup (`dial.rs` builds it, for processes and the
+    // in-process cluster alike), and the replicator a worker runs.
+
+    /// How entries reach a backup's log.
+    pub fn backup_side(self) -> BackupSide {
+        match self {
+            Strategy::Rowan => BackupSide::Receiver,
+            Strategy::Rpc => BackupSide::Appender,
+            Strategy::Rwrite | Strategy::Batch | Strategy::Share => BackupSide::RemoteLog,
+        }
+    }
+
+    /// The backup's connection-manager service a sender's queue pair is
+    /// connected to (`None`: entries go in RPCs).
+    pub fn path_service(self) -> Option<u16> {
+        match self.backup_side() {
+            BackupSide::Receiver => Some(ROWAN_SERVICE),
+            BackupSide::Appender => None,
+            BackupSide::RemoteLog => Some(REMOTE_LOG_SERVICE),
+        }
+    }
+
+    /// Whether a sender also needs an RPC connection to one of the backup's
+    /// workers (the entries themselves, or segment grants).
+    pub fn path_needs_rpc(self) -> bool {
+        self.backup_side() != BackupSide::Receiver
+    }
+
+    /// A replicator for worker `worker`, with no connection yet: they are made
+    /// on demand ([`OnDemand`]) or handed to it with [`Replicator::add`].
+    pub fn replicator<N: Nic>(
+        self,
+        worker: usize,
+        settings: &ServerSettings,
+        mtu_bytes: usize,
+    ) -> Box<dyn Replicator<N>> {
+        let timeout = settings.replicate_timeout();
+        match self {
+            Strategy::Rowan => Box::new(RowanReplicator::new(HashMap::new(), mtu_bytes)),
+            Strategy::Rpc => Box::new(RpcReplicator::new(HashMap::new(), timeout)),
+            Strategy::Share => Box::new(ShareReplicator::new(HashMap::new(), timeout)),
+            Strategy::Batch => Box::new(RwriteReplicator::new(
+                worker as u32,
+                HashMap::new(),
+                Some(settings.batch),
+                timeout,
+            )),
+            Strategy::Rwrite => Box::new(RwriteReplicator::new(
+                worker as u32,
+                HashMap::new(),
+                None,
+                timeout,
+            )),
+        }
+    }
+}
+
+/// How entries reach a backup's log.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BackupSide {
+    /// The NIC lands SENDs in the server's one b-log through its Rowan
+    /// receiver's shared receive queue, without the server's CPU (`rowan`).
+    Receiver,
+    /// A worker appends the entries of a `Replicate` RPC to its own b-log and
+    /// answers (`rpc`).
+    Appender,
+    /// The sender WRITEs into segments the backup grants on request (`GrantSegment`),
+    /// through a passive queue pair; sealed segments are digested (`rwrite`,
+    /// `batch`, `share`).
+    RemoteLog,
 }
 
 impl fmt::Display for Strategy {
