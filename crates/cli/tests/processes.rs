@@ -37,6 +37,8 @@ struct Cluster {
     cm_procs: Vec<Proc>,
     servers: Vec<Proc>,
     others: Vec<Proc>,
+    /// Each server's Redis port.
+    resp: Vec<u16>,
 }
 
 impl Drop for Cluster {
@@ -108,6 +110,7 @@ impl Cluster {
             cm_procs: Vec::new(),
             servers: Vec::new(),
             others: Vec::new(),
+            resp: Vec::new(),
         };
         for (j, a) in cm_addrs.iter().enumerate() {
             let file = dir.join(format!("cm-{j}.toml"));
@@ -132,13 +135,16 @@ impl Cluster {
             .collect::<Vec<_>>()
             .join(", ");
         for i in 0..servers {
+            let resp = free_port();
+            c.resp.push(resp);
             let file = dir.join(format!("server-{i}.toml"));
             std::fs::write(
                 &file,
                 format!(
                     "cluster_id = {CLUSTER_ID}\nsecret_file = \"secret\"\ncms = [{cms_toml}]\n\
                      listen = \"127.0.0.1:{}\"\nworkers = 2\n\
-                     [pool]\npath = \"data/server-{i}.pool\"\nbytes = \"64MiB\"\nmedium = \"emulated\"\nsegment_bytes = \"1MiB\"\n",
+                     [pool]\npath = \"data/server-{i}.pool\"\nbytes = \"64MiB\"\nmedium = \"emulated\"\nsegment_bytes = \"1MiB\"\n\
+                     [resp]\nlisten = \"127.0.0.1:{resp}\"\n",
                     free_port()
                 ),
             )
@@ -613,4 +619,159 @@ fn two_cms_on_etcd_fail_over_and_acknowledged_writes_survive_the_active_cm_kille
     );
     let acked = check_read_back(&c, &records);
     eprintln!("{acked} acknowledged writes read back after the active CM and a server were killed");
+}
+
+/// A Redis connection (RESP2) to a server's front end.
+struct Redis {
+    stream: std::net::TcpStream,
+    buf: Vec<u8>,
+}
+
+impl Redis {
+    fn connect(port: u16) -> Redis {
+        let stream = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+        stream
+            .set_read_timeout(Some(Duration::from_secs(20)))
+            .unwrap();
+        Redis {
+            stream,
+            buf: Vec::new(),
+        }
+    }
+
+    fn send_raw(&mut self, bytes: &[u8]) {
+        use std::io::Write;
+        self.stream.write_all(bytes).unwrap();
+    }
+
+    /// The next reply, or `None` once the server closed the connection.
+    fn reply(&mut self) -> Option<rowankv_resp::Value> {
+        use std::io::Read;
+        loop {
+            let limits = rowankv_resp::ReplyLimits::default();
+            if let Some((v, n)) = rowankv_resp::parse_reply(&self.buf, limits).unwrap() {
+                self.buf.drain(..n);
+                return Some(v);
+            }
+            let mut chunk = [0u8; 4096];
+            let n = self.stream.read(&mut chunk).unwrap();
+            if n == 0 {
+                return None;
+            }
+            self.buf.extend_from_slice(&chunk[..n]);
+        }
+    }
+
+    fn call(&mut self, argv: &[&str]) -> rowankv_resp::Value {
+        let mut out = Vec::new();
+        rowankv_resp::encode_request(argv, &mut out);
+        self.send_raw(&out);
+        self.reply().expect("a reply")
+    }
+}
+
+/// Redis clients on every server's RESP port: what one sets another reads,
+/// increments through two servers' front ends at once lose nothing (each a
+/// conditional write at the key's primary), bad input gets Redis's errors and
+/// loses nothing, and a server killed with SIGKILL leaves the others serving.
+#[test]
+fn redis_clients_use_every_server_and_bad_input_loses_nothing() {
+    use rowankv_resp::Value;
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = Cluster::start(
+        dir.path(),
+        1,
+        3,
+        "kind = \"embedded\"\npath = \"data/cm.store\"",
+    );
+    c.wait_ready(3);
+    let ports = c.resp.clone();
+    let mut r0 = Redis::connect(ports[0]);
+    assert_eq!(r0.call(&["SET", "k", "v"]), Value::ok());
+    let mut r1 = Redis::connect(ports[1]);
+    assert_eq!(r1.call(&["GET", "k"]), Value::bulk("v"));
+    assert_eq!(
+        String::from_utf8_lossy(&c.cli(&["get", "k"]).stdout).trim_end(),
+        "v",
+        "the native client reads what Redis wrote"
+    );
+
+    // Increments from two front ends at once, 150 each.
+    const EACH: i64 = 150;
+    let threads: Vec<_> = [ports[1], ports[2]]
+        .into_iter()
+        .map(|port| {
+            std::thread::spawn(move || {
+                let mut r = Redis::connect(port);
+                for _ in 0..EACH {
+                    let v = r.call(&["INCR", "counter"]);
+                    assert!(matches!(v, Value::Integer(_)), "{v:?}");
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    assert_eq!(
+        r0.call(&["GET", "counter"]),
+        Value::bulk((2 * EACH).to_string())
+    );
+
+    // Bad input: an unknown command and a wrong arity are answered and the
+    // connection goes on; a 512 MiB bulk length and a nesting of multibulk
+    // headers are protocol errors that close it, as Redis does. Nothing of
+    // them is written.
+    let v = r0.call(&["LPUSH", "list", "x"]);
+    assert!(
+        matches!(&v, Value::Error(e) if e.starts_with(b"ERR unknown command 'LPUSH'")),
+        "{v:?}"
+    );
+    let v = r0.call(&["GET"]);
+    assert!(
+        matches!(&v, Value::Error(e) if e.starts_with(b"ERR wrong number of arguments")),
+        "{v:?}"
+    );
+    r0.send_raw(b"*3\r\n$3\r\nSET\r\n$4\r\nhuge\r\n$536870913\r\n");
+    let v = r0.reply().expect("an error before the close");
+    assert!(
+        matches!(&v, Value::Error(e) if e.starts_with(b"ERR Protocol error")),
+        "{v:?}"
+    );
+    assert_eq!(r0.reply(), None, "closed after a protocol error");
+    let mut r = Redis::connect(ports[0]);
+    r.send_raw(b"*1\r\n*1\r\n*1\r\n");
+    let v = r.reply().expect("an error before the close");
+    assert!(
+        matches!(&v, Value::Error(e) if e.starts_with(b"ERR Protocol error")),
+        "{v:?}"
+    );
+    let mut r = Redis::connect(ports[2]);
+    assert_eq!(r.call(&["EXISTS", "huge", "list"]), Value::Integer(0));
+    // A binary key and value round-trip.
+    let mut out = Vec::new();
+    rowankv_resp::encode_request(
+        &[&b"SET"[..], b"bin\x00\xff\r\n", b"\x00\x01\r\n\xfe"],
+        &mut out,
+    );
+    r.send_raw(&out);
+    assert_eq!(r.reply(), Some(Value::ok()));
+    let mut out = Vec::new();
+    rowankv_resp::encode_request(&[&b"GET"[..], b"bin\x00\xff\r\n"], &mut out);
+    r.send_raw(&out);
+    assert_eq!(r.reply(), Some(Value::bulk(&b"\x00\x01\r\n\xfe"[..])));
+
+    // Server 0 killed: the others' front ends go on serving every key.
+    c.kill_server(0);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut r1 = Redis::connect(ports[1]);
+    loop {
+        if r1.call(&["GET", "k"]) == Value::bulk("v")
+            && r1.call(&["INCR", "counter"]) == Value::Integer(2 * EACH + 1)
+        {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no service after the kill");
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }

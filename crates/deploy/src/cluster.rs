@@ -517,10 +517,7 @@ pub fn build(
             .enumerate()
             .map(|(w, repl)| {
                 let ep = eps[a][w].take().expect("endpoint");
-                (
-                    ep,
-                    on_demand(&servers[a], &directory, w, shared_logs, repl),
-                )
+                (ep, on_demand(&servers[a], &directory, w, shared_logs, repl))
             })
             .collect();
         for t in roles(

@@ -29,6 +29,7 @@ pub mod cluster;
 pub mod cm;
 pub mod join;
 pub mod local;
+pub mod resp;
 pub mod server;
 
 use std::net::SocketAddr;

@@ -255,7 +255,7 @@ fn run_once(dep: &ServerDeployment, stop: &Arc<AtomicBool>) -> Result<Ended, Pro
             strategy,
             settings: settings.clone(),
             config,
-            source,
+            source: source.clone(),
             recovered,
             events: Arc::new(EventLog::new()),
             clock: clock.clone(),
@@ -278,6 +278,24 @@ fn run_once(dep: &ServerDeployment, stop: &Arc<AtomicBool>) -> Result<Ended, Pro
         executor.spawn(t);
     }
     tracing::info!(%node, listen = %dep.listen, fabric = %net.fabric_address, "serving");
+    let weak = Arc::downgrade(&shared);
+    let front = dep
+        .resp
+        .as_ref()
+        .map(|r| {
+            crate::resp::start(
+                r,
+                crate::resp::FrontParts {
+                    nic: net.nic.clone(),
+                    directory: net.directory.clone(),
+                    source: source.clone(),
+                    config: Arc::new(move || weak.upgrade().map(|s| s.config())),
+                    node: node.to_string(),
+                    strategy: strategy.to_string(),
+                },
+            )
+        })
+        .transpose()?;
     while !stopping() && !shared.evicted() {
         std::thread::sleep(Duration::from_millis(20));
     }
@@ -287,6 +305,7 @@ fn run_once(dep: &ServerDeployment, stop: &Arc<AtomicBool>) -> Result<Ended, Pro
         Ended::Stopped
     };
     tracing::info!(%node, "stopping");
+    drop(front);
     shared.stop();
     executor.stop();
     drop(net);

@@ -108,6 +108,24 @@ pub struct ServerFile {
     pub pool: PoolFile,
     /// Worker roles (each with its own log), 1..=255.
     pub workers: u16,
+    /// The Redis protocol front end (absent: none).
+    #[serde(default)]
+    pub resp: Option<RespFile>,
+}
+
+/// `[resp]`: the server's Redis protocol (RESP2/RESP3) front end.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RespFile {
+    /// Where Redis clients connect (`host:port`; port 0: none).
+    pub listen: String,
+    /// The file holding the password clients give (`AUTH`, `HELLO … AUTH`);
+    /// absent: none asked.
+    #[serde(default)]
+    pub requirepass_file: Option<PathBuf>,
+    /// Whether FLUSHALL/FLUSHDB are executed (default: refused).
+    #[serde(default)]
+    pub flushall: bool,
 }
 
 /// A server's pool.
@@ -199,6 +217,15 @@ pub struct ServerDeployment {
     pub medium: Medium,
     pub segment_bytes: u64,
     pub workers: u16,
+    pub resp: Option<RespDeployment>,
+}
+
+/// A checked `[resp]` section.
+#[derive(Clone, Debug)]
+pub struct RespDeployment {
+    pub listen: SocketAddr,
+    pub requirepass: Option<Vec<u8>>,
+    pub flushall: bool,
 }
 
 /// A checked CM file.
@@ -297,6 +324,32 @@ impl Checker<'_> {
         Ok(trimmed.to_vec())
     }
 
+    fn resp(&self, path: &Path, r: RespFile) -> Result<RespDeployment, DeployConfigError> {
+        let listen = self.listen("resp.listen", &r.listen)?;
+        let requirepass = match &r.requirepass_file {
+            Some(file) => {
+                let file = beside(path, file);
+                let bytes = std::fs::read(&file).map_err(|e| {
+                    self.bad("resp.requirepass_file", format!("{}: {e}", file.display()))
+                })?;
+                let pass = bytes.trim_ascii_end().to_vec();
+                if pass.is_empty() {
+                    return Err(self.bad(
+                        "resp.requirepass_file",
+                        format!("{} is empty", file.display()),
+                    ));
+                }
+                Some(pass)
+            }
+            None => None,
+        };
+        Ok(RespDeployment {
+            listen,
+            requirepass,
+            flushall: r.flushall,
+        })
+    }
+
     fn cluster_id(&self, id: u64) -> Result<(), DeployConfigError> {
         if id == 0 {
             return Err(self.bad("cluster_id", "0 is not a cluster id"));
@@ -377,6 +430,7 @@ impl ServerDeployment {
             medium,
             segment_bytes: segment,
             workers: f.workers,
+            resp: f.resp.map(|r| c.resp(path, r)).transpose()?,
         })
     }
 }

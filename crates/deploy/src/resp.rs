@@ -1,0 +1,526 @@
+//! A server process's Redis front end (`[resp]` in its file): Redis clients,
+//! `redis-cli` and `redis-benchmark` connect to it and their commands run
+//! against the whole cluster.
+//!
+//! Each connection has a thread of its own that parses requests
+//! (`rowankv_resp::RequestParser`, pipelining included), runs them through the
+//! command layer (`rowankv_redis::Session`) and writes the replies in the
+//! connection's protocol. The command layer reaches the data through
+//! [`ClusterKeyspace`]: RowanKV clients of this process, on its own NIC, which
+//! route each key to its shard's primary over the fabric (`resp.redirect =
+//! forward`: a key whose primary is another server costs that extra hop).
+//! Read-modify-write commands are conditional writes (`Client::put_if`),
+//! executed atomically at the primary.
+//!
+//! The clients are pooled (at most [`CLIENTS_MAX`], made when first needed and
+//! shared by every connection), so a hundred Redis connections do not open a
+//! hundred sets of connections to every worker of every server.
+//!
+//! Not served yet, each answered with an error that says so: expiry (SET
+//! EX/PX/EXAT/PXAT, EXPIRE and its family), SCAN, KEYS, DBSIZE and FLUSHALL;
+//! cluster routing (CLUSTER SLOTS, `-MOVED`): the front end answers as a
+//! standalone Redis that serves every key.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use crossbeam::channel::{bounded, Receiver, Sender};
+use parking_lot::Mutex;
+use rowankv_client::{Client, ClientConfig, ClientError, Expect as WireExpect};
+use rowankv_fabric::tcp::TcpNic;
+use rowankv_redis::{Context, Expect, Keyspace, KeyspaceError, Record, ServerInfo, Session};
+use rowankv_resp::{encode, RequestLimits, RequestParser};
+use rowankv_rpc::directory::Directory;
+use rowankv_server::deploy::RespDeployment;
+use rowankv_wire::config::{Config, ConfigSource};
+use rowankv_wire::frame::ErrorCode;
+
+use crate::{perr, ProcessError};
+
+/// Clients one front end shares among its connections, at most.
+pub const CLIENTS_MAX: usize = 16;
+
+/// How long one operation may take before the command answers an error.
+const OP_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// What the front end needs of its server.
+pub struct FrontParts {
+    pub nic: TcpNic,
+    pub directory: Directory,
+    pub source: Arc<dyn ConfigSource>,
+    /// The configuration the server holds now (INFO's `rowankv` section).
+    pub config: Arc<dyn Fn() -> Option<Arc<Config>> + Send + Sync>,
+    /// The server's node and replication strategy, for INFO.
+    pub node: String,
+    pub strategy: String,
+}
+
+/// A running front end; stopped when dropped.
+pub struct RespFront {
+    stop: Arc<AtomicBool>,
+    accept: Option<JoinHandle<()>>,
+    pub local_addr: SocketAddr,
+}
+
+impl Drop for RespFront {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        if let Some(t) = self.accept.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Clients made on demand, at most [`CLIENTS_MAX`], shared by the connections.
+struct ClientPool {
+    parts: FrontParts,
+    idle_tx: Sender<Client<TcpNic>>,
+    idle_rx: Receiver<Client<TcpNic>>,
+    made: Mutex<usize>,
+}
+
+impl ClientPool {
+    fn take(&self) -> Result<Client<TcpNic>, KeyspaceError> {
+        if let Ok(c) = self.idle_rx.try_recv() {
+            return Ok(c);
+        }
+        let make = {
+            let mut made = self.made.lock();
+            if *made < CLIENTS_MAX {
+                *made += 1;
+                true
+            } else {
+                false
+            }
+        };
+        if !make {
+            return self
+                .idle_rx
+                .recv_timeout(OP_TIMEOUT)
+                .map_err(|_| KeyspaceError::TryAgain("every cluster client is busy".into()));
+        }
+        let config = ClientConfig {
+            timeout: OP_TIMEOUT,
+            connect_timeout: OP_TIMEOUT,
+            ..ClientConfig::default()
+        };
+        Client::connect(
+            self.parts.nic.clone(),
+            self.parts.directory.clone(),
+            self.parts.source.clone(),
+            config,
+        )
+        .map_err(|e| {
+            *self.made.lock() -= 1;
+            KeyspaceError::Down(format!("connecting to the cluster: {e}"))
+        })
+    }
+
+    fn give_back(&self, c: Client<TcpNic>) {
+        let _ = self.idle_tx.send(c);
+    }
+
+    fn with<T>(
+        &self,
+        f: impl FnOnce(&mut Client<TcpNic>) -> Result<T, KeyspaceError>,
+    ) -> Result<T, KeyspaceError> {
+        let mut c = self.take()?;
+        let r = f(&mut c);
+        self.give_back(c);
+        r
+    }
+}
+
+/// The cluster as the command layer sees it (see the module docs).
+pub struct ClusterKeyspace<'a> {
+    pool: &'a ClientPool,
+}
+
+fn failure(e: ClientError) -> KeyspaceError {
+    match e {
+        ClientError::Server {
+            code: ErrorCode::ConditionFailed,
+            ..
+        } => {
+            // Another writer of the key (through another front end, or a
+            // client of the native protocol) is in flight: give it a moment
+            // before the command reads again, rather than spinning against it.
+            let pause = rand::Rng::gen_range(&mut rand::thread_rng(), 100..2_000);
+            std::thread::sleep(Duration::from_micros(pause));
+            KeyspaceError::Conflict
+        }
+        e if e.is_unknown() => KeyspaceError::Other(format!("{e} (the write may have happened)")),
+        e => KeyspaceError::Other(e.to_string()),
+    }
+}
+
+fn no_expiry() -> KeyspaceError {
+    KeyspaceError::Other(
+        "RowanKV does not store expiry times yet (SET EX/PX/EXAT/PXAT, EXPIRE and its family)"
+            .into(),
+    )
+}
+
+fn wire(expect: Expect) -> Option<WireExpect> {
+    match expect {
+        Expect::Any => None,
+        Expect::Absent => Some(WireExpect::Absent),
+        Expect::Version(v) => Some(WireExpect::Version(v)),
+    }
+}
+
+impl Keyspace for ClusterKeyspace<'_> {
+    fn get(&mut self, key: &[u8], _now_ms: u64) -> Result<Option<Record>, KeyspaceError> {
+        let got = self.pool.with(|c| c.get_versioned(key).map_err(failure))?;
+        Ok(got.map(|(value, version)| Record {
+            value,
+            expires_at_ms: None,
+            version,
+        }))
+    }
+
+    fn put(
+        &mut self,
+        key: &[u8],
+        value: &[u8],
+        expires_at_ms: Option<u64>,
+        expect: Expect,
+        _now_ms: u64,
+    ) -> Result<u64, KeyspaceError> {
+        if expires_at_ms.is_some() {
+            return Err(no_expiry());
+        }
+        self.pool.with(|c| {
+            match wire(expect) {
+                None => c.put(key, value),
+                Some(e) => c.put_if(key, value, e),
+            }
+            .map_err(failure)
+        })
+    }
+
+    fn delete(&mut self, key: &[u8], expect: Expect, now_ms: u64) -> Result<bool, KeyspaceError> {
+        // Whether a live value was deleted: read, then delete that version;
+        // a write in between makes it read again.
+        let expect = match expect {
+            Expect::Any => {
+                for _ in 0..rowankv_redis::RMW_ATTEMPTS_MAX {
+                    let Some(r) = self.get(key, now_ms)? else {
+                        return Ok(false);
+                    };
+                    let e = WireExpect::Version(r.version);
+                    match self.pool.with(|c| c.delete_if(key, e).map_err(failure)) {
+                        Err(KeyspaceError::Conflict) => continue,
+                        other => return other.map(|_| true),
+                    }
+                }
+                return Err(KeyspaceError::TryAgain("the key is being written".into()));
+            }
+            Expect::Absent => return Ok(false),
+            Expect::Version(v) => WireExpect::Version(v),
+        };
+        self.pool
+            .with(|c| c.delete_if(key, expect).map_err(failure))
+            .map(|_| true)
+    }
+
+    fn scan(
+        &mut self,
+        _cursor: u64,
+        _count: usize,
+        _now_ms: u64,
+    ) -> Result<(u64, Vec<Vec<u8>>), KeyspaceError> {
+        Err(KeyspaceError::Other(
+            "RowanKV does not list keys yet (SCAN, KEYS)".into(),
+        ))
+    }
+
+    fn dbsize(&mut self, _now_ms: u64) -> Result<u64, KeyspaceError> {
+        Err(KeyspaceError::Other(
+            "RowanKV does not count keys yet (DBSIZE)".into(),
+        ))
+    }
+
+    fn flushall(&mut self) -> Result<(), KeyspaceError> {
+        Err(KeyspaceError::Other(
+            "RowanKV does not flush the cluster yet (FLUSHALL)".into(),
+        ))
+    }
+}
+
+/// Commands that read a key and write it again (the command layer's
+/// read-modify-write over conditional writes). Run one at a time per key in a
+/// front end ([`Stripes`]), so that its own connections do not make each other
+/// retry; connections to other front ends still can, and do.
+const READ_MODIFY_WRITE: &[&str] = &[
+    "incr",
+    "decr",
+    "incrby",
+    "decrby",
+    "incrbyfloat",
+    "append",
+    "setnx",
+    "getset",
+    "getdel",
+    "getex",
+    "setrange",
+    "msetnx",
+    "persist",
+    "expire",
+    "pexpire",
+    "expireat",
+    "pexpireat",
+    "del",
+    "unlink",
+];
+
+/// Whether `request` reads and writes its keys again.
+fn is_read_modify_write(request: &rowankv_resp::Request) -> bool {
+    let name = request.name();
+    if name.eq_ignore_ascii_case(b"set") {
+        // SET with NX, XX, GET or KEEPTTL reads the key first.
+        return request.args().iter().skip(2).any(|a| {
+            [&b"nx"[..], b"xx", b"get", b"keepttl"]
+                .iter()
+                .any(|o| a.eq_ignore_ascii_case(o))
+        });
+    }
+    READ_MODIFY_WRITE
+        .iter()
+        .any(|c| name.eq_ignore_ascii_case(c.as_bytes()))
+}
+
+/// Locks by key hash: a read-modify-write command holds those of its keys.
+struct Stripes(Vec<Mutex<()>>);
+
+impl Stripes {
+    const COUNT: usize = 256;
+
+    fn new() -> Stripes {
+        Stripes((0..Self::COUNT).map(|_| Mutex::new(())).collect())
+    }
+
+    /// The stripes of `keys`, in one order (no two commands wait on each other).
+    fn indexes(keys: &[&[u8]]) -> Vec<usize> {
+        let mut ix: Vec<usize> = keys
+            .iter()
+            .map(|k| (rowankv_engine::hash_key(k) % Self::COUNT as u64) as usize)
+            .collect();
+        ix.sort_unstable();
+        ix.dedup();
+        ix
+    }
+}
+
+/// What every connection shares.
+struct Shared {
+    stripes: Stripes,
+    pool: ClientPool,
+    info: ServerInfo,
+    dep: RespDeployment,
+    clients: AtomicU64,
+    next_id: AtomicU64,
+    stop: Arc<AtomicBool>,
+}
+
+impl Shared {
+    fn context(&self) -> Context {
+        let mut ctx = Context::new(now_ms());
+        ctx.server = self.info.clone();
+        ctx.requirepass = self.dep.requirepass.clone();
+        ctx.flushall_enabled = self.dep.flushall;
+        ctx.connected_clients = self.clients.load(Ordering::Relaxed);
+        if let Some(c) = (self.pool.parts.config)() {
+            ctx.replicas = u64::from(c.replication_factor.saturating_sub(1));
+            ctx.rowankv = vec![
+                ("node".into(), self.pool.parts.node.clone()),
+                ("term".into(), c.term.0.to_string()),
+                ("strategy".into(), self.pool.parts.strategy.clone()),
+                ("members".into(), c.members.len().to_string()),
+                ("shards".into(), c.shards.len().to_string()),
+            ];
+        }
+        ctx
+    }
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+fn run_id() -> String {
+    use std::hash::{BuildHasher, Hasher};
+    let mut out = String::new();
+    while out.len() < rowankv_redis::NODE_ID_LEN {
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u128(
+            SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos()),
+        );
+        out.push_str(&format!("{:016x}", h.finish()));
+    }
+    out.truncate(rowankv_redis::NODE_ID_LEN);
+    out
+}
+
+/// Start the front end of `dep` on its own threads.
+pub fn start(dep: &RespDeployment, parts: FrontParts) -> Result<RespFront, ProcessError> {
+    let listener =
+        TcpListener::bind(dep.listen).map_err(perr(&format!("RESP listen on {}", dep.listen)))?;
+    listener
+        .set_nonblocking(true)
+        .map_err(perr("a non-blocking RESP listener"))?;
+    let local_addr = listener.local_addr().map_err(perr("the RESP address"))?;
+    let (idle_tx, idle_rx) = bounded(CLIENTS_MAX);
+    let stop = Arc::new(AtomicBool::new(false));
+    let shared = Arc::new(Shared {
+        pool: ClientPool {
+            parts,
+            idle_tx,
+            idle_rx,
+            made: Mutex::new(0),
+        },
+        info: ServerInfo {
+            tcp_port: local_addr.port(),
+            run_id: run_id(),
+            started_at_ms: now_ms(),
+            ..ServerInfo::default()
+        },
+        dep: dep.clone(),
+        stripes: Stripes::new(),
+        clients: AtomicU64::new(0),
+        next_id: AtomicU64::new(1),
+        stop: stop.clone(),
+    });
+    let accept = std::thread::Builder::new()
+        .name("rkv-resp-accept".into())
+        .spawn(move || accept_loop(listener, shared))
+        .map_err(perr("the RESP accept thread"))?;
+    tracing::info!(resp = %local_addr, "serving Redis clients");
+    Ok(RespFront {
+        stop,
+        accept: Some(accept),
+        local_addr,
+    })
+}
+
+fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
+    while !shared.stop.load(Ordering::Acquire) {
+        match listener.accept() {
+            Ok((stream, peer)) => {
+                let s = shared.clone();
+                let spawned = std::thread::Builder::new()
+                    .name("rkv-resp-conn".into())
+                    .spawn(move || {
+                        s.clients.fetch_add(1, Ordering::Relaxed);
+                        if let Err(e) = serve(stream, peer, &s) {
+                            tracing::debug!(%peer, error = %e, "RESP connection ended");
+                        }
+                        s.clients.fetch_sub(1, Ordering::Relaxed);
+                    });
+                if let Err(e) = spawned {
+                    tracing::warn!(%peer, error = %e, "no thread for a RESP connection");
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "accepting a RESP connection");
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+    }
+}
+
+/// One connection, until the client closes it, QUIT, a protocol error, or the
+/// front end stops.
+fn serve(mut stream: TcpStream, peer: SocketAddr, shared: &Shared) -> std::io::Result<()> {
+    stream.set_nonblocking(false)?;
+    stream.set_nodelay(true)?;
+    // Wakes up now and then to see whether the front end stops.
+    stream.set_read_timeout(Some(Duration::from_millis(200)))?;
+    let local = stream.local_addr()?;
+    let mut session = Session::new(shared.next_id.fetch_add(1, Ordering::Relaxed));
+    session.set_addresses(peer.to_string(), local.to_string());
+    let mut parser = RequestParser::new(RequestLimits::default());
+    let mut keyspace = ClusterKeyspace { pool: &shared.pool };
+    let mut buf: Vec<u8> = Vec::with_capacity(16 * 1024);
+    let mut out: Vec<u8> = Vec::with_capacity(16 * 1024);
+    let mut chunk = vec![0u8; 64 * 1024];
+    loop {
+        let mut ctx = None::<Context>;
+        let mut used = 0;
+        loop {
+            let c = ctx.get_or_insert_with(|| shared.context());
+            parser.set_auth_required(!session.is_authenticated(c));
+            match parser.parse(&buf[used..]) {
+                Ok(Some((request, n))) => {
+                    used += n;
+                    c.now_ms = now_ms();
+                    let stripes = if is_read_modify_write(&request) {
+                        let spec = rowankv_redis::commands()
+                            .iter()
+                            .find(|s| request.name().eq_ignore_ascii_case(s.name.as_bytes()));
+                        let keys = spec.map(|s| s.keys(request.argv())).unwrap_or_default();
+                        Stripes::indexes(&keys)
+                    } else {
+                        Vec::new()
+                    };
+                    let _held: Vec<_> = stripes
+                        .iter()
+                        .map(|&i| shared.stripes.0[i].lock())
+                        .collect();
+                    let outcome = session.execute(&request, &mut keyspace, c);
+                    for v in &outcome.replies {
+                        encode(v, session.protocol(), &mut out);
+                    }
+                    if outcome.close {
+                        stream.write_all(&out)?;
+                        return Ok(());
+                    }
+                }
+                Ok(None) => break,
+                Err(e) => {
+                    // As Redis: the error, then the connection is closed.
+                    encode(&e.reply(), session.protocol(), &mut out);
+                    stream.write_all(&out)?;
+                    return Ok(());
+                }
+            }
+        }
+        buf.drain(..used);
+        if !out.is_empty() {
+            stream.write_all(&out)?;
+            out.clear();
+        }
+        let n = loop {
+            match stream.read(&mut chunk) {
+                Ok(n) => break n,
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                    ) =>
+                {
+                    if shared.stop.load(Ordering::Acquire) {
+                        return Ok(());
+                    }
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        };
+        if n == 0 {
+            return Ok(());
+        }
+        buf.extend_from_slice(&chunk[..n]);
+    }
+}
