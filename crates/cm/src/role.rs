@@ -127,7 +127,12 @@ pub struct CmTask<N: Nic> {
     joins: Joins,
     /// Servers to remove on purpose (`rowankv leave`).
     leaves: Leaves,
+    /// When the store is next read for servers recorded as having left.
+    next_leave_scan_ns: u64,
 }
+
+/// How often the active CM reads the store for servers recorded as having left.
+const LEAVE_SCAN_NS: u64 = 1_000_000_000;
 
 /// Servers waiting to be added to the configuration ([`CmTask::with_joins`]).
 pub type Joins = Arc<parking_lot::Mutex<Vec<Member>>>;
@@ -162,10 +167,11 @@ impl<N: Nic> CmTask<N> {
         if self.round.is_some() || self.active.is_none() {
             return false;
         }
-        let Some(node) = self.leaves.lock().pop() else {
+        let config = self.manager.current();
+        let queued = self.leaves.lock().pop();
+        let Some(node) = queued.or_else(|| self.recorded_leave(&config, now_ns)) else {
             return false;
         };
-        let config = self.manager.current();
         if config.member(node).is_none() {
             tracing::info!(cm = %self.name, server = %node, "asked to remove a server that is not a member");
             return false;
@@ -192,6 +198,25 @@ impl<N: Nic> CmTask<N> {
         };
         tracing::info!(cm = %self.name, server = %node, %term, "a server leaves the configuration");
         true
+    }
+
+    /// A member whose record says it left, looked for in the store now and then:
+    /// a leave handed to a CM that was not active, or to one that restarted
+    /// before it removed the server, is carried out by whichever CM is active.
+    fn recorded_leave(
+        &mut self,
+        config: &rowankv_wire::config::Config,
+        now_ns: u64,
+    ) -> Option<NodeId> {
+        if now_ns < self.next_leave_scan_ns {
+            return None;
+        }
+        self.next_leave_scan_ns = now_ns + LEAVE_SCAN_NS;
+        let records = crate::node_records(self.manager.store().as_ref()).ok()?;
+        records
+            .into_iter()
+            .find(|(n, r)| r.left && config.member(*n).is_some() && !self.failed.contains(n))
+            .map(|(n, _)| n)
     }
 
     /// Add one server that joined, if any is waiting and no round is.
@@ -293,6 +318,7 @@ impl<N: Nic> CmTask<N> {
             data: Vec::new(),
             joins: Joins::default(),
             leaves: Leaves::default(),
+            next_leave_scan_ns: 0,
         }
     }
 

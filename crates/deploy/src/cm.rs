@@ -189,11 +189,26 @@ impl JoinDesk {
 
     /// Answer `rowankv leave`: the server's record says it left (it may never
     /// join again), and the CM's role removes it.
-    fn serve_leaves(&mut self, acceptor: &Acceptor) {
+    fn serve_leaves(&mut self, acceptor: &Acceptor, config: Option<&Config>) {
         acceptor.serve_pending(|_from, private| {
             let request: LeaveRequest = serde_json::from_slice(private)
                 .map_err(|e| format!("refused: leave: a malformed request: {e}"))?;
             let node = NodeId(request.node);
+            // Recorded only if it can be carried out now: a server marked as
+            // having left never joins again, so a removal that cannot happen
+            // (the last server, the only full copy of a shard) must not mark it.
+            let config = config.ok_or("refused: leave: the cluster has no configuration yet")?;
+            if config.member(node).is_none() {
+                return Err(format!(
+                    "refused: leave: {node} is not a member of the configuration of {}",
+                    config.term
+                ));
+            }
+            if config.members.len() == 1 {
+                return Err(format!("refused: leave: {node} is the last server"));
+            }
+            rowankv_cm::plan_failover(config, &[node])
+                .map_err(|e| format!("refused: leave: without {node}: {e}"))?;
             let store = self.store.as_ref();
             let mut record = match node_record(store, node).map_err(|e| e.to_string())? {
                 Some(r) if r.kind == "server" => r,
@@ -290,7 +305,7 @@ pub fn run(dep: &CmDeployment, stop: Arc<AtomicBool>) -> Result<(), ProcessError
     while !stop.load(Ordering::Acquire) {
         let config = view.as_ref().map(|v| v.current());
         desk.serve(&joins, config.as_deref());
-        desk.serve_leaves(&leaves);
+        desk.serve_leaves(&leaves, config.as_deref());
         if Instant::now() >= next_read {
             next_read = Instant::now() + Duration::from_millis(50);
             match &view {

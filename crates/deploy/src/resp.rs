@@ -16,6 +16,13 @@
 //! shared by every connection), so a hundred Redis connections do not open a
 //! hundred sets of connections to every worker of every server.
 //!
+//! The front end shares its process with a storage server, so what a client may
+//! make it hold is bounded: arguments of at most [`BULK_BYTES_MAX`], at most
+//! [`ARGUMENTS_MAX`] of them, [`QUERY_BUFFER_MAX`] bytes of requests not yet run,
+//! [`CONNECTIONS_MAX`] connections (one thread each); replies are written out
+//! as they reach a megabyte, and a client that reads none for 30 s is dropped.
+//! A connection waits for a pool client at most 10 s (`TRYAGAIN` then).
+//!
 //! Not served yet, each answered with an error that says so: expiry (SET
 //! EX/PX/EXAT/PXAT, EXPIRE and its family), SCAN, KEYS, DBSIZE and FLUSHALL;
 //! cluster routing (CLUSTER SLOTS, `-MOVED`): the front end answers as a
@@ -46,6 +53,23 @@ pub const CLIENTS_MAX: usize = 16;
 
 /// How long one operation may take before the command answers an error.
 const OP_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The front end runs inside a storage server, so what one client may make it
+/// hold is bounded well below Redis's defaults (512 MiB arguments, a 1 GiB
+/// query buffer): a RowanKV key and value take a few KiB at most.
+/// The longest argument (`proto-max-bulk-len`): longer is a protocol error.
+pub const BULK_BYTES_MAX: usize = 1 << 20;
+/// The most arguments of one request.
+pub const ARGUMENTS_MAX: usize = 64 * 1024;
+/// Bytes of a connection's requests not yet run; more closes it.
+pub const QUERY_BUFFER_MAX: usize = 16 << 20;
+/// Reply bytes written out at once, rather than gathered further.
+const REPLY_FLUSH_BYTES: usize = 1 << 20;
+/// Redis connections served at once; more are answered
+/// `ERR max number of clients reached` and closed.
+pub const CONNECTIONS_MAX: u64 = 1024;
+/// A client that reads none of its replies for this long is dropped.
+const WRITE_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// What the front end needs of its server.
 pub struct FrontParts {
@@ -143,7 +167,7 @@ pub struct ClusterKeyspace<'a> {
 fn failure(e: ClientError) -> KeyspaceError {
     match e {
         ClientError::Server {
-            code: ErrorCode::ConditionFailed,
+            code: ErrorCode::ConditionFailed | ErrorCode::Busy,
             ..
         } => {
             // Another writer of the key (through another front end, or a
@@ -220,7 +244,13 @@ impl Keyspace for ClusterKeyspace<'_> {
                 }
                 return Err(KeyspaceError::TryAgain("the key is being written".into()));
             }
-            Expect::Absent => return Ok(false),
+            // Nothing to delete, if the key is indeed absent.
+            Expect::Absent => {
+                return match self.get(key, now_ms)? {
+                    Some(_) => Err(KeyspaceError::Conflict),
+                    None => Ok(false),
+                }
+            }
             Expect::Version(v) => WireExpect::Version(v),
         };
         self.pool
@@ -414,18 +444,32 @@ pub fn start(dep: &RespDeployment, parts: FrontParts) -> Result<RespFront, Proce
 fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
     while !shared.stop.load(Ordering::Acquire) {
         match listener.accept() {
-            Ok((stream, peer)) => {
+            Ok((mut stream, peer)) => {
+                if shared.clients.load(Ordering::Relaxed) >= CONNECTIONS_MAX {
+                    let mut out = Vec::new();
+                    encode(
+                        &rowankv_resp::Value::error(rowankv_resp::errors::MAX_CLIENTS),
+                        rowankv_resp::Protocol::Resp2,
+                        &mut out,
+                    );
+                    let _ = stream.set_nonblocking(false);
+                    let _ = stream.set_write_timeout(Some(Duration::from_secs(1)));
+                    let _ = stream.write_all(&out);
+                    continue;
+                }
+                // Counted before its thread runs, so a burst cannot pass the bound.
+                shared.clients.fetch_add(1, Ordering::Relaxed);
                 let s = shared.clone();
                 let spawned = std::thread::Builder::new()
                     .name("rkv-resp-conn".into())
                     .spawn(move || {
-                        s.clients.fetch_add(1, Ordering::Relaxed);
                         if let Err(e) = serve(stream, peer, &s) {
                             tracing::debug!(%peer, error = %e, "RESP connection ended");
                         }
                         s.clients.fetch_sub(1, Ordering::Relaxed);
                     });
                 if let Err(e) = spawned {
+                    shared.clients.fetch_sub(1, Ordering::Relaxed);
                     tracing::warn!(%peer, error = %e, "no thread for a RESP connection");
                 }
             }
@@ -447,10 +491,15 @@ fn serve(mut stream: TcpStream, peer: SocketAddr, shared: &Shared) -> std::io::R
     stream.set_nodelay(true)?;
     // Wakes up now and then to see whether the front end stops.
     stream.set_read_timeout(Some(Duration::from_millis(200)))?;
+    stream.set_write_timeout(Some(WRITE_TIMEOUT))?;
     let local = stream.local_addr()?;
     let mut session = Session::new(shared.next_id.fetch_add(1, Ordering::Relaxed));
     session.set_addresses(peer.to_string(), local.to_string());
-    let mut parser = RequestParser::new(RequestLimits::default());
+    let mut parser = RequestParser::new(RequestLimits {
+        bulk_bytes_max: BULK_BYTES_MAX,
+        multibulk_len_max: ARGUMENTS_MAX,
+        ..RequestLimits::default()
+    });
     let mut keyspace = ClusterKeyspace { pool: &shared.pool };
     let mut buf: Vec<u8> = Vec::with_capacity(16 * 1024);
     let mut out: Vec<u8> = Vec::with_capacity(16 * 1024);
@@ -486,6 +535,10 @@ fn serve(mut stream: TcpStream, peer: SocketAddr, shared: &Shared) -> std::io::R
                         stream.write_all(&out)?;
                         return Ok(());
                     }
+                    if out.len() >= REPLY_FLUSH_BYTES {
+                        stream.write_all(&out)?;
+                        out.clear();
+                    }
                 }
                 Ok(None) => break,
                 Err(e) => {
@@ -519,6 +572,14 @@ fn serve(mut stream: TcpStream, peer: SocketAddr, shared: &Shared) -> std::io::R
             }
         };
         if n == 0 {
+            return Ok(());
+        }
+        if buf.len() + n > QUERY_BUFFER_MAX {
+            let e = format!(
+                "ERR Protocol error: more than {QUERY_BUFFER_MAX} bytes of requests not yet run"
+            );
+            encode(&rowankv_resp::Value::error(e), session.protocol(), &mut out);
+            stream.write_all(&out)?;
             return Ok(());
         }
         buf.extend_from_slice(&chunk[..n]);

@@ -282,6 +282,11 @@ impl<N: Nic> Endpoint<N> {
         &self.cq
     }
 
+    /// Peers open now (opened and not closed).
+    pub fn open_peers(&self) -> usize {
+        self.peers.len() - self.free.len()
+    }
+
     /// A new queue pair for a peer, not yet connected, and its address.
     ///
     /// At the bound ([`EndpointConfig::peers_max`]), the slot of the peer quiet

@@ -347,6 +347,14 @@ impl<N: Nic> ServerShared<N> {
         self.config.read().clone()
     }
 
+    /// Run `f` on the configuration while no other can be adopted: what `f`
+    /// decides from it stays true until it returns (a replication path is
+    /// accepted only from a member, and `adopt` destroys a removed member's
+    /// paths under the same lock, so none is accepted after its fence).
+    pub fn with_config<T>(&self, f: impl FnOnce(&Config) -> T) -> T {
+        f(&self.config.read())
+    }
+
     /// Changes whenever the configuration is replaced.
     pub fn config_epoch(&self) -> u64 {
         // Sequentially consistent: see `note_write_started`.

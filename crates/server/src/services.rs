@@ -104,32 +104,36 @@ impl<N: Nic> ReplicationServices<N> {
         let server = &self.server;
         if let Some(a) = &self.rowan {
             served += a.serve_pending(|from, private| {
-                let key = admit(server, from, private)?;
-                server
-                    .blog
-                    .accept_as(from, key)
-                    .map(|qp| Accepted {
-                        qp,
-                        private: Vec::new(),
-                    })
-                    .map_err(|e| format!("Rowan receiver: {e}"))
+                server.with_config(|config| {
+                    let key = admit(server, config, from, private)?;
+                    server
+                        .blog
+                        .accept_as(from, key)
+                        .map(|qp| Accepted {
+                            qp,
+                            private: Vec::new(),
+                        })
+                        .map_err(|e| format!("Rowan receiver: {e}"))
+                })
             });
         }
         if let Some((a, log)) = &self.remote_log {
             let nic = &self.nic;
             served += a.serve_pending(|from: QpAddr, private| {
-                let key = admit(server, from, private)?;
-                let target = nic
-                    .create_qp(&log.cq, &log.cq, None, 16)
-                    .map_err(|e| format!("passive queue pair: {e}"))?;
-                target
-                    .connect(from)
-                    .map_err(|e| format!("connecting the passive queue pair: {e}"))?;
-                let qp = target.addr();
-                server.blog.accept_writer_as(target, key);
-                Ok(Accepted {
-                    qp,
-                    private: encode_region(&log.region),
+                server.with_config(|config| {
+                    let key = admit(server, config, from, private)?;
+                    let target = nic
+                        .create_qp(&log.cq, &log.cq, None, 16)
+                        .map_err(|e| format!("passive queue pair: {e}"))?;
+                    target
+                        .connect(from)
+                        .map_err(|e| format!("connecting the passive queue pair: {e}"))?;
+                    let qp = target.addr();
+                    server.blog.accept_writer_as(target, key);
+                    Ok(Accepted {
+                        qp,
+                        private: encode_region(&log.region),
+                    })
                 })
             });
         }
@@ -149,15 +153,20 @@ pub fn encode_path_request(worker: u16) -> Vec<u8> {
 /// Whether a replication path from `from` may be accepted, and its key: the
 /// sender must be another member of the configuration this server holds (a
 /// removed server is fenced: `BackupLog::disconnect` closed its paths, and it
-/// may not open new ones), and name its worker.
-fn admit<N: Nic>(server: &ServerShared<N>, from: QpAddr, private: &[u8]) -> Result<u16, String> {
+/// may not open new ones), and name its worker. `config`: the server's, held
+/// until the path is accepted ([`ServerShared::with_config`]).
+fn admit<N: Nic>(
+    server: &ServerShared<N>,
+    config: &rowankv_wire::config::Config,
+    from: QpAddr,
+    private: &[u8],
+) -> Result<u16, String> {
     let key: [u8; PATH_REQUEST_BYTES] = private.try_into().map_err(|_| {
         format!(
             "a replication path request of {} bytes, not {PATH_REQUEST_BYTES}",
             private.len()
         )
     })?;
-    let config = server.config();
     if from.node == server.node || config.member(from.node).is_none() {
         return Err(format!(
             "{} is not a peer server in the configuration of {}",

@@ -14,8 +14,9 @@
 //! conditional write ([`VersionBook::allocate_if`]) is atomic per key: it takes a
 //! version only if no write of its key is in flight and its condition holds on
 //! the published value, both checked under the shard's lock; every later write
-//! of the key then takes a later version. Two keys of one hash only make a
-//! conditional write fail more often (its caller reads and tries again).
+//! of the key then takes a later version. A conditional write that finds its
+//! key in flight is answered Busy, and its client sends it again after a
+//! pause; two keys of one hash only make that happen more often.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -39,6 +40,8 @@ pub enum Refusal {
     Condition,
     /// The shard's versions are used up.
     Exhausted,
+    /// The published value could not be read to check the condition.
+    ReadFailed,
 }
 
 /// Version allocation and CommitVer of every shard of one server.
@@ -72,12 +75,13 @@ impl VersionBook {
 
     /// As [`VersionBook::allocate`], for a conditional write: only if no write
     /// of the key is in flight and `holds()` (the condition, read on the
-    /// published value) is true, both under the shard's lock.
+    /// published value; `Err`: it could not be read) is true, both under the
+    /// shard's lock.
     pub fn allocate_if(
         &self,
         shard: ShardId,
         key: u64,
-        holds: impl FnOnce() -> bool,
+        holds: impl FnOnce() -> Result<bool, ()>,
     ) -> Result<Version, Refusal> {
         let mut b = self
             .shards
@@ -87,7 +91,7 @@ impl VersionBook {
         if b.keys.contains_key(&key) {
             return Err(Refusal::InFlight);
         }
-        if !holds() {
+        if !holds().map_err(|()| Refusal::ReadFailed)? {
             return Err(Refusal::Condition);
         }
         b.take(key).ok_or(Refusal::Exhausted)
@@ -172,24 +176,32 @@ mod tests {
         let s = ShardId(0);
         let a = book.allocate(s, 7).unwrap();
         let b = book.allocate(s, 7).unwrap();
-        assert_eq!(book.allocate_if(s, 7, || true), Err(Refusal::InFlight));
-        assert_eq!(book.allocate_if(s, 8, || false), Err(Refusal::Condition));
-        let other = book.allocate_if(s, 8, || true).unwrap();
+        assert_eq!(book.allocate_if(s, 7, || Ok(true)), Err(Refusal::InFlight));
+        assert_eq!(
+            book.allocate_if(s, 8, || Ok(false)),
+            Err(Refusal::Condition)
+        );
+        let other = book.allocate_if(s, 8, || Ok(true)).unwrap();
         assert_eq!(other, Version(3));
-        assert_eq!(book.allocate_if(s, 8, || true), Err(Refusal::InFlight));
+        assert_eq!(book.allocate_if(s, 8, || Ok(true)), Err(Refusal::InFlight));
         book.complete(s, a);
-        assert_eq!(book.allocate_if(s, 7, || true), Err(Refusal::InFlight), "b");
+        assert_eq!(
+            book.allocate_if(s, 7, || Ok(true)),
+            Err(Refusal::InFlight),
+            "b"
+        );
         book.complete(s, b);
         let mut checked = false;
         let c = book.allocate_if(s, 7, || {
             checked = true;
-            true
+            Ok(true)
         });
         assert_eq!(c, Ok(Version(4)));
         assert!(checked);
         book.complete(s, other);
         book.complete(s, c.unwrap());
         assert_eq!(book.commit_version(s), 4);
-        assert_eq!(book.allocate_if(s, 7, || true), Ok(Version(5)));
+        assert_eq!(book.allocate_if(s, 9, || Err(())), Err(Refusal::ReadFailed));
+        assert_eq!(book.allocate_if(s, 7, || Ok(true)), Ok(Version(5)));
     }
 }

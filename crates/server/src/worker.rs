@@ -545,10 +545,13 @@ impl<N: Nic> Worker<N> {
                 let engine = &self.shared.engine;
                 let buf = &mut self.value_buf;
                 self.shared.versions.allocate_if(shard, key_hash, || {
-                    let live = engine.get_into(shard, key, buf).ok().flatten();
-                    match e {
-                        Expect::Absent => live.is_none(),
-                        Expect::Version(v) => live == Some(Version(v)),
+                    match engine.get_into(shard, key, buf) {
+                        // A read that fails is no answer: never "absent".
+                        Err(_) => Err(()),
+                        Ok(live) => Ok(match e {
+                            Expect::Absent => live.is_none(),
+                            Expect::Version(v) => live == Some(Version(v)),
+                        }),
                     }
                 })
             }
@@ -558,10 +561,13 @@ impl<N: Nic> Worker<N> {
             Err(refusal) => {
                 let (code, why) = match refusal {
                     Refusal::Exhausted => (ErrorCode::Internal, "shard versions exhausted"),
-                    Refusal::InFlight => (
-                        ErrorCode::ConditionFailed,
-                        "another write of the key is in flight",
+                    Refusal::ReadFailed => (
+                        ErrorCode::Internal,
+                        "the key's value could not be read to check the condition",
                     ),
+                    // Not a verdict on the condition: the client sends it again
+                    // after a pause, when the write in flight has finished.
+                    Refusal::InFlight => (ErrorCode::Busy, "another write of the key is in flight"),
                     Refusal::Condition => (
                         ErrorCode::ConditionFailed,
                         "the key's value is not the one expected",

@@ -366,13 +366,19 @@ impl Body<'_> {
                 key,
                 value,
                 request,
-                ..
+                expect,
             } => {
+                check_expect(expect)?;
                 check_request(request)?;
                 check_key(key)?;
                 (EXPECT_BYTES + PUT_FIXED_BYTES + key.len()).saturating_add(value.len())
             }
-            Body::DelIf { key, request, .. } => {
+            Body::DelIf {
+                key,
+                request,
+                expect,
+            } => {
+                check_expect(expect)?;
                 check_key(key)?;
                 check_request(request)?;
                 EXPECT_BYTES + REQUEST_BYTES + KEY_FIXED_BYTES + key.len()
@@ -1021,7 +1027,6 @@ fn decode_response(bytes: &[u8]) -> Result<Response<'_>, FrameError> {
     Ok(response)
 }
 
-/// A request record as the wire carries it: all zeros for none.
 /// What a conditional write requires of its key's live value.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Expect {
@@ -1034,6 +1039,17 @@ pub enum Expect {
 /// Bytes of an encoded [`Expect`].
 pub const EXPECT_BYTES: usize = 9;
 
+/// Version 0 names no write: a condition on it is refused, as the decoder
+/// refuses it.
+fn check_expect(expect: &Expect) -> Result<(), FrameError> {
+    match expect {
+        Expect::Version(0) => Err(FrameError::FieldLength(
+            "a condition on version 0 (no write has it; use Absent)".into(),
+        )),
+        _ => Ok(()),
+    }
+}
+
 fn put_expect(out: &mut Vec<u8>, expect: &Expect) {
     let (tag, v) = match *expect {
         Expect::Absent => (1u8, 0u64),
@@ -1043,6 +1059,7 @@ fn put_expect(out: &mut Vec<u8>, expect: &Expect) {
     out.extend_from_slice(&v.to_le_bytes());
 }
 
+/// A request record as the wire carries it: all zeros for none.
 fn put_request(out: &mut Vec<u8>, request: &Option<RequestRecord>) {
     let (client, seq, first) =
         request.map_or((0, 0, 0), |r| (r.id.client, r.id.seq, r.first_incomplete));
@@ -1108,7 +1125,7 @@ impl<'a> Reader<'a> {
         self.array(field).map(u64::from_le_bytes)
     }
 
-    /// A write's request record (all zeros: none).
+    /// A conditional write's condition.
     fn expect(&mut self) -> Result<Expect, FrameError> {
         let tag = self.u8("expect tag")?;
         let v = self.u64("expect version")?;
@@ -1121,6 +1138,7 @@ impl<'a> Reader<'a> {
         }
     }
 
+    /// A write's request record (all zeros: none).
     fn request(&mut self) -> Result<Option<RequestRecord>, FrameError> {
         let client = self.u64("request client")?;
         let seq = self.u64("request seq")?;

@@ -476,6 +476,14 @@ fn trailing_bytes_in_a_body_are_rejected() {
         del(2, 9).is_ok() && decode(&raw_frame(16, &[2, 9])).is_err(),
         "truncated"
     );
+    // The encoder refuses what the decoder would.
+    let zero = Body::DelIf {
+        key: b"k",
+        request: None,
+        expect: Expect::Version(0),
+    };
+    let e = encode(&mut Vec::new(), &env(), &zero, MAX).unwrap_err();
+    assert!(e.to_string().contains("version 0"), "{e}");
     let mut put = write_body(&[1, 0, 1, 0, 0, 0, b'k', b'v']);
     put.extend_from_slice(b"extra");
     assert_eq!(
