@@ -68,6 +68,9 @@ pub enum ViolationKind {
     /// digested, a backup's index of a shard differs from its primary's: a
     /// later failover would change what clients read.
     ReplicasDiverge,
+    /// With every fault healed and the cluster settled, a key took no write
+    /// within the bound: the cluster is wedged for it (safe, but of no use).
+    Unavailable,
 }
 
 impl fmt::Display for ViolationKind {
@@ -78,6 +81,7 @@ impl fmt::Display for ViolationKind {
             ViolationKind::StaleConfig => "stale config",
             ViolationKind::Inconclusive => "inconclusive",
             ViolationKind::ReplicasDiverge => "replicas diverge",
+            ViolationKind::Unavailable => "unavailable",
         })
     }
 }

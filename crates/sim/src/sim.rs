@@ -30,7 +30,9 @@
 //! Clients run closed loops of puts, gets and deletes over a few keys and record
 //! each operation with its call and return times (simulated), its outcome and the
 //! term of the answering configuration. After the operations, every fault is
-//! healed and every key is read back. The history is checked by [`crate::check`];
+//! healed and every key is read back, then written once more: a key that takes
+//! no write is reported unavailable (a wedge keeps every acknowledged write, so
+//! no safety check would see it). The history is checked by [`crate::check`];
 //! the cluster itself by `replicas_agree`: every shard's full backups index what
 //! its primary indexes, and no replica's request table shows a request executed
 //! twice. Whenever a shard gains a full backup during the run (a move or a
@@ -1125,6 +1127,72 @@ impl World {
 }
 
 impl World {
+    /// After the read-back, every key must take a write: a cluster that keeps
+    /// every acknowledged write but can take no new one for a key (a
+    /// replication path that never recovers, a shard left blocked) is wedged,
+    /// which no safety check sees. Each attempt writes a value of its own; a
+    /// key that takes none within 20 attempts is reported.
+    fn write_back(&mut self) {
+        let keys = self.keys.clone();
+        for key in keys {
+            let mut done = false;
+            let mut last_error = String::new();
+            for attempt in 0..20 {
+                let value = format!("final-{attempt}");
+                let call = self.now();
+                let id = self.clients[0]
+                    .client
+                    .submit(Op::Put {
+                        key: key.clone().into_bytes(),
+                        value: value.clone().into_bytes(),
+                    })
+                    .expect("a final write");
+                let mut out = Vec::new();
+                let c = loop {
+                    self.step_roles();
+                    self.clients[0].client.poll(&mut out);
+                    if let Some(c) = out.pop() {
+                        break c;
+                    }
+                    self.advance(true);
+                };
+                debug_assert_eq!(c.id, id);
+                last_error = format!("{:?}", c.result);
+                let status = match &c.result {
+                    Ok(_) => Status::Ok,
+                    Err(e) if e.is_unknown() => Status::Unknown,
+                    Err(_) => Status::Fail,
+                };
+                self.history.push(Operation {
+                    client: 0,
+                    op: OpKind::Put,
+                    key: key.clone(),
+                    value: Some(value),
+                    output: None,
+                    call,
+                    ret: self.now(),
+                    status,
+                    term: if status == Status::Ok { c.term.0 } else { 0 },
+                    final_read: false,
+                });
+                if status == Status::Ok {
+                    done = true;
+                    break;
+                }
+                for _ in 0..100 {
+                    let busy = self.step_roles();
+                    self.advance(busy);
+                }
+            }
+            if !done {
+                let detail = self.unavailable(&key);
+                self.fault_log.push(format!(
+                    "final write of {key} never succeeded: last answer {last_error}; {detail}"
+                ));
+            }
+        }
+    }
+
     /// The server running as `n`, unless it stopped.
     fn live(&self, n: NodeId) -> Option<&Arc<ServerShared<LoopbackNic>>> {
         self.parts
@@ -1451,6 +1519,7 @@ pub fn run(sim: &SimConfig) -> RunResult {
     let mut w = World::new(sim);
     w.run_ops(sim.ops, sim.faults);
     w.read_back();
+    w.write_back();
     let mut diverged = w.replicas_agree();
     diverged.append(&mut w.audit_failures);
     let commits: Vec<ConfigCommit> = w
@@ -1469,6 +1538,19 @@ pub fn run(sim: &SimConfig) -> RunResult {
     for u in unread {
         report.violations.push(crate::check::Violation {
             kind: crate::check::ViolationKind::LostWrite,
+            key: None,
+            detail: u,
+        });
+    }
+    let unwritten: Vec<String> = w
+        .fault_log
+        .iter()
+        .filter(|l| l.starts_with("final write"))
+        .cloned()
+        .collect();
+    for u in unwritten {
+        report.violations.push(crate::check::Violation {
+            kind: crate::check::ViolationKind::Unavailable,
             key: None,
             detail: u,
         });
