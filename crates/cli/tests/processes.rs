@@ -773,6 +773,46 @@ fn redis_clients_use_every_server_and_bad_input_loses_nothing() {
     r.send_raw(&out);
     assert_eq!(r.reply(), Some(Value::bulk(&b"\x00\x01\r\n\xfe"[..])));
 
+    // SCAN walks every shard through its primary: each key once here (no
+    // write meanwhile), in pages of a few; DBSIZE and KEYS agree.
+    let mut cursor = b"0".to_vec();
+    let mut seen: Vec<Vec<u8>> = Vec::new();
+    for _ in 0..1000 {
+        let mut out = Vec::new();
+        rowankv_resp::encode_request(&[&b"SCAN"[..], &cursor, b"COUNT", b"2"], &mut out);
+        r.send_raw(&out);
+        let Some(Value::Array(page)) = r.reply() else {
+            panic!("SCAN answered no array")
+        };
+        let [Value::BulkString(next), Value::Array(keys)] = &page[..] else {
+            panic!("SCAN answered {page:?}")
+        };
+        for k in keys {
+            let Value::BulkString(k) = k else {
+                panic!("{k:?}")
+            };
+            seen.push(k.clone());
+        }
+        cursor = next.clone();
+        if cursor == b"0" {
+            break;
+        }
+    }
+    assert_eq!(cursor, b"0", "SCAN never finished");
+    seen.sort();
+    let mut want: Vec<Vec<u8>> = vec![
+        b"bin\x00\xff\r\n".to_vec(),
+        b"counter".to_vec(),
+        b"k".to_vec(),
+    ];
+    want.sort();
+    assert_eq!(seen, want);
+    assert_eq!(r.call(&["DBSIZE"]), Value::Integer(3));
+    assert_eq!(
+        r.call(&["KEYS", "c*"]),
+        Value::Array(vec![Value::bulk("counter")])
+    );
+
     // Server 0 killed: the others' front ends go on serving every key. An
     // INCR that fails meanwhile may still have been applied (its outcome is
     // unknown), so the counter is at least one more than before and at most

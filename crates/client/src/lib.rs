@@ -40,7 +40,7 @@ use std::time::Duration;
 use rowankv_fabric::Nic;
 use rowankv_rpc::directory::{ConnectError, Directory};
 use rowankv_rpc::endpoint::{Endpoint, EndpointConfig, Event, PeerId, SendError};
-use rowankv_types::{Clock, NodeId, RequestId, RequestRecord, SystemClock, Term};
+use rowankv_types::{Clock, NodeId, RequestId, RequestRecord, ShardId, SystemClock, Term};
 use rowankv_wire::config::{Config, ConfigSource};
 pub use rowankv_wire::frame::Expect;
 use rowankv_wire::frame::{self, Body, Envelope, ErrorCode, Response, KEY_BYTES_MAX, KV_BYTES_MAX};
@@ -164,6 +164,13 @@ pub enum Op {
         key: Vec<u8>,
         expect: Expect,
     },
+    /// A page of the keys of `shard` from `cursor` (`Output::Keys`), asked of
+    /// its primary.
+    Scan {
+        shard: ShardId,
+        cursor: u64,
+        count: u32,
+    },
 }
 
 impl Op {
@@ -174,7 +181,16 @@ impl Op {
             | Op::Del { key }
             | Op::PutIf { key, .. }
             | Op::DelIf { key, .. } => key,
+            Op::Scan { .. } => &[],
         }
+    }
+
+    /// Whether it writes (and carries a request record).
+    pub fn is_write(&self) -> bool {
+        matches!(
+            self,
+            Op::Put { .. } | Op::Del { .. } | Op::PutIf { .. } | Op::DelIf { .. }
+        )
     }
 }
 
@@ -185,6 +201,8 @@ pub enum Output {
     Value { value: Vec<u8>, version: u64 },
     /// A PUT's or DEL's version.
     Written { version: u64 },
+    /// A page of a SCAN: keys, and the cursor to ask from next (0: done).
+    Keys { next: u64, keys: Vec<Vec<u8>> },
 }
 
 /// Identifies a submitted operation.
@@ -417,6 +435,9 @@ impl<N: Nic> Client<N> {
     }
 
     fn check(op: &Op) -> Result<(), ClientError> {
+        if let Op::Scan { .. } = op {
+            return Ok(()); // no key
+        }
         let key = op.key();
         if key.is_empty() {
             return Err(ClientError::TooLarge {
@@ -450,7 +471,7 @@ impl<N: Nic> Client<N> {
         if self.inflight >= self.config.inflight_max {
             return Err(ClientError::Busy(self.inflight));
         }
-        let request = (!matches!(op, Op::Get { .. })).then(|| {
+        let request = op.is_write().then(|| {
             new_request_id(
                 &mut self.client_id,
                 &mut self.next_seq,
@@ -466,7 +487,7 @@ impl<N: Nic> Client<N> {
     /// another connection): it is executed at most once over all its attempts.
     pub fn resubmit(&mut self, op: Op, request: RequestId) -> Result<OpId, ClientError> {
         Self::check(&op)?;
-        if matches!(op, Op::Get { .. }) || !request.is_valid() {
+        if !op.is_write() || !request.is_valid() {
             return Err(ClientError::Config(format!(
                 "resubmit takes a write and the request id it was sent with, not {request:?}"
             )));
@@ -537,8 +558,18 @@ impl<N: Nic> Client<N> {
     /// Send one attempt, or queue it: for want of the server's credit (returns
     /// true), or to retry after a pause.
     fn send(&mut self, mut p: Pending) -> bool {
-        let shard = self.cluster.shard_for_key(p.op.key());
-        let primary = shard.primary;
+        let primary = match &p.op {
+            Op::Scan { shard, .. } => match self.cluster.shard(*shard) {
+                Some(s) => s.primary,
+                None => {
+                    let e =
+                        ClientError::Config(format!("no {shard} in term {}", self.cluster.term));
+                    self.complete(p, Err(e), Term(0));
+                    return false;
+                }
+            },
+            op => self.cluster.shard_for_key(op.key()).primary,
+        };
         let peer = match self.connect_server(primary) {
             Ok(peer) => peer,
             // Not sent: certainly not applied. The primary may have failed;
@@ -581,6 +612,15 @@ impl<N: Nic> Client<N> {
                 request,
                 expect: *expect,
             },
+            Op::Scan {
+                shard,
+                cursor,
+                count,
+            } => Body::Scan {
+                shard: *shard,
+                cursor: *cursor,
+                count: *count,
+            },
         };
         match self.ep.request(peer, &env, &body) {
             Ok(()) => {
@@ -616,7 +656,7 @@ impl<N: Nic> Client<N> {
     fn complete(&mut self, p: Pending, result: Result<Output, ClientError>, term: Term) {
         self.inflight -= 1;
         let result = match result {
-            Err(e) if p.maybe_applied && !e.is_unknown() && !matches!(p.op, Op::Get { .. }) => {
+            Err(e) if p.maybe_applied && !e.is_unknown() && p.op.is_write() => {
                 Err(ClientError::Unknown(e.to_string()))
             }
             r => r,
@@ -829,6 +869,10 @@ impl<N: Nic> Client<N> {
                 version,
             }),
             Response::NotFound => Err(ClientError::NotFound),
+            Response::Keys { next, keys } => Ok(Output::Keys {
+                next,
+                keys: frame::keys_in(keys).map(<[u8]>::to_vec).collect(),
+            }),
             Response::Segment { .. } | Response::Entries { .. } | Response::Config { .. } => {
                 Err(ClientError::Server {
                     code: ErrorCode::Malformed,
@@ -905,7 +949,7 @@ impl<N: Nic> Client<N> {
     pub fn get(&mut self, key: &[u8]) -> Result<Vec<u8>, ClientError> {
         match self.execute(Op::Get { key: key.to_vec() })? {
             Output::Value { value, .. } => Ok(value),
-            Output::Written { .. } => Err(ClientError::Server {
+            _ => Err(ClientError::Server {
                 code: ErrorCode::Malformed,
                 detail: "a write acknowledgement answered a GET".into(),
             }),
@@ -920,7 +964,7 @@ impl<N: Nic> Client<N> {
             value: value.to_vec(),
         })? {
             Output::Written { version } => Ok(version),
-            Output::Value { .. } => Err(ClientError::Server {
+            _ => Err(ClientError::Server {
                 code: ErrorCode::Malformed,
                 detail: "a value answered a PUT".into(),
             }),
@@ -931,7 +975,7 @@ impl<N: Nic> Client<N> {
     pub fn delete(&mut self, key: &[u8]) -> Result<u64, ClientError> {
         match self.execute(Op::Del { key: key.to_vec() })? {
             Output::Written { version } => Ok(version),
-            Output::Value { .. } => Err(ClientError::Server {
+            _ => Err(ClientError::Server {
                 code: ErrorCode::Malformed,
                 detail: "a value answered a DEL".into(),
             }),
@@ -942,7 +986,7 @@ impl<N: Nic> Client<N> {
     pub fn get_versioned(&mut self, key: &[u8]) -> Result<Option<(Vec<u8>, u64)>, ClientError> {
         match self.execute(Op::Get { key: key.to_vec() }) {
             Ok(Output::Value { value, version }) => Ok(Some((value, version))),
-            Ok(Output::Written { .. }) => Err(ClientError::Server {
+            Ok(_) => Err(ClientError::Server {
                 code: ErrorCode::Malformed,
                 detail: "a write acknowledgement answered a GET".into(),
             }),
@@ -977,9 +1021,32 @@ impl<N: Nic> Client<N> {
     fn written(&mut self, op: Op, what: &str) -> Result<u64, ClientError> {
         match self.execute(op)? {
             Output::Written { version } => Ok(version),
-            Output::Value { .. } => Err(ClientError::Server {
+            _ => Err(ClientError::Server {
                 code: ErrorCode::Malformed,
-                detail: format!("a value answered a {what}"),
+                detail: format!("no write acknowledgement answered a {what}"),
+            }),
+        }
+    }
+
+    /// Keys of `shard` with a live value, from `cursor` (0: the start), about
+    /// `count` of them, and the cursor to ask from next (0: the shard is done),
+    /// from its primary. A key live for the whole scan is returned at least
+    /// once; keys written or deleted meanwhile may or may not be.
+    pub fn scan(
+        &mut self,
+        shard: ShardId,
+        cursor: u64,
+        count: u32,
+    ) -> Result<(u64, Vec<Vec<u8>>), ClientError> {
+        match self.execute(Op::Scan {
+            shard,
+            cursor,
+            count,
+        })? {
+            Output::Keys { next, keys } => Ok((next, keys)),
+            _ => Err(ClientError::Server {
+                code: ErrorCode::Malformed,
+                detail: "no keys answered a SCAN".into(),
             }),
         }
     }

@@ -23,8 +23,11 @@
 //! as they reach a megabyte, and a client that reads none for 30 s is dropped.
 //! A connection waits for a pool client at most 10 s (`TRYAGAIN` then).
 //!
+//! SCAN walks the shards one after another, each through its primary
+//! (`Body::Scan`); KEYS and DBSIZE scan every shard.
+//!
 //! Not served yet, each answered with an error that says so: expiry (SET
-//! EX/PX/EXAT/PXAT, EXPIRE and its family), SCAN, KEYS, DBSIZE and FLUSHALL;
+//! EX/PX/EXAT/PXAT, EXPIRE and its family) and FLUSHALL;
 //! cluster routing (CLUSTER SLOTS, `-MOVED`): the front end answers as a
 //! standalone Redis that serves every key.
 
@@ -50,6 +53,9 @@ use crate::{perr, ProcessError};
 
 /// Clients one front end shares among its connections, at most.
 pub const CLIENTS_MAX: usize = 16;
+
+/// The low bits of a SCAN cursor: the shard's own cursor.
+const SHARD_CURSOR_MASK: u64 = (1 << 48) - 1;
 
 /// How long one operation may take before the command answers an error.
 const OP_TIMEOUT: Duration = Duration::from_secs(10);
@@ -258,21 +264,55 @@ impl Keyspace for ClusterKeyspace<'_> {
             .map(|_| true)
     }
 
+    /// A cursor is a shard's index in the configuration (high 16 bits) and the
+    /// shard's own cursor (low 48 bits, a bucket of its primary's index).
     fn scan(
         &mut self,
-        _cursor: u64,
-        _count: usize,
+        cursor: u64,
+        count: usize,
         _now_ms: u64,
     ) -> Result<(u64, Vec<Vec<u8>>), KeyspaceError> {
-        Err(KeyspaceError::Other(
-            "RowanKV does not list keys yet (SCAN, KEYS)".into(),
-        ))
+        self.pool.with(|c| {
+            let shards: Vec<rowankv_types::ShardId> =
+                c.cluster_config().shards.iter().map(|s| s.shard).collect();
+            let (mut at, mut inner) = ((cursor >> 48) as usize, cursor & SHARD_CURSOR_MASK);
+            let mut keys = Vec::new();
+            while at < shards.len() && keys.len() < count.max(1) {
+                let want = (count.max(1) - keys.len()).min(u32::MAX as usize) as u32;
+                let (next, mut page) = c.scan(shards[at], inner, want).map_err(failure)?;
+                keys.append(&mut page);
+                if next == 0 {
+                    at += 1;
+                    inner = 0;
+                } else if next > SHARD_CURSOR_MASK {
+                    return Err(KeyspaceError::Other(format!(
+                        "a shard cursor {next} out of range"
+                    )));
+                } else {
+                    inner = next;
+                }
+            }
+            let next = if at >= shards.len() {
+                0
+            } else {
+                ((at as u64) << 48) | inner
+            };
+            Ok((next, keys))
+        })
     }
 
-    fn dbsize(&mut self, _now_ms: u64) -> Result<u64, KeyspaceError> {
-        Err(KeyspaceError::Other(
-            "RowanKV does not count keys yet (DBSIZE)".into(),
-        ))
+    /// Counted by scanning every shard: a cost in proportion to the keys, as
+    /// KEYS (Redis counts in constant time).
+    fn dbsize(&mut self, now_ms: u64) -> Result<u64, KeyspaceError> {
+        let (mut cursor, mut n) = (0u64, 0u64);
+        loop {
+            let (next, keys) = self.scan(cursor, 10_000, now_ms)?;
+            n += keys.len() as u64;
+            if next == 0 {
+                return Ok(n);
+            }
+            cursor = next;
+        }
     }
 
     fn flushall(&mut self) -> Result<(), KeyspaceError> {

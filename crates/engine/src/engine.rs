@@ -919,6 +919,57 @@ impl Engine {
         }
     }
 
+    /// Keys of `shard` with a live value (tombstones left out), passed to `f`,
+    /// from home bucket `cursor` of its index, whole buckets at a time, until
+    /// `count` keys or `budget_bytes` (a key counts `2 + its length`, what it
+    /// takes in a `Keys` response): a bucket that would pass the budget is
+    /// left for the next call, unless it is the call's first. Returns the next
+    /// cursor, 0 once the shard is done. The index never resizes, so a key that
+    /// is live for the whole scan is passed at least once; keys written or
+    /// deleted meanwhile may or may not be (Redis's SCAN guarantee).
+    pub fn scan_keys(
+        &self,
+        shard_id: ShardId,
+        cursor: u64,
+        count: usize,
+        budget_bytes: usize,
+        mut f: impl FnMut(&[u8]),
+    ) -> Result<u64, EngineError> {
+        let shard = self.shard(shard_id)?;
+        let buckets = shard.index.bucket_count() as u64;
+        let mut buf = Vec::with_capacity(FIRST_READ_BYTES);
+        let (mut found, mut used) = (0usize, 0usize);
+        let mut keys: Vec<Vec<u8>> = Vec::new();
+        let mut addrs = Vec::new();
+        let mut home = cursor;
+        while home < buckets {
+            addrs.clear();
+            shard.index.for_each_in(home, |a| addrs.push(a));
+            keys.clear();
+            for &addr in &addrs {
+                if !self.read_indexed(shard_id, shard, addr, &mut buf)? {
+                    continue;
+                }
+                let e = entry::parse_entry(&buf).map_err(EngineError::Entry)?;
+                if e.kind == Kind::Put {
+                    keys.push(e.key.to_vec());
+                }
+            }
+            let bytes: usize = keys.iter().map(|k| 2 + k.len()).sum();
+            if home > cursor && used + bytes > budget_bytes {
+                return Ok(home);
+            }
+            keys.iter().for_each(|k| f(k));
+            found += keys.len();
+            used += bytes;
+            home += 1;
+            if found >= count {
+                break;
+            }
+        }
+        Ok(if home >= buckets { 0 } else { home })
+    }
+
     /// Read into `buf` the whole, verified entry of `shard` at `addr`, an index
     /// item's address; if the entry's key is now indexed elsewhere (cleaning moved
     /// it, a newer write won), read that instead. False: the key is no longer

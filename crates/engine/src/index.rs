@@ -313,6 +313,21 @@ impl ShardIndex {
         self.len() == 0
     }
 
+    /// Visit the addresses of the items in home bucket `home`'s chain (weakly
+    /// consistent under concurrent writes); `home` must be below
+    /// [`ShardIndex::bucket_count`].
+    pub fn for_each_in(&self, home: u64, mut f: impl FnMut(u64)) {
+        debug_assert!(home < self.bucket_count() as u64);
+        for bucket in self.chain(home) {
+            for slot in &bucket.slots {
+                let item = slot.load(Ordering::Acquire);
+                if item != 0 {
+                    f(item_addr(item));
+                }
+            }
+        }
+    }
+
     /// Visit every item's address (weakly consistent under concurrent writes).
     pub fn for_each(&self, mut f: impl FnMut(u64)) {
         for home in 0..self.buckets.len() as u64 {

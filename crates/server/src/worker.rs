@@ -72,6 +72,8 @@ const _: () = assert!(SLOT_BITS + TARGET_BITS + GENERATION_BITS < 56);
 /// A failed write is replicated again after `retry_ns`, doubled per attempt up to
 /// this many times.
 const REPAIR_BACKOFF_DOUBLINGS_MAX: u32 = 6;
+/// Keys one `Scan` page asks for, at most.
+const SCAN_COUNT_MAX: usize = 10_000;
 
 fn write_token(slot: u32, target: usize, generation: u32) -> u64 {
     debug_assert!(target < TARGETS_MAX && generation < 1 << GENERATION_BITS);
@@ -337,7 +339,7 @@ impl<N: Nic> Worker<N> {
             self.reject(peer, h.request_id, ErrorCode::StaleTerm, &detail);
             return;
         }
-        if matches!(f.body, Body::Get { .. }) || f.body.is_write() {
+        if matches!(f.body, Body::Get { .. } | Body::Scan { .. }) || f.body.is_write() {
             // A write is admitted on the clock now, not at the step's start:
             // earlier messages of this step may have taken a while. A GET is
             // admitted on the step's time, an early refusal only: it is checked
@@ -382,6 +384,11 @@ impl<N: Nic> Worker<N> {
                 let w = (Kind::Del, key, &[][..], request, Some(expect));
                 self.handle_write(peer, h.request_id, w, now_ns)
             }
+            Body::Scan {
+                shard,
+                cursor,
+                count,
+            } => self.handle_scan(peer, h.request_id, shard, cursor, count),
             Body::Replicate { entries } => {
                 self.handle_replicate(peer, h.request_id, h.sender, entries)
             }
@@ -421,6 +428,45 @@ impl<N: Nic> Worker<N> {
             return None;
         }
         Some(s.shard)
+    }
+
+    /// A page of the keys of `shard`, if this server is its primary.
+    fn handle_scan(
+        &mut self,
+        peer: PeerId,
+        request_id: u64,
+        shard: ShardId,
+        cursor: u64,
+        count: u32,
+    ) {
+        let primary = self.config.shard(shard).map(|s| s.primary);
+        if primary != Some(self.shared.node) {
+            let detail = format!(
+                "{shard} has primary {primary:?} in term {}",
+                self.config.term
+            );
+            self.reject(peer, request_id, ErrorCode::NotPrimary, &detail);
+            return;
+        }
+        if !self.shared.shard_ready(shard) {
+            let detail = format!("{shard} is being recovered here");
+            self.reject(peer, request_id, ErrorCode::Blocked, &detail);
+            return;
+        }
+        // What a response frame holds after its fixed fields.
+        let budget = frame::value_response_bytes_max(self.ep.config().frame_bytes_max);
+        let mut keys = Vec::new();
+        let count = (count as usize).clamp(1, SCAN_COUNT_MAX);
+        let scanned = self
+            .shared
+            .engine
+            .scan_keys(shard, cursor, count, budget, |k| {
+                frame::put_key(&mut keys, k)
+            });
+        match scanned {
+            Ok(next) => self.respond(peer, request_id, Response::Keys { next, keys: &keys }),
+            Err(e) => self.reject(peer, request_id, ErrorCode::Internal, &e.to_string()),
+        }
     }
 
     fn handle_get(&mut self, peer: PeerId, request_id: u64, key: &[u8]) {

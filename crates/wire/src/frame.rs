@@ -41,6 +41,7 @@
 //! | `Stats`             | 14   | empty (a server's state, answered with `Value`: JSON, version = term) |
 //! | `PutIf`             | 15   | `expect` (9 B, below), then as `Put`                                  |
 //! | `DelIf`             | 16   | `expect` (9 B), then as `Del`                                         |
+//! | `Scan`              | 17   | `shard u16, cursor u64, count u32` (keys of a shard, answered `Keys`) |
 //! | `Response`          | 0x80 | `status u8`, then per status (below)                                  |
 //!
 //! | status | response   | rest of the body                                                    |
@@ -52,6 +53,7 @@
 //! | 4      | `Error`    | `code u8, term u64 (the server's term), detail_len u16, detail (UTF-8)` |
 //! | 5      | `Entries`  | `next u32, more u8 (0 or 1), then encoded log entries (multiple of 64 B)` |
 //! | 6      | `Config`   | `term u64, total u32, len u32`, then `len` bytes of the configuration's JSON (`Config::to_json`, `total` bytes in all) from the request's offset |
+//! | 7      | `Keys`     | `next u64` (0: the shard is done), then keys, each `key_len u16, key` (`KEY_BYTES_MAX` at most), to the end of the body |
 //!
 //! A write's `request` is the client's request record (exactly-once retries,
 //! RIFL-style): `client u64, seq u64, first_incomplete u64`. All zeros: none (the
@@ -130,6 +132,9 @@ const STATUS_SEGMENT: u8 = 3;
 const STATUS_ERROR: u8 = 4;
 const STATUS_ENTRIES: u8 = 5;
 const STATUS_CONFIG: u8 = 6;
+const STATUS_KEYS: u8 = 7;
+/// Bytes of a `Scan` body.
+const SCAN_BYTES: usize = 2 + 8 + 4;
 /// A `Config` response's status, term, total and chunk length.
 pub const CONFIG_RESPONSE_FIXED_BYTES: usize = 1 + 8 + 4 + 4;
 /// `shard u16, cursor u32`.
@@ -192,6 +197,7 @@ pub enum MsgType {
     Stats = 14,
     PutIf = 15,
     DelIf = 16,
+    Scan = 17,
     Response = 0x80,
 }
 
@@ -214,6 +220,7 @@ impl MsgType {
             13 => MsgType::Config,
             15 => MsgType::PutIf,
             16 => MsgType::DelIf,
+            17 => MsgType::Scan,
             0x80 => MsgType::Response,
             _ => return None,
         })
@@ -248,6 +255,13 @@ pub enum Body<'a> {
         key: &'a [u8],
         request: Option<RequestRecord>,
         expect: Expect,
+    },
+    /// Keys of `shard` with a live value, from `cursor` (0: the start), about
+    /// `count` of them: answered `Response::Keys` by the shard's primary.
+    Scan {
+        shard: ShardId,
+        cursor: u64,
+        count: u32,
     },
     /// One or more encoded log entries, replicated by RPC: non-empty, a multiple of 64 B.
     Replicate {
@@ -318,6 +332,7 @@ impl Body<'_> {
             Body::Del { .. } => MsgType::Del,
             Body::PutIf { .. } => MsgType::PutIf,
             Body::DelIf { .. } => MsgType::DelIf,
+            Body::Scan { .. } => MsgType::Scan,
             Body::Replicate { .. } => MsgType::Replicate,
             Body::GrantSegment { .. } => MsgType::GrantSegment,
             Body::Ping => MsgType::Ping,
@@ -382,6 +397,11 @@ impl Body<'_> {
                 check_key(key)?;
                 check_request(request)?;
                 EXPECT_BYTES + REQUEST_BYTES + KEY_FIXED_BYTES + key.len()
+            }
+            Body::Scan { .. } => SCAN_BYTES,
+            Body::Response(Response::Keys { keys, .. }) => {
+                check_keys(keys)?;
+                1 + 8 + keys.len()
             }
             Body::Replicate { entries } => check_entries(entries, "replicate")?,
             Body::GrantSegment { .. } => GRANT_SEGMENT_BYTES,
@@ -463,6 +483,10 @@ pub enum Response<'a> {
         more: bool,
         entries: &'a [u8],
     },
+    /// A page of a `Scan`: keys (each `key_len u16, key`: [`keys_in`] reads
+    /// them, [`put_key`] writes them); `next`: the cursor to ask from, 0 when
+    /// the shard is done.
+    Keys { next: u64, keys: &'a [u8] },
     /// A page of the configuration the CM stores (`Config::to_json`): of
     /// `term`, `total` bytes in all, `chunk` from the request's offset.
     Config {
@@ -683,6 +707,15 @@ pub fn encode(
             put_u16(out, key.len());
             out.extend_from_slice(key);
         }
+        Body::Scan {
+            shard,
+            cursor,
+            count,
+        } => {
+            out.extend_from_slice(&shard.0.to_le_bytes());
+            out.extend_from_slice(&cursor.to_le_bytes());
+            out.extend_from_slice(&count.to_le_bytes());
+        }
         Body::Replicate { entries } => out.extend_from_slice(entries),
         Body::GrantSegment { log, sealed } => {
             out.extend_from_slice(&log.to_le_bytes());
@@ -741,6 +774,11 @@ pub fn encode(
                 out.extend_from_slice(&term.0.to_le_bytes());
                 put_u16(out, detail.len());
                 out.extend_from_slice(detail.as_bytes());
+            }
+            Response::Keys { next, keys } => {
+                out.push(STATUS_KEYS);
+                out.extend_from_slice(&next.to_le_bytes());
+                out.extend_from_slice(keys);
             }
             Response::Entries {
                 next,
@@ -880,6 +918,18 @@ fn decode_body(msg_type: MsgType, bytes: &[u8]) -> Result<Body<'_>, FrameError> 
                 expect,
             }
         }
+        MsgType::Scan => {
+            let mut r = Reader::new(bytes, "scan");
+            let shard = ShardId(r.u16("shard")?);
+            let cursor = r.u64("cursor")?;
+            let count = r.u32("count")?;
+            r.finish()?;
+            Body::Scan {
+                shard,
+                cursor,
+                count,
+            }
+        }
         MsgType::Replicate => {
             check_entries(bytes, "replicate")?;
             Body::Replicate { entries: bytes }
@@ -997,6 +1047,12 @@ fn decode_response(bytes: &[u8]) -> Result<Response<'_>, FrameError> {
             let detail = std::str::from_utf8(detail).map_err(|_| FrameError::BadUtf8)?;
             Response::Error { code, term, detail }
         }
+        STATUS_KEYS => {
+            let next = r.u64("next")?;
+            let keys = r.take(r.bytes.len(), "keys")?;
+            check_keys(keys)?;
+            Response::Keys { next, keys }
+        }
         STATUS_ENTRIES => {
             let next = r.u32("next")?;
             let more = match r.u8("more")? {
@@ -1025,6 +1081,51 @@ fn decode_response(bytes: &[u8]) -> Result<Response<'_>, FrameError> {
     };
     r.finish()?;
     Ok(response)
+}
+
+/// Append `key` to the keys of a `Response::Keys`.
+pub fn put_key(out: &mut Vec<u8>, key: &[u8]) {
+    put_u16(out, key.len());
+    out.extend_from_slice(key);
+}
+
+/// Bytes `key` takes in a `Response::Keys`.
+pub fn key_bytes(key: &[u8]) -> usize {
+    2 + key.len()
+}
+
+/// The keys of a `Response::Keys` (checked when it was decoded).
+pub fn keys_in(mut keys: &[u8]) -> impl Iterator<Item = &[u8]> {
+    std::iter::from_fn(move || {
+        if keys.len() < 2 {
+            return None;
+        }
+        let len = u16::from_le_bytes([keys[0], keys[1]]) as usize;
+        let key = keys.get(2..2 + len)?;
+        keys = &keys[2 + len..];
+        Some(key)
+    })
+}
+
+/// Keys as a `Response::Keys` carries them: whole, each non-empty and at most
+/// `KEY_BYTES_MAX`.
+fn check_keys(mut keys: &[u8]) -> Result<(), FrameError> {
+    while !keys.is_empty() {
+        if keys.len() < 2 {
+            return Err(FrameError::FieldLength(
+                "keys: a truncated key length".into(),
+            ));
+        }
+        let len = u16::from_le_bytes([keys[0], keys[1]]) as usize;
+        if len == 0 || len > KEY_BYTES_MAX || keys.len() < 2 + len {
+            return Err(FrameError::FieldLength(format!(
+                "keys: a key of {len} bytes with {} left",
+                keys.len() - 2
+            )));
+        }
+        keys = &keys[2 + len..];
+    }
+    Ok(())
 }
 
 /// What a conditional write requires of its key's live value.

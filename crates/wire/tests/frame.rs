@@ -256,6 +256,7 @@ fn msg_types_map_to_their_bytes() {
         (MsgType::Stats, 14),
         (MsgType::PutIf, 15),
         (MsgType::DelIf, 16),
+        (MsgType::Scan, 17),
         (MsgType::Response, 0x80),
     ];
     for (t, b) in all {
@@ -263,7 +264,7 @@ fn msg_types_map_to_their_bytes() {
         assert_eq!(MsgType::from_u8(b), Some(t));
     }
     assert_eq!(MsgType::from_u8(0), None);
-    assert_eq!(MsgType::from_u8(17), None);
+    assert_eq!(MsgType::from_u8(18), None);
     assert_eq!(MsgType::from_u8(0x81), None);
 }
 
@@ -590,8 +591,53 @@ fn bad_utf8_in_detail_is_rejected() {
 }
 
 #[test]
+fn scan_and_its_keys_round_trip_and_bad_keys_are_refused() {
+    let scan = Body::Scan {
+        shard: ShardId(3),
+        cursor: u64::MAX,
+        count: 100,
+    };
+    assert_eq!(decode(&encoded(&scan)).unwrap().body, scan);
+    let mut keys = Vec::new();
+    for k in [&b"a"[..], b"key:\x00\xff", &[7u8; KEY_BYTES_MAX][..]] {
+        rowankv_wire::frame::put_key(&mut keys, k);
+    }
+    let body = Body::Response(Response::Keys {
+        next: 42,
+        keys: &keys,
+    });
+    let bytes = encoded(&body);
+    let f = decode(&bytes).unwrap();
+    assert_eq!(f.body, body);
+    let Body::Response(Response::Keys { keys: got, .. }) = f.body else {
+        unreachable!()
+    };
+    let listed: Vec<&[u8]> = rowankv_wire::frame::keys_in(got).collect();
+    assert_eq!(listed.len(), 3);
+    assert_eq!(listed[1], b"key:\x00\xff");
+    // A truncated key, an empty one, one over the limit: refused.
+    let response = |rest: &[u8]| {
+        let mut b = vec![7u8];
+        b.extend_from_slice(&9u64.to_le_bytes());
+        b.extend_from_slice(rest);
+        decode(&raw_frame(0x80, &b)).map(|_| ())
+    };
+    assert!(response(&[]).is_ok(), "no keys");
+    for bad in [&[5u8, 0, b'a'][..], &[0, 0], &[1]] {
+        assert!(response(bad).is_err(), "{bad:?}");
+    }
+    let mut long = ((KEY_BYTES_MAX + 1) as u16).to_le_bytes().to_vec();
+    long.extend(std::iter::repeat_n(1u8, KEY_BYTES_MAX + 1));
+    assert!(response(&long).is_err());
+    assert!(
+        decode(&raw_frame(17, &[0; 13])).is_err(),
+        "a scan body of 13 bytes"
+    );
+}
+
+#[test]
 fn unknown_status_is_rejected() {
-    for status in [7u8, 0x7F, 0xFF] {
+    for status in [8u8, 0x7F, 0xFF] {
         assert_eq!(
             decode(&raw_frame(0x80, &[status])),
             Err(FrameError::BadStatus(status))
