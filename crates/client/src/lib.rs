@@ -37,8 +37,9 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
+use crossbeam::channel::Receiver;
 use rowankv_fabric::Nic;
-use rowankv_rpc::directory::{ConnectError, Directory};
+use rowankv_rpc::directory::{Accepted, ConnectError, Directory};
 use rowankv_rpc::endpoint::{Endpoint, EndpointConfig, Event, PeerId, SendError};
 use rowankv_types::{Clock, NodeId, RequestId, RequestRecord, ShardId, SystemClock, Term};
 use rowankv_wire::config::{Config, ConfigSource};
@@ -257,6 +258,12 @@ pub struct Client<N: Nic> {
     directory: Directory,
     ep: Endpoint<N>,
     servers: HashMap<NodeId, PeerId>,
+    /// Servers whose connection failed and was reset, with no answer since: a
+    /// second failure gives the connection up (see `connection_failed`).
+    failed_once: std::collections::HashSet<NodeId>,
+    /// Connections being made to servers (after the first ones), without
+    /// blocking: the peer, the answer to come, when it started.
+    dials: HashMap<NodeId, (PeerId, Receiver<Result<Accepted, String>>, u64)>,
     next_id: u64,
     next_request: u64,
     /// This client's id in request records.
@@ -307,6 +314,8 @@ impl<N: Nic> Client<N> {
             directory,
             ep,
             servers: HashMap::new(),
+            failed_once: Default::default(),
+            dials: HashMap::new(),
             next_id: 1,
             next_request: 1,
             pending: HashMap::new(),
@@ -385,6 +394,66 @@ impl<N: Nic> Client<N> {
             c.servers.insert(node, peer);
         }
         Ok(c)
+    }
+
+    /// The connection to `node`, or a dial started (answered in `poll`): an
+    /// operation that finds none is sent again after a pause. Never blocks,
+    /// so a caller that runs the servers itself (the simulator) can use it.
+    fn reach_server(&mut self, node: NodeId) -> Result<PeerId, ClientError> {
+        if let Some(&p) = self.servers.get(&node) {
+            return Ok(p);
+        }
+        if self.dials.contains_key(&node) {
+            return Err(ClientError::Connect(format!("connecting to {node}")));
+        }
+        let workers = self
+            .cluster
+            .member(node)
+            .map_or(1, |m| m.workers.max(1) as usize);
+        let worker = (self.config.worker_hint % workers) as u16;
+        let (peer, answer) = self
+            .directory
+            .connect_async(&mut self.ep, node, worker)
+            .map_err(|e| ClientError::Connect(e.to_string()))?;
+        let now = self.config.clock.now_ns();
+        self.dials.insert(node, (peer, answer, now));
+        Err(ClientError::Connect(format!("connecting to {node}")))
+    }
+
+    /// Finish the dials that were answered, drop those that failed or took
+    /// longer than the connect timeout.
+    fn poll_dials(&mut self) {
+        if self.dials.is_empty() {
+            return;
+        }
+        let now = self.config.clock.now_ns();
+        let timeout = self.config.connect_timeout.as_nanos() as u64;
+        let nodes: Vec<NodeId> = self.dials.keys().copied().collect();
+        for node in nodes {
+            let (peer, answer, started) = &self.dials[&node];
+            let (peer, started) = (*peer, *started);
+            let outcome = match answer.try_recv() {
+                Ok(Ok(a)) => Some(self.ep.connect(peer, a.qp).map_err(|e| e.to_string())),
+                Ok(Err(why)) => Some(Err(why)),
+                Err(_) if now.saturating_sub(started) > timeout => {
+                    Some(Err("no answer in time".to_string()))
+                }
+                Err(_) => None,
+            };
+            match outcome {
+                None => {}
+                Some(Ok(())) => {
+                    self.dials.remove(&node);
+                    tracing::debug!(server = %node, "connected again");
+                    self.servers.insert(node, peer);
+                }
+                Some(Err(why)) => {
+                    self.dials.remove(&node);
+                    tracing::debug!(server = %node, why, "a connection was not made");
+                    self.ep.close(peer);
+                }
+            }
+        }
     }
 
     fn connect_server(&mut self, node: NodeId) -> Result<PeerId, ClientError> {
@@ -570,7 +639,7 @@ impl<N: Nic> Client<N> {
             },
             op => self.cluster.shard_for_key(op.key()).primary,
         };
-        let peer = match self.connect_server(primary) {
+        let peer = match self.reach_server(primary) {
             Ok(peer) => peer,
             // Not sent: certainly not applied. The primary may have failed;
             // until the operation's deadline, look for a newer configuration
@@ -704,6 +773,7 @@ impl<N: Nic> Client<N> {
         let mut events = std::mem::take(&mut self.events);
         let mut data = std::mem::take(&mut self.data);
         let _ = self.ep.poll(&mut events, &mut data);
+        self.poll_dials();
         for ev in &events {
             match *ev {
                 Event::Message { peer, start, len } => {
@@ -831,6 +901,16 @@ impl<N: Nic> Client<N> {
                 self.complete(p, Err(ClientError::ConnectionLost(node)), Term(0));
             }
         }
+        // The endpoint reset the connection, which is enough after a cut link.
+        // A second failure before any answer gives it up: the server may have
+        // restarted (a new process that knows nothing of it), and the next
+        // operation for it dials anew.
+        if !self.failed_once.insert(node) {
+            self.failed_once.remove(&node);
+            self.servers.remove(&node);
+            self.ep.close(peer);
+            tracing::debug!(server = %node, "a connection failed again: dialling anew");
+        }
     }
 
     /// An answer from `peer`. Taken only if it comes from the node the request
@@ -862,6 +942,9 @@ impl<N: Nic> Client<N> {
         let Some(mut p) = self.pending.remove(&f.header.request_id) else {
             return;
         };
+        if !self.failed_once.is_empty() {
+            self.failed_once.remove(&f.header.sender);
+        }
         let result = match r {
             Response::Ok { version } => Ok(Output::Written { version }),
             Response::Value { version, value } => Ok(Output::Value {
