@@ -249,6 +249,9 @@ struct Pending {
     sent_to: Option<PeerId>,
 }
 
+/// A connection being made: the peer, the answer to come, when it started.
+type Dial = (PeerId, Receiver<Result<Accepted, String>>, u64);
+
 /// A client of one cluster.
 pub struct Client<N: Nic> {
     config: ClientConfig,
@@ -263,7 +266,7 @@ pub struct Client<N: Nic> {
     failed_once: std::collections::HashSet<NodeId>,
     /// Connections being made to servers (after the first ones), without
     /// blocking: the peer, the answer to come, when it started.
-    dials: HashMap<NodeId, (PeerId, Receiver<Result<Accepted, String>>, u64)>,
+    dials: HashMap<NodeId, Dial>,
     next_id: u64,
     next_request: u64,
     /// This client's id in request records.
