@@ -3,43 +3,13 @@
 //! error.
 
 /// Reads a decimal `i64` as Redis's `string2ll` does (what `getLongLongFromObject`
-/// applies to arguments and stored values): an optional `-`, then digits without a
-/// leading zero (`0` alone is allowed, `-0` is not), no `+`, no spaces, no overflow.
+/// applies to arguments and stored values): the protocol library's reader.
 pub(crate) fn parse_i64(text: &[u8]) -> Option<i64> {
-    if text == b"0" {
-        return Some(0);
-    }
-    let (negative, digits) = match text.split_first() {
-        Some((b'-', rest)) => (true, rest),
-        Some(_) => (false, text),
-        None => return None,
-    };
-    if !matches!(digits.first(), Some(b'1'..=b'9')) {
-        return None;
-    }
-    let magnitude = digits_u64(digits)?;
-    if negative {
-        i64::try_from(-i128::from(magnitude)).ok()
-    } else {
-        i64::try_from(magnitude).ok()
-    }
+    rowankv_resp::num::parse_i64_redis(text)
 }
 
-/// At least one ASCII digit and nothing else, without overflow.
 fn digits_u64(digits: &[u8]) -> Option<u64> {
-    if digits.is_empty() {
-        return None;
-    }
-    let mut value: u64 = 0;
-    for &digit in digits {
-        if !digit.is_ascii_digit() {
-            return None;
-        }
-        value = value
-            .checked_mul(10)?
-            .checked_add(u64::from(digit - b'0'))?;
-    }
-    Some(value)
+    rowankv_resp::num::parse_u64_digits(digits)
 }
 
 /// Reads a SCAN cursor as Redis's `string2ull` does: a non-negative `string2ll`

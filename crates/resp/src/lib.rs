@@ -29,7 +29,9 @@
 //! After a protocol error the connection must be closed, as Redis closes it.
 #![forbid(unsafe_code)]
 
-mod num;
+/// Decimal numbers as Redis reads them (the command layer reads its arguments
+/// with these too).
+pub mod num;
 
 pub mod errors;
 pub mod reply;

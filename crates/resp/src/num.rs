@@ -4,7 +4,7 @@
 /// Reads a decimal `i64` the way Redis's `string2ll` does, so that a request Redis
 /// refuses is refused here too: an optional `-`, then digits without leading zeros
 /// (`0` alone is allowed, `-0` is not), no `+`, no spaces, no overflow.
-pub(crate) fn parse_i64_redis(text: &[u8]) -> Option<i64> {
+pub fn parse_i64_redis(text: &[u8]) -> Option<i64> {
     if text == b"0" {
         return Some(0);
     }
@@ -35,7 +35,7 @@ pub(crate) fn parse_i64_reply(text: &[u8]) -> Option<i64> {
 }
 
 /// At least one ASCII digit and nothing else, without overflow.
-fn parse_u64_digits(digits: &[u8]) -> Option<u64> {
+pub fn parse_u64_digits(digits: &[u8]) -> Option<u64> {
     if digits.is_empty() {
         return None;
     }

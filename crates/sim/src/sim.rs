@@ -50,7 +50,7 @@ use std::time::Duration;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
-use rowankv_client::{Client, ClientConfig, ClientError, Op, Output};
+use rowankv_client::{Client, ClientConfig, ClientError, Completed, Op, Output};
 use rowankv_cm::{ConfigManager, CoordStore, EmbeddedStore};
 use rowankv_deploy::{build, ClusterConfig, Owner, Parts, Recovered, CLIENT_NODE_BASE};
 use rowankv_engine::Engine;
@@ -1142,6 +1142,35 @@ impl World {
         format!("{detail}; segments {}", census.join("; "))
     }
 
+    /// Run `op` from the first client until it completes: when it was called,
+    /// and its completion.
+    fn final_call(&mut self, op: Op) -> (u64, Completed) {
+        let call = self.now();
+        let id = self.clients[0]
+            .client
+            .submit(op)
+            .expect("a final operation");
+        let mut out = Vec::new();
+        let c = loop {
+            self.step_roles();
+            self.clients[0].client.poll(&mut out);
+            if let Some(c) = out.pop() {
+                break c;
+            }
+            self.advance(true);
+        };
+        debug_assert_eq!(c.id, id);
+        (call, c)
+    }
+
+    /// Let the cluster run a hundred steps before a final operation is tried again.
+    fn settle_a_while(&mut self) {
+        for _ in 0..100 {
+            let busy = self.step_roles();
+            self.advance(busy);
+        }
+    }
+
     /// Heal everything, let the cluster settle, read every key back.
     fn read_back(&mut self) {
         self.heal_due(true);
@@ -1155,23 +1184,9 @@ impl World {
             let mut done = false;
             let mut last_error = String::new();
             for _attempt in 0..20 {
-                let call = self.now();
-                let id = self.clients[0]
-                    .client
-                    .submit(Op::Get {
-                        key: key.clone().into_bytes(),
-                    })
-                    .expect("a final read");
-                let mut out = Vec::new();
-                let c = loop {
-                    self.step_roles();
-                    self.clients[0].client.poll(&mut out);
-                    if let Some(c) = out.pop() {
-                        break c;
-                    }
-                    self.advance(true);
-                };
-                debug_assert_eq!(c.id, id);
+                let (call, c) = self.final_call(Op::Get {
+                    key: key.clone().into_bytes(),
+                });
                 last_error = format!("{:?}", c.result);
                 let (status, output) = match &c.result {
                     Ok(Output::Value { value, .. }) => (
@@ -1197,10 +1212,7 @@ impl World {
                     done = true;
                     break;
                 }
-                for _ in 0..100 {
-                    let busy = self.step_roles();
-                    self.advance(busy);
-                }
+                self.settle_a_while();
             }
             if !done {
                 let detail = self.unavailable(&key);
@@ -1225,24 +1237,10 @@ impl World {
             let mut last_error = String::new();
             for attempt in 0..20 {
                 let value = format!("final-{attempt}");
-                let call = self.now();
-                let id = self.clients[0]
-                    .client
-                    .submit(Op::Put {
-                        key: key.clone().into_bytes(),
-                        value: value.clone().into_bytes(),
-                    })
-                    .expect("a final write");
-                let mut out = Vec::new();
-                let c = loop {
-                    self.step_roles();
-                    self.clients[0].client.poll(&mut out);
-                    if let Some(c) = out.pop() {
-                        break c;
-                    }
-                    self.advance(true);
-                };
-                debug_assert_eq!(c.id, id);
+                let (call, c) = self.final_call(Op::Put {
+                    key: key.clone().into_bytes(),
+                    value: value.clone().into_bytes(),
+                });
                 last_error = format!("{:?}", c.result);
                 let status = match &c.result {
                     Ok(_) => Status::Ok,
@@ -1265,10 +1263,7 @@ impl World {
                     done = true;
                     break;
                 }
-                for _ in 0..100 {
-                    let busy = self.step_roles();
-                    self.advance(busy);
-                }
+                self.settle_a_while();
             }
             if !done {
                 let detail = self.unavailable(&key);
