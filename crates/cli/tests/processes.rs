@@ -480,6 +480,15 @@ fn acknowledged_writes_survive_a_server_killed_mid_run_and_it_rejoins() {
         std::thread::sleep(Duration::from_millis(50));
     }
     check_read_back(&c, &records);
+    // The last server may not leave: the CMs refuse, and record nothing.
+    let last = c.node_of(0);
+    let out = c.cli(&["leave", &format!("n{last}"), "--timeout-s", "5"]);
+    let said = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(
+        !out.status.success() && said.contains("is the last server"),
+        "{said}"
+    );
+    check_read_back(&c, &records);
 }
 
 /// A server killed and restarted on its pool within its lease is still a
