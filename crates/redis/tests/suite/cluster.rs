@@ -1,11 +1,11 @@
 //! Cluster mode: topology answers, CROSSSLOT, and keyspace errors as replies.
 
 use rowankv_redis::{
-    ClusterNode, ClusterShard, Expect, Keyspace, KeyspaceError, MemKeyspace, Record, SlotRange,
-    Topology, TopologyError,
+    ClusterNode, ClusterShard, KeyspaceError, MemKeyspace, SlotRange, Topology, TopologyError,
 };
 use rowankv_resp::{errors, key_slot, Value};
 
+use crate::keyspaces::{Call, Hook, Hooked};
 use crate::support::*;
 
 fn node(n: u8, port: u16) -> ClusterNode {
@@ -265,12 +265,13 @@ fn select_in_cluster_mode() {
 
 /// A keyspace that serves only the slots of the first shard and answers
 /// `MOVED` for the others, as a node's keyspace over the cluster client may.
-struct ShardKeyspace {
-    inner: MemKeyspace,
-}
+struct ShardKeyspace;
 
-impl ShardKeyspace {
-    fn route(&self, key: &[u8]) -> Result<(), KeyspaceError> {
+impl Hook for ShardKeyspace {
+    fn before(&mut self, call: Call<'_>, _: &mut MemKeyspace) -> Result<(), KeyspaceError> {
+        let Some(key) = call.key() else {
+            return Ok(());
+        };
         let slot = key_slot(key);
         if slot <= 8191 {
             Ok(())
@@ -284,47 +285,9 @@ impl ShardKeyspace {
     }
 }
 
-impl Keyspace for ShardKeyspace {
-    fn get(&mut self, key: &[u8], now_ms: u64) -> Result<Option<Record>, KeyspaceError> {
-        self.route(key)?;
-        self.inner.get(key, now_ms)
-    }
-    fn put(
-        &mut self,
-        key: &[u8],
-        value: &[u8],
-        expires_at_ms: Option<u64>,
-        expect: Expect,
-        now_ms: u64,
-    ) -> Result<u64, KeyspaceError> {
-        self.route(key)?;
-        self.inner.put(key, value, expires_at_ms, expect, now_ms)
-    }
-    fn delete(&mut self, key: &[u8], expect: Expect, now_ms: u64) -> Result<bool, KeyspaceError> {
-        self.route(key)?;
-        self.inner.delete(key, expect, now_ms)
-    }
-    fn scan(
-        &mut self,
-        cursor: u64,
-        count: usize,
-        now_ms: u64,
-    ) -> Result<(u64, Vec<Vec<u8>>), KeyspaceError> {
-        self.inner.scan(cursor, count, now_ms)
-    }
-    fn dbsize(&mut self, now_ms: u64) -> Result<u64, KeyspaceError> {
-        self.inner.dbsize(now_ms)
-    }
-    fn flushall(&mut self) -> Result<(), KeyspaceError> {
-        self.inner.flushall()
-    }
-}
-
 #[test]
 fn moved_from_the_keyspace() {
-    let mut h = Harness::with(ShardKeyspace {
-        inner: MemKeyspace::new(),
-    });
+    let mut h = Harness::with(Hooked::new(ShardKeyspace));
     h.ctx.topology = Some(topology());
     assert_eq!(key_slot(b"foo"), 12182);
     assert_eq!(
@@ -344,30 +307,8 @@ fn moved_from_the_keyspace() {
 /// A keyspace that fails every call with one error.
 struct FailingKeyspace(KeyspaceError);
 
-impl Keyspace for FailingKeyspace {
-    fn get(&mut self, _: &[u8], _: u64) -> Result<Option<Record>, KeyspaceError> {
-        Err(self.0.clone())
-    }
-    fn put(
-        &mut self,
-        _: &[u8],
-        _: &[u8],
-        _: Option<u64>,
-        _: Expect,
-        _: u64,
-    ) -> Result<u64, KeyspaceError> {
-        Err(self.0.clone())
-    }
-    fn delete(&mut self, _: &[u8], _: Expect, _: u64) -> Result<bool, KeyspaceError> {
-        Err(self.0.clone())
-    }
-    fn scan(&mut self, _: u64, _: usize, _: u64) -> Result<(u64, Vec<Vec<u8>>), KeyspaceError> {
-        Err(self.0.clone())
-    }
-    fn dbsize(&mut self, _: u64) -> Result<u64, KeyspaceError> {
-        Err(self.0.clone())
-    }
-    fn flushall(&mut self) -> Result<(), KeyspaceError> {
+impl Hook for FailingKeyspace {
+    fn before(&mut self, _: Call<'_>, _: &mut MemKeyspace) -> Result<(), KeyspaceError> {
         Err(self.0.clone())
     }
 }
@@ -407,7 +348,7 @@ fn keyspace_errors_become_redis_errors() {
         ),
     ];
     for (error, cluster, expected) in cases {
-        let mut h = Harness::with(FailingKeyspace(error.clone()));
+        let mut h = Harness::with(Hooked::new(FailingKeyspace(error.clone())));
         if cluster {
             h.ctx.topology = Some(topology());
         }

@@ -3,6 +3,7 @@
 //! read-modify-write under conflicts, a model test, the keyspace conformance
 //! suite, and the compatibility page checked against the command table.
 
+mod keyspaces;
 mod support;
 
 mod cluster;

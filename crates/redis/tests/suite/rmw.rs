@@ -1,29 +1,28 @@
 //! Read-modify-write under conflicts: injected ones, and real ones from a
 //! concurrent writer that gets in between a command's read and its write.
 
-use rowankv_redis::{Expect, Keyspace, KeyspaceError, MemKeyspace, Record, RMW_ATTEMPTS_MAX};
+use rowankv_redis::{Expect, Keyspace, KeyspaceError, MemKeyspace, RMW_ATTEMPTS_MAX};
 use rowankv_resp::Value;
 
+use crate::keyspaces::{Call, Hook, Hooked};
 use crate::support::*;
 
 /// Refuses the first `conflicts_left` conditional writes with `Conflict`.
 struct Conflicting {
-    inner: MemKeyspace,
     conflicts_left: usize,
     conditional_writes: usize,
 }
 
-impl Conflicting {
-    fn new(conflicts: usize) -> Conflicting {
-        Conflicting {
-            inner: MemKeyspace::new(),
-            conflicts_left: conflicts,
-            conditional_writes: 0,
-        }
-    }
+fn conflicting(conflicts: usize) -> Hooked<Conflicting> {
+    Hooked::new(Conflicting {
+        conflicts_left: conflicts,
+        conditional_writes: 0,
+    })
+}
 
-    fn conflict(&mut self, expect: Expect) -> Result<(), KeyspaceError> {
-        if expect == Expect::Any {
+impl Hook for Conflicting {
+    fn before(&mut self, call: Call<'_>, _: &mut MemKeyspace) -> Result<(), KeyspaceError> {
+        if call.conditional_write().is_none() {
             return Ok(());
         }
         self.conditional_writes += 1;
@@ -35,64 +34,26 @@ impl Conflicting {
     }
 }
 
-impl Keyspace for Conflicting {
-    fn get(&mut self, key: &[u8], now_ms: u64) -> Result<Option<Record>, KeyspaceError> {
-        self.inner.get(key, now_ms)
-    }
-    fn put(
-        &mut self,
-        key: &[u8],
-        value: &[u8],
-        expires_at_ms: Option<u64>,
-        expect: Expect,
-        now_ms: u64,
-    ) -> Result<u64, KeyspaceError> {
-        self.conflict(expect)?;
-        self.inner.put(key, value, expires_at_ms, expect, now_ms)
-    }
-    fn delete(&mut self, key: &[u8], expect: Expect, now_ms: u64) -> Result<bool, KeyspaceError> {
-        self.conflict(expect)?;
-        self.inner.delete(key, expect, now_ms)
-    }
-    fn scan(
-        &mut self,
-        cursor: u64,
-        count: usize,
-        now_ms: u64,
-    ) -> Result<(u64, Vec<Vec<u8>>), KeyspaceError> {
-        self.inner.scan(cursor, count, now_ms)
-    }
-    fn dbsize(&mut self, now_ms: u64) -> Result<u64, KeyspaceError> {
-        self.inner.dbsize(now_ms)
-    }
-    fn flushall(&mut self) -> Result<(), KeyspaceError> {
-        self.inner.flushall()
-    }
-}
-
 #[test]
 fn retries_until_the_write_lands() {
     for conflicts in [0, 1, 5, RMW_ATTEMPTS_MAX - 1] {
-        let mut h = Harness::with(Conflicting::new(conflicts));
+        let mut h = Harness::with(conflicting(conflicts));
         assert_eq!(h.run(&["INCR", "n"]), int(1), "{conflicts} conflicts");
-        assert_eq!(h.keyspace.conditional_writes, conflicts + 1);
+        assert_eq!(h.keyspace.hook.conditional_writes, conflicts + 1);
         assert_eq!(h.run(&["GET", "n"]), bulk("1"));
     }
 }
 
 #[test]
 fn gives_up_after_the_bound() {
-    let mut h = Harness::with(Conflicting::new(RMW_ATTEMPTS_MAX));
-    h.keyspace
-        .inner
-        .put(b"n", b"10", None, Expect::Any, NOW_MS)
-        .expect("put");
+    let mut h = Harness::with(conflicting(RMW_ATTEMPTS_MAX));
+    h.keyspace.seed("n", "10");
     let reply = h.run(&["INCR", "n"]);
     assert!(
         is_error_starting(&reply, "ERR key is contended"),
         "{reply:?}"
     );
-    assert_eq!(h.keyspace.conditional_writes, RMW_ATTEMPTS_MAX);
+    assert_eq!(h.keyspace.hook.conditional_writes, RMW_ATTEMPTS_MAX);
     assert_eq!(h.run(&["GET", "n"]), bulk("10"), "nothing written");
     // The bound is per command: the next one succeeds.
     assert_eq!(h.run(&["INCR", "n"]), int(11));
@@ -116,13 +77,10 @@ fn every_rmw_command_retries() {
         (&["PEXPIREAT", "k", "1"], int(1)),
     ];
     for (words, expected) in commands {
-        let mut h = Harness::with(Conflicting::new(3));
-        h.keyspace
-            .inner
-            .put(b"k", b"0", None, Expect::Any, NOW_MS)
-            .expect("put");
+        let mut h = Harness::with(conflicting(3));
+        h.keyspace.seed("k", "0");
         assert_eq!(&h.run(words), expected, "{words:?}");
-        assert_eq!(h.keyspace.conditional_writes, 4, "{words:?}");
+        assert_eq!(h.keyspace.hook.conditional_writes, 4, "{words:?}");
     }
 }
 
@@ -130,17 +88,23 @@ fn every_rmw_command_retries() {
 /// client's write lands on the same key: an increment by 100 (on a number) or an
 /// append of `!` (on anything else).
 struct Racing {
-    inner: MemKeyspace,
     races: usize,
 }
 
-impl Racing {
-    fn race(&mut self, key: &[u8], expect: Expect, now_ms: u64) {
-        if expect == Expect::Any || self.races == 0 {
-            return;
+fn racing(races: usize) -> Hooked<Racing> {
+    Hooked::new(Racing { races })
+}
+
+impl Hook for Racing {
+    fn before(&mut self, call: Call<'_>, store: &mut MemKeyspace) -> Result<(), KeyspaceError> {
+        let Some((key, _, now_ms)) = call.conditional_write() else {
+            return Ok(());
+        };
+        if self.races == 0 {
+            return Ok(());
         }
         self.races -= 1;
-        let current = self.inner.get(key, now_ms).expect("get").map(|r| r.value);
+        let current = store.get(key, now_ms).expect("get").map(|r| r.value);
         let value = match current.as_deref().map(std::str::from_utf8) {
             None => b"100".to_vec(),
             Some(Ok(text)) if text.parse::<i64>().is_ok() => {
@@ -150,53 +114,16 @@ impl Racing {
             }
             Some(_) => [current.as_deref().unwrap_or_default(), b"!"].concat(),
         };
-        self.inner
+        store
             .put(key, &value, None, Expect::Any, now_ms)
             .expect("put");
-    }
-}
-
-impl Keyspace for Racing {
-    fn get(&mut self, key: &[u8], now_ms: u64) -> Result<Option<Record>, KeyspaceError> {
-        self.inner.get(key, now_ms)
-    }
-    fn put(
-        &mut self,
-        key: &[u8],
-        value: &[u8],
-        expires_at_ms: Option<u64>,
-        expect: Expect,
-        now_ms: u64,
-    ) -> Result<u64, KeyspaceError> {
-        self.race(key, expect, now_ms);
-        self.inner.put(key, value, expires_at_ms, expect, now_ms)
-    }
-    fn delete(&mut self, key: &[u8], expect: Expect, now_ms: u64) -> Result<bool, KeyspaceError> {
-        self.race(key, expect, now_ms);
-        self.inner.delete(key, expect, now_ms)
-    }
-    fn scan(
-        &mut self,
-        cursor: u64,
-        count: usize,
-        now_ms: u64,
-    ) -> Result<(u64, Vec<Vec<u8>>), KeyspaceError> {
-        self.inner.scan(cursor, count, now_ms)
-    }
-    fn dbsize(&mut self, now_ms: u64) -> Result<u64, KeyspaceError> {
-        self.inner.dbsize(now_ms)
-    }
-    fn flushall(&mut self) -> Result<(), KeyspaceError> {
-        self.inner.flushall()
+        Ok(())
     }
 }
 
 #[test]
 fn no_increment_is_lost() {
-    let mut h = Harness::with(Racing {
-        inner: MemKeyspace::new(),
-        races: 3,
-    });
+    let mut h = Harness::with(racing(3));
     // The racer's 3 increments of 100 land between our reads and writes; ours is
     // applied after them, on the value they left.
     assert_eq!(h.run(&["INCRBY", "n", "1"]), int(301));
@@ -205,43 +132,25 @@ fn no_increment_is_lost() {
 
 #[test]
 fn appends_are_not_lost() {
-    let mut h = Harness::with(Racing {
-        inner: MemKeyspace::new(),
-        races: 2,
-    });
-    h.keyspace
-        .inner
-        .put(b"s", b"a", None, Expect::Any, NOW_MS)
-        .expect("put");
+    let mut h = Harness::with(racing(2));
+    h.keyspace.seed("s", "a");
     assert_eq!(h.run(&["APPEND", "s", "b"]), int(4));
     assert_eq!(h.run(&["GET", "s"]), bulk("a!!b"));
 }
 
 #[test]
 fn set_nx_loses_to_a_racing_creator() {
-    let mut h = Harness::with(Racing {
-        inner: MemKeyspace::new(),
-        races: 1,
-    });
+    let mut h = Harness::with(racing(1));
     assert_eq!(h.run(&["SET", "lock", "me", "NX"]), Value::Null);
     assert_eq!(h.run(&["GET", "lock"]), bulk("100"));
-    let mut h = Harness::with(Racing {
-        inner: MemKeyspace::new(),
-        races: 1,
-    });
+    let mut h = Harness::with(racing(1));
     assert_eq!(h.run(&["SETNX", "lock", "me"]), int(0));
 }
 
 #[test]
 fn getdel_returns_what_it_deleted() {
-    let mut h = Harness::with(Racing {
-        inner: MemKeyspace::new(),
-        races: 1,
-    });
-    h.keyspace
-        .inner
-        .put(b"k", b"7", None, Expect::Any, NOW_MS)
-        .expect("put");
+    let mut h = Harness::with(racing(1));
+    h.keyspace.seed("k", "7");
     assert_eq!(h.run(&["GETDEL", "k"]), bulk("107"));
     assert_eq!(h.run(&["EXISTS", "k"]), int(0));
 }
@@ -249,10 +158,7 @@ fn getdel_returns_what_it_deleted() {
 #[test]
 fn msetnx_loses_to_a_racing_creator() {
     // The racer creates "a" just before MSETNX's conditional write of it.
-    let mut h = Harness::with(Racing {
-        inner: MemKeyspace::new(),
-        races: 1,
-    });
+    let mut h = Harness::with(racing(1));
     assert_eq!(h.run(&["MSETNX", "a", "1", "b", "2"]), int(0));
     assert_eq!(
         h.run(&["MGET", "a", "b"]),
@@ -263,53 +169,25 @@ fn msetnx_loses_to_a_racing_creator() {
 /// Lets the first conditional write through and then creates the next key
 /// before MSETNX writes it.
 struct SecondKeyTaken {
-    inner: MemKeyspace,
     writes: usize,
 }
 
-impl Keyspace for SecondKeyTaken {
-    fn get(&mut self, key: &[u8], now_ms: u64) -> Result<Option<Record>, KeyspaceError> {
-        self.inner.get(key, now_ms)
-    }
-    fn put(
-        &mut self,
-        key: &[u8],
-        value: &[u8],
-        expires_at_ms: Option<u64>,
-        expect: Expect,
-        now_ms: u64,
-    ) -> Result<u64, KeyspaceError> {
+impl Hook for SecondKeyTaken {
+    fn before(&mut self, call: Call<'_>, store: &mut MemKeyspace) -> Result<(), KeyspaceError> {
+        let Call::Put { key, now_ms, .. } = call else {
+            return Ok(());
+        };
         self.writes += 1;
         if self.writes == 2 {
-            self.inner.put(key, b"theirs", None, Expect::Any, now_ms)?;
+            store.put(key, b"theirs", None, Expect::Any, now_ms)?;
         }
-        self.inner.put(key, value, expires_at_ms, expect, now_ms)
-    }
-    fn delete(&mut self, key: &[u8], expect: Expect, now_ms: u64) -> Result<bool, KeyspaceError> {
-        self.inner.delete(key, expect, now_ms)
-    }
-    fn scan(
-        &mut self,
-        cursor: u64,
-        count: usize,
-        now_ms: u64,
-    ) -> Result<(u64, Vec<Vec<u8>>), KeyspaceError> {
-        self.inner.scan(cursor, count, now_ms)
-    }
-    fn dbsize(&mut self, now_ms: u64) -> Result<u64, KeyspaceError> {
-        self.inner.dbsize(now_ms)
-    }
-    fn flushall(&mut self) -> Result<(), KeyspaceError> {
-        self.inner.flushall()
+        Ok(())
     }
 }
 
 #[test]
 fn msetnx_undoes_its_first_write() {
-    let mut h = Harness::with(SecondKeyTaken {
-        inner: MemKeyspace::new(),
-        writes: 0,
-    });
+    let mut h = Harness::with(Hooked::new(SecondKeyTaken { writes: 0 }));
     assert_eq!(h.run(&["MSETNX", "a", "1", "b", "2"]), int(0));
     assert_eq!(
         h.run(&["MGET", "a", "b"]),
