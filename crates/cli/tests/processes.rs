@@ -25,12 +25,26 @@ fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
     ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// A port free now, below the kernel's ephemeral range (32768 and up), so that
+/// no port the kernel hands out meanwhile (a fabric engine's, an outgoing
+/// connection's) takes it before its process binds it, and never the same one
+/// twice in this test binary.
 fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    use std::sync::atomic::{AtomicU16, Ordering};
+    static NEXT: AtomicU16 = AtomicU16::new(0);
+    let _ = NEXT.compare_exchange(
+        0,
+        20_000 + (std::process::id() % 1_000) as u16 * 10,
+        Ordering::AcqRel,
+        Ordering::Acquire,
+    );
+    loop {
+        let port = NEXT.fetch_add(1, Ordering::AcqRel);
+        assert!(port < 32_000, "no free port left below the ephemeral range");
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
 }
 
 struct Proc {
