@@ -4,7 +4,14 @@
 //! calls and pipelined asynchronous ones with a bound on operations in flight.
 //!
 //! A client connects to one worker of every server (worker `client_index` modulo
-//! the server's worker count, §5.2), through the cluster's [`Directory`].
+//! the server's worker count, §5.2), through the cluster's [`Directory`]. A
+//! connection that fails, is reset and fails again before any answer is given up
+//! (the server may have restarted) and dialled anew without blocking: the dial
+//! is answered while the client polls, and the operations wait meanwhile.
+//!
+//! Besides GET, PUT and DEL: conditional writes ([`Client::put_if`],
+//! [`Client::delete_if`]: executed only if the key's live version is the one
+//! expected) and pages of a shard's keys ([`Client::scan`]).
 //!
 //! Retries: an operation refused with `StaleTerm`, `NotPrimary`, `Busy`,
 //! `Blocked` or `NotMember` changed nothing at the server, so it is sent again

@@ -19,6 +19,13 @@
 //! `Busy`, one below its client's floor with `Duplicate`; the record goes into
 //! the log entry and the table is written before the mark is taken off.
 //!
+//! A conditional write (`PutIf`, `DelIf`) takes its version only if no write of
+//! its key is in flight and its condition holds on the published value, both
+//! under the shard's version lock (`VersionBook::allocate_if`); otherwise it is
+//! answered `Busy` (a write in flight: sent again) or `ConditionFailed`, and
+//! nothing changes. A `Scan` is answered with a page of the shard's keys from
+//! its index (`Engine::scan_keys`).
+//!
 //! Every request is checked before anything changes: its frame decodes, its cluster
 //! id and term are current, the server's lease is valid and its configuration
 //! committed, this server is the shard's primary and serves it (not recovering

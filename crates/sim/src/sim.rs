@@ -1179,48 +1179,7 @@ impl World {
             let busy = self.step_roles();
             self.advance(busy);
         }
-        let keys = self.keys.clone();
-        for key in keys {
-            let mut done = false;
-            let mut last_error = String::new();
-            for _attempt in 0..20 {
-                let (call, c) = self.final_call(Op::Get {
-                    key: key.clone().into_bytes(),
-                });
-                last_error = format!("{:?}", c.result);
-                let (status, output) = match &c.result {
-                    Ok(Output::Value { value, .. }) => (
-                        Status::Ok,
-                        Some(String::from_utf8_lossy(value).into_owned()),
-                    ),
-                    Err(ClientError::NotFound) => (Status::Ok, None),
-                    _ => (Status::Fail, None),
-                };
-                self.history.push(Operation {
-                    client: 0,
-                    op: OpKind::Get,
-                    key: key.clone(),
-                    value: None,
-                    output,
-                    call,
-                    ret: self.now(),
-                    status,
-                    term: if status == Status::Ok { c.term.0 } else { 0 },
-                    final_read: true,
-                });
-                if status == Status::Ok {
-                    done = true;
-                    break;
-                }
-                self.settle_a_while();
-            }
-            if !done {
-                let detail = self.unavailable(&key);
-                self.fault_log.push(format!(
-                    "final read of {key} never succeeded: last answer {last_error}; {detail}"
-                ));
-            }
-        }
+        self.final_pass(OpKind::Get);
     }
 }
 
@@ -1231,33 +1190,52 @@ impl World {
     /// which no safety check sees. Each attempt writes a value of its own; a
     /// key that takes none within 20 attempts is reported.
     fn write_back(&mut self) {
+        self.final_pass(OpKind::Put);
+    }
+
+    /// One final operation of `kind` (a read, or a write of a value of its
+    /// own) on every key, from the first client, until it succeeds — at most
+    /// 20 attempts, each recorded in the history; a key on which none
+    /// succeeds is logged as "final read/write of KEY never succeeded".
+    fn final_pass(&mut self, kind: OpKind) {
         let keys = self.keys.clone();
         for key in keys {
             let mut done = false;
             let mut last_error = String::new();
             for attempt in 0..20 {
-                let value = format!("final-{attempt}");
-                let (call, c) = self.final_call(Op::Put {
-                    key: key.clone().into_bytes(),
-                    value: value.clone().into_bytes(),
-                });
+                let value = (kind == OpKind::Put).then(|| format!("final-{attempt}"));
+                let op = match &value {
+                    Some(v) => Op::Put {
+                        key: key.clone().into_bytes(),
+                        value: v.clone().into_bytes(),
+                    },
+                    None => Op::Get {
+                        key: key.clone().into_bytes(),
+                    },
+                };
+                let (call, c) = self.final_call(op);
                 last_error = format!("{:?}", c.result);
-                let status = match &c.result {
-                    Ok(_) => Status::Ok,
-                    Err(e) if e.is_unknown() => Status::Unknown,
-                    Err(_) => Status::Fail,
+                let (status, output) = match (&c.result, kind) {
+                    (Ok(Output::Value { value, .. }), _) => (
+                        Status::Ok,
+                        Some(String::from_utf8_lossy(value).into_owned()),
+                    ),
+                    (Err(ClientError::NotFound), OpKind::Get) => (Status::Ok, None),
+                    (Ok(_), OpKind::Put) => (Status::Ok, None),
+                    (Err(e), OpKind::Put) if e.is_unknown() => (Status::Unknown, None),
+                    _ => (Status::Fail, None),
                 };
                 self.history.push(Operation {
                     client: 0,
-                    op: OpKind::Put,
+                    op: kind,
                     key: key.clone(),
-                    value: Some(value),
-                    output: None,
+                    value,
+                    output,
                     call,
                     ret: self.now(),
                     status,
                     term: if status == Status::Ok { c.term.0 } else { 0 },
-                    final_read: false,
+                    final_read: kind == OpKind::Get,
                 });
                 if status == Status::Ok {
                     done = true;
@@ -1266,9 +1244,10 @@ impl World {
                 self.settle_a_while();
             }
             if !done {
+                let what = if kind == OpKind::Get { "read" } else { "write" };
                 let detail = self.unavailable(&key);
                 self.fault_log.push(format!(
-                    "final write of {key} never succeeded: last answer {last_error}; {detail}"
+                    "final {what} of {key} never succeeded: last answer {last_error}; {detail}"
                 ));
             }
         }

@@ -877,13 +877,7 @@ fn decode_body(msg_type: MsgType, bytes: &[u8]) -> Result<Body<'_>, FrameError> 
             Body::Del { key, request }
         }
         MsgType::Put => {
-            let mut r = Reader::new(bytes, "put");
-            let request = r.request()?;
-            let key_len = r.key_len()?;
-            let value_len = r.u32("value_len")? as usize;
-            let key = r.take(key_len, "key")?;
-            let value = r.take(value_len, "value")?;
-            r.finish()?;
+            let (request, key, value) = Reader::new(bytes, "put").put_fields()?;
             Body::Put {
                 key,
                 value,
@@ -893,12 +887,7 @@ fn decode_body(msg_type: MsgType, bytes: &[u8]) -> Result<Body<'_>, FrameError> 
         MsgType::PutIf => {
             let mut r = Reader::new(bytes, "put-if");
             let expect = r.expect()?;
-            let request = r.request()?;
-            let key_len = r.key_len()?;
-            let value_len = r.u32("value_len")? as usize;
-            let key = r.take(key_len, "key")?;
-            let value = r.take(value_len, "value")?;
-            r.finish()?;
+            let (request, key, value) = r.put_fields()?;
             Body::PutIf {
                 key,
                 value,
@@ -1224,6 +1213,19 @@ impl<'a> Reader<'a> {
 
     fn u64(&mut self, field: &'static str) -> Result<u64, FrameError> {
         self.array(field).map(u64::from_le_bytes)
+    }
+
+    /// The rest of a `Put` body (of a `PutIf` after its condition): request
+    /// record, lengths, key and value, and nothing after them.
+    #[allow(clippy::type_complexity)]
+    fn put_fields(mut self) -> Result<(Option<RequestRecord>, &'a [u8], &'a [u8]), FrameError> {
+        let request = self.request()?;
+        let key_len = self.key_len()?;
+        let value_len = self.u32("value_len")? as usize;
+        let key = self.take(key_len, "key")?;
+        let value = self.take(value_len, "value")?;
+        self.finish()?;
+        Ok((request, key, value))
     }
 
     /// A conditional write's condition.
