@@ -28,7 +28,7 @@ use rowankv_server::node::{assemble, on_demand, replication_qp_depth, roles, Ser
 use rowankv_server::replication::{link, Replicator, SharedLogs, Strategy};
 use rowankv_server::runtime::{Executor, Placement, Task};
 use rowankv_server::server::{ServerSettings, ServerShared};
-use rowankv_server::services::{encode_path_request, ReplicationServices};
+use rowankv_server::services::{encode_path_request, PathKey, ReplicationServices};
 use rowankv_types::{Clock, NodeId, SegmentId, SystemClock};
 use rowankv_wire::config::{Config, ConfigSource, Member};
 
@@ -491,7 +491,10 @@ pub fn build(
                             nodes[b],
                             service,
                             qp.addr(),
-                            w as u16,
+                            PathKey {
+                                worker: w as u16,
+                                incarnation: servers[a].incarnation,
+                            },
                         )?;
                         Some((qp, accepted))
                     }
@@ -560,10 +563,10 @@ fn connect_path(
     node: NodeId,
     service: u16,
     from: QpAddr,
-    worker: u16,
+    key: PathKey,
 ) -> Result<Accepted, ClusterError> {
     let reply = directory
-        .request(node, service, from, encode_path_request(worker))
+        .request(node, service, from, encode_path_request(key))
         .map_err(|e| ClusterError(format!("connecting to service {service} of {node}: {e}")))?;
     receiver.serve();
     reply

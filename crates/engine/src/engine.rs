@@ -51,7 +51,8 @@
 //! install on every path that indexes an entry with a record — write, publish,
 //! recovery (log order), digest, `install_entries` — also for an entry that loses to
 //! a newer version of its key. Copies keep the record (cleaning, assembly,
-//! `uncommitted_entries`, `install_entries` at another MTU). `request_outcome`
+//! `uncommitted_entries`, `install_entries` at another MTU), and the cleaner copies
+//! a dead entry whose outcome the table still holds. `request_outcome`
 //! answers `Done(version)`, `Stale` or `Unknown`. The table is DRAM: it is rebuilt
 //! from the log, so what it can forget is exactly what the log no longer holds, plus
 //! its bounds — the window is in `docs/engine.md`, "Exactly-once retries".
@@ -286,6 +287,8 @@ pub struct CleanReport {
     pub entries_moved: u64,
     pub bytes_moved: u64,
     pub segments_freed: usize,
+    /// Dead entries copied for their request records (see `clean_segment`).
+    pub records_kept: u64,
 }
 
 /// What recovery does with the log segments it closes.
@@ -1202,7 +1205,13 @@ impl Engine {
     #[inline]
     fn note_request(&self, shard: &Shard, request: Option<RequestRecord>, version: Version) {
         if let Some(r) = request {
-            shard.requests.lock().record(&r.as_logged(), version);
+            let mut table = shard.requests.lock();
+            table.record(&r.as_logged(), version);
+            if table.has_released() {
+                for (addr, len) in table.take_released() {
+                    self.account_live(addr, len, false);
+                }
+            }
         }
     }
 
@@ -1749,7 +1758,29 @@ impl Engine {
             };
             let hash = hash_key(e.key);
             if shard.index.get(hash, |a| self.key_at(a, e.key)) != Some(old) {
-                continue; // dead: a newer entry (or a newer copy) is indexed
+                // Dead: a newer entry (or a newer copy) is indexed. Its request
+                // record may still be the only answer to a retry of its request:
+                // the table is rebuilt from the log at a restart, so while the
+                // table holds the outcome, the entry is copied (not indexed) to
+                // keep its record. The copy counts as live until the table
+                // forgets the outcome (`RequestTable::keep`: the client's floor
+                // passed it), so that a segment of such copies is not cleaned,
+                // and its copies moved, at every pass. The table's lock is held
+                // from the check to the keep, so no forgetting comes between.
+                if let Some(r) = e.request {
+                    let mut table = shard.requests.lock();
+                    if matches!(table.outcome(r.id), RequestOutcome::Done(_)) {
+                        let new = self.append_copy(
+                            cleaner, e.kind, e.shard, e.version, e.key, &e.value, e.request,
+                        )?;
+                        self.account_live(new, len as u64, true);
+                        table.keep(r.id, new, len as u64);
+                        report.records_kept += 1;
+                    } else {
+                        table.unkeep(r.id, old);
+                    }
+                }
+                continue;
             }
             let new = self.append_copy(
                 cleaner, e.kind, e.shard, e.version, e.key, &e.value, e.request,

@@ -537,6 +537,27 @@ pub struct RequestTable {
     clients_evicted: u64,
     outcomes_evicted: u64,
     executed_twice: u64,
+    /// Where the cleaner keeps a dead entry for its record
+    /// ([`RequestTable::keep`]): request → (address, length).
+    kept: HashMap<RequestId, (u64, u64)>,
+    /// Kept copies whose outcome was forgotten since
+    /// [`RequestTable::take_released`]: their bytes are no longer live.
+    released: Vec<(u64, u64)>,
+}
+
+/// The outcome of `client`'s `seq` is forgotten: a copy kept for it is released.
+fn release(
+    kept: &mut HashMap<RequestId, (u64, u64)>,
+    released: &mut Vec<(u64, u64)>,
+    client: u64,
+    seq: u64,
+) {
+    if kept.is_empty() {
+        return;
+    }
+    if let Some(at) = kept.remove(&RequestId { client, seq }) {
+        released.push(at);
+    }
 }
 
 impl RequestTable {
@@ -567,9 +588,14 @@ impl RequestTable {
                     .iter()
                     .min_by_key(|(_, c)| c.active)
                     .map(|(&id, _)| id);
-                if let Some(gone) = evicted.and_then(|id| self.clients.remove(&id)) {
+                if let Some((id, gone)) =
+                    evicted.and_then(|id| self.clients.remove(&id).map(|g| (id, g)))
+                {
                     self.outcomes -= gone.done.len();
                     self.clients_evicted += 1;
+                    for &(seq, _) in &gone.done {
+                        release(&mut self.kept, &mut self.released, id, seq);
+                    }
                 }
             }
             self.clients.insert(
@@ -584,8 +610,9 @@ impl RequestTable {
         let c = self.clients.get_mut(&client).expect("inserted above");
         c.floor = c.floor.max(request.first_incomplete);
         while c.done.front().is_some_and(|&(seq, _)| seq < c.floor) {
-            c.done.pop_front();
+            let (seq, _) = c.done.pop_front().expect("checked");
             self.outcomes -= 1;
+            release(&mut self.kept, &mut self.released, client, seq);
         }
         let seq = request.id.seq;
         if seq < c.floor {
@@ -612,9 +639,39 @@ impl RequestTable {
                     c.floor = lowest + 1;
                     self.outcomes -= 1;
                     self.outcomes_evicted += 1;
+                    release(&mut self.kept, &mut self.released, client, lowest);
                 }
             }
         }
+    }
+
+    /// The cleaner copied the dead entry of request `id` to `addr` (`len`
+    /// bytes) to keep its record: when the table forgets the outcome, the copy
+    /// is released ([`Self::take_released`]). A copy kept before is replaced.
+    pub fn keep(&mut self, id: RequestId, addr: u64, len: u64) {
+        self.kept.insert(id, (addr, len));
+    }
+
+    /// The cleaner dropped the copy of `id` at `addr` (no longer needed).
+    pub fn unkeep(&mut self, id: RequestId, addr: u64) {
+        if self.kept.get(&id).is_some_and(|&(a, _)| a == addr) {
+            self.kept.remove(&id);
+        }
+    }
+
+    /// Whether kept copies were released since the last [`Self::take_released`].
+    pub fn has_released(&self) -> bool {
+        !self.released.is_empty()
+    }
+
+    /// The (address, length) of the kept copies released since the last call.
+    pub fn take_released(&mut self) -> Vec<(u64, u64)> {
+        std::mem::take(&mut self.released)
+    }
+
+    /// Copies kept for their records now.
+    pub fn kept_count(&self) -> usize {
+        self.kept.len()
     }
 
     /// What this shard knows of request `id`.

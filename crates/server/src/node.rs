@@ -139,6 +139,7 @@ pub fn on_demand<N: Nic>(
         directory.clone(),
         shared.strategy,
         worker,
+        shared.incarnation,
         shared.engine.config().mtu_bytes,
         replication_qp_depth(&shared.settings),
         shared_logs.clone(),

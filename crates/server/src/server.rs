@@ -37,6 +37,7 @@ use rowankv_wire::config::{Config, ConfigSource};
 use rowankv_wire::frame::{self, HEADER_BYTES};
 
 use crate::replication::{BatchConfig, Strategy};
+use crate::services::PathKey;
 use crate::version::VersionBook;
 
 pub use rowankv_wire::frame::KV_BYTES_MAX;
@@ -247,6 +248,13 @@ pub struct ServerShared<N: Nic> {
     cm: Arc<dyn ConfigSource>,
     /// Segments granted to remote logs: segment → (sender, log id).
     grants: Mutex<HashMap<u32, (NodeId, u32)>>,
+    /// Per server whose remote-log paths this one accepted: its process
+    /// ([`PathKey::incarnation`]) and its generation here, bumped whenever
+    /// another process of it dials ([`Self::accept_writer`]).
+    writers: Mutex<HashMap<NodeId, (u64, u64)>>,
+    /// This server process, told to the backups it dials: random, so a
+    /// restarted server is told apart from the one before it.
+    pub incarnation: u64,
     stopped: AtomicBool,
     /// Fault sites: random in the simulator, forced by tests, else off.
     pub buggify: crate::buggify::Buggify,
@@ -335,6 +343,8 @@ impl<N: Nic> ServerShared<N> {
             config_epoch: AtomicU64::new(0),
             cm,
             grants: Mutex::new(HashMap::new()),
+            writers: Mutex::new(HashMap::new()),
+            incarnation: rand::random(),
             stopped: AtomicBool::new(false),
             buggify,
             requests_in_flight: (0..REQUEST_STRIPES)
@@ -610,11 +620,16 @@ impl<N: Nic> ServerShared<N> {
     /// lands in them — so that they are digested, committed once their
     /// entries are, and reused, instead of being held for good. Returns how many.
     fn seal_grants_of(&self, sender: NodeId) -> usize {
+        self.seal_grants(|s, _| s == sender)
+    }
+
+    /// Seal the segments granted to the logs `which` (sender, log id) names.
+    fn seal_grants(&self, which: impl Fn(NodeId, u32) -> bool) -> usize {
         let now = self.clock.now_ns();
         let mut grants = self.grants.lock();
         let mut theirs: Vec<u32> = grants
             .iter()
-            .filter(|(_, (s, _))| *s == sender)
+            .filter(|(_, &(s, l))| which(s, l))
             .map(|(&seg, _)| seg)
             .collect();
         theirs.sort_unstable();
@@ -623,6 +638,51 @@ impl<N: Nic> ServerShared<N> {
             self.blog.enqueue_sealed(SegmentId(seg), now);
         }
         theirs.len()
+    }
+
+    /// Keep `qp`, a passive queue pair just connected to worker `key.worker` of
+    /// `sender`, which WRITEs through it into the segments granted to its
+    /// remote log. Returns the sender's generation here, which the answer
+    /// carries ([`crate::services::encode_log_answer`]).
+    ///
+    /// A sender dials again when its path failed twice (it may have been this
+    /// server that restarted) or when it restarted itself; what it wrote
+    /// through its old path is over, and is sealed here so that it is digested
+    /// and reused (the old queue pair closed first, so nothing more lands there
+    /// but WRITEs already under way, which the digest's grace period waits
+    /// for):
+    /// - the same process dialling again (`rwrite`, `batch`: a log per worker):
+    ///   the segments granted to that worker's log; a `share` log goes on, its
+    ///   other workers still writing into it;
+    /// - another process (a restarted sender, or a stale request of an earlier
+    ///   one): every path and every segment of the process before, and the
+    ///   sender's generation is bumped, so that a `share` sender starts a new
+    ///   shared log rather than WRITE into segments sealed here.
+    pub(crate) fn accept_writer(&self, qp: N::Qp, sender: NodeId, key: PathKey) -> u64 {
+        let mut writers = self.writers.lock();
+        let (incarnation, generation) = writers.entry(sender).or_insert((key.incarnation, 0));
+        let same = *incarnation == key.incarnation && *generation > 0;
+        if !same {
+            *incarnation = key.incarnation;
+            *generation += 1;
+            let closed = self.blog.disconnect(sender);
+            if closed > 0 {
+                tracing::info!(%sender, closed, "another process of the server dialled: its earlier replication paths closed");
+            }
+        }
+        let generation = *generation;
+        self.blog.accept_writer_as(qp, key.worker);
+        let sealed = if !same {
+            self.seal_grants_of(sender)
+        } else if self.strategy == Strategy::Share {
+            0
+        } else {
+            self.seal_grants(|s, l| s == sender && l == u32::from(key.worker))
+        };
+        if sealed > 0 {
+            tracing::info!(%sender, worker = key.worker, sealed, "segments of a replaced replication path sealed");
+        }
+        generation
     }
 
     /// Segments granted to remote logs and not sealed (being filled now).

@@ -10,7 +10,14 @@
 //!   sender's, and hands it to the backup log (which destroys it when the
 //!   sender leaves the configuration: the fence against a removed primary's
 //!   WRITEs). The answer's private data is the descriptor of the server's
-//!   registered data area ([`encode_region`]), where the sender WRITEs.
+//!   registered data area, where the sender WRITEs, and the sender's
+//!   [`LogEpoch`] there ([`encode_log_answer`]).
+//!   A path that replaces an earlier one of the same sender ends what the
+//!   sender wrote through the old one ([`ServerShared::accept_writer`]): the
+//!   segments granted to its log (to all its logs, if the sender restarted)
+//!   are sealed, so they are digested and reused instead of held for good.
+//!
+//! Every request names its sender's worker and process ([`PathKey`]).
 //!
 //! The requests arrive through the [`Directory`](rowankv_rpc::directory::Directory)
 //! — on channels in one process, through the network connection manager from
@@ -65,6 +72,47 @@ pub fn decode_region(bytes: &[u8], from: NodeId) -> Result<RemoteRegion, String>
     })
 }
 
+/// Which sealing of a sender's remote logs at a backup it writes after: the
+/// backup's process and the sender's generation there (bumped whenever
+/// another process of the sender dials, which seals every segment granted to
+/// the process before). A `share` sender keeps its shared log only while the
+/// epoch its paths were answered with stays the same.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LogEpoch {
+    pub backup: u64,
+    pub generation: u64,
+}
+
+/// Bytes of a remote log's answer: a region descriptor and a [`LogEpoch`].
+pub const LOG_ANSWER_BYTES: usize = REGION_BYTES + 16;
+
+/// A remote log's answer as private data: the descriptor of its data area
+/// ([`encode_region`]), then the epoch's two u64, little-endian.
+pub fn encode_log_answer(region: &RemoteRegion, epoch: LogEpoch) -> Vec<u8> {
+    let mut out = encode_region(region);
+    out.extend_from_slice(&epoch.backup.to_le_bytes());
+    out.extend_from_slice(&epoch.generation.to_le_bytes());
+    out
+}
+
+/// A remote log's answer sent by `from`: exactly [`LOG_ANSWER_BYTES`], its
+/// region naming `from`.
+pub fn decode_log_answer(bytes: &[u8], from: NodeId) -> Result<(RemoteRegion, LogEpoch), String> {
+    if bytes.len() != LOG_ANSWER_BYTES {
+        return Err(format!(
+            "a remote log's answer of {} bytes, not {LOG_ANSWER_BYTES}",
+            bytes.len()
+        ));
+    }
+    let region = decode_region(&bytes[..REGION_BYTES], from)?;
+    let u64_at = |i: usize| u64::from_le_bytes(bytes[i..i + 8].try_into().expect("8 bytes"));
+    let epoch = LogEpoch {
+        backup: u64_at(REGION_BYTES),
+        generation: u64_at(REGION_BYTES + 8),
+    };
+    Ok((region, epoch))
+}
+
 /// A server's passive remote log: the completion queue its passive queue
 /// pairs use and the descriptor of its registered data area.
 pub struct RemoteLog<N: Nic> {
@@ -108,7 +156,7 @@ impl<N: Nic> ReplicationServices<N> {
                     let key = admit(server, config, from, private)?;
                     server
                         .blog
-                        .accept_as(from, key)
+                        .accept_as(from, key.worker)
                         .map(|qp| Accepted {
                             qp,
                             private: Vec::new(),
@@ -129,10 +177,14 @@ impl<N: Nic> ReplicationServices<N> {
                         .connect(from)
                         .map_err(|e| format!("connecting the passive queue pair: {e}"))?;
                     let qp = target.addr();
-                    server.blog.accept_writer_as(target, key);
+                    let generation = server.accept_writer(target, from.node, key);
+                    let epoch = LogEpoch {
+                        backup: server.incarnation,
+                        generation,
+                    };
                     Ok(Accepted {
                         qp,
-                        private: encode_region(&log.region),
+                        private: encode_log_answer(&log.region, epoch),
                     })
                 })
             });
@@ -141,44 +193,90 @@ impl<N: Nic> ReplicationServices<N> {
     }
 }
 
-/// Bytes of a replication path's request: the sending worker's index (u16,
-/// little-endian), its key at this server.
-pub const PATH_REQUEST_BYTES: usize = 2;
+/// Bytes of a replication path's request: the sending worker's index (u16) —
+/// its key at this server — and the sending process's incarnation (u64), both
+/// little-endian.
+pub const PATH_REQUEST_BYTES: usize = 10;
 
-/// The private data of a replication path's request from `worker`.
-pub fn encode_path_request(worker: u16) -> Vec<u8> {
-    worker.to_le_bytes().to_vec()
+/// What a replication path's request says about its sender.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PathKey {
+    /// The sending worker: a path from the same node and worker replaces the
+    /// one accepted before (the sender dialled anew).
+    pub worker: u16,
+    /// The sending server process ([`ServerShared::incarnation`]): a new one
+    /// means the sender restarted, and nothing it set up here before is used
+    /// again.
+    pub incarnation: u64,
+}
+
+/// The private data of a replication path's request.
+pub fn encode_path_request(key: PathKey) -> Vec<u8> {
+    let mut out = Vec::with_capacity(PATH_REQUEST_BYTES);
+    out.extend_from_slice(&key.worker.to_le_bytes());
+    out.extend_from_slice(&key.incarnation.to_le_bytes());
+    out
 }
 
 /// Whether a replication path from `from` may be accepted, and its key: the
 /// sender must be another member of the configuration this server holds (a
 /// removed server is fenced: `BackupLog::disconnect` closed its paths, and it
-/// may not open new ones), and name its worker. `config`: the server's, held
-/// until the path is accepted ([`ServerShared::with_config`]).
+/// may not open new ones), and name its worker and incarnation. `config`: the
+/// server's, held until the path is accepted ([`ServerShared::with_config`]).
 fn admit<N: Nic>(
     server: &ServerShared<N>,
     config: &rowankv_wire::config::Config,
     from: QpAddr,
     private: &[u8],
-) -> Result<u16, String> {
-    let key: [u8; PATH_REQUEST_BYTES] = private.try_into().map_err(|_| {
-        format!(
+) -> Result<PathKey, String> {
+    if private.len() != PATH_REQUEST_BYTES {
+        return Err(format!(
             "a replication path request of {} bytes, not {PATH_REQUEST_BYTES}",
             private.len()
-        )
-    })?;
+        ));
+    }
     if from.node == server.node || config.member(from.node).is_none() {
         return Err(format!(
             "{} is not a peer server in the configuration of {}",
             from.node, config.term
         ));
     }
-    Ok(u16::from_le_bytes(key))
+    Ok(PathKey {
+        worker: u16::from_le_bytes([private[0], private[1]]),
+        incarnation: u64::from_le_bytes(private[2..].try_into().expect("8 bytes")),
+    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_log_answer_and_a_path_request_round_trip_and_bad_ones_are_refused() {
+        let r = RemoteRegion {
+            node: NodeId(3),
+            rkey: Rkey(9),
+            len_bytes: 1 << 20,
+        };
+        let epoch = LogEpoch {
+            backup: 0x0123_4567_89ab_cdef,
+            generation: 7,
+        };
+        let bytes = encode_log_answer(&r, epoch);
+        assert_eq!(bytes.len(), LOG_ANSWER_BYTES);
+        assert_eq!(decode_log_answer(&bytes, NodeId(3)), Ok((r, epoch)));
+        let e = decode_log_answer(&bytes[..REGION_BYTES], NodeId(3)).unwrap_err();
+        assert!(e.contains("of 16 bytes, not 32"), "{e}");
+        assert!(decode_log_answer(&bytes, NodeId(4)).is_err());
+        let key = PathKey {
+            worker: 513,
+            incarnation: u64::MAX - 1,
+        };
+        let private = encode_path_request(key);
+        assert_eq!(private.len(), PATH_REQUEST_BYTES);
+        assert_eq!(private[..2], 513u16.to_le_bytes());
+        assert_eq!(private[2..], (u64::MAX - 1).to_le_bytes());
+    }
 
     #[test]
     fn a_region_descriptor_round_trips_and_bad_ones_are_refused() {

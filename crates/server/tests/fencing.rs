@@ -798,7 +798,9 @@ fn a_removed_primarys_landing_is_refused_by_a_backup_that_adopted_its_removal() 
 #[test]
 fn replication_paths_are_refused_to_non_members_and_to_requests_without_a_worker() {
     use rowankv_fabric::QpAddr;
-    use rowankv_server::services::{encode_path_request, REMOTE_LOG_SERVICE, ROWAN_SERVICE};
+    use rowankv_server::services::{
+        encode_path_request, PathKey, REMOTE_LOG_SERVICE, ROWAN_SERVICE,
+    };
     use rowankv_types::QpNum;
     for (strategy, service) in [
         (Strategy::Rowan, ROWAN_SERVICE),
@@ -817,15 +819,23 @@ fn replication_paths_are_refused_to_non_members_and_to_requests_without_a_worker
                 .recv_timeout(ANSWER_TIMEOUT)
                 .expect("an answer")
         };
-        let e = ask(999, encode_path_request(0)).expect_err("a non-member");
+        let key = |worker| {
+            encode_path_request(PathKey {
+                worker,
+                incarnation: 1,
+            })
+        };
+        let e = ask(999, key(0)).expect_err("a non-member");
         assert!(e.contains("n999 is not a peer server"), "{strategy}: {e}");
-        let e = ask(0, encode_path_request(0)).expect_err("the server itself");
+        let e = ask(0, key(0)).expect_err("the server itself");
         assert!(e.contains("not a peer server"), "{strategy}: {e}");
         let e = ask(1, Vec::new()).expect_err("no worker");
-        assert!(e.contains("of 0 bytes, not 2"), "{strategy}: {e}");
+        assert!(e.contains("of 0 bytes, not 10"), "{strategy}: {e}");
+        let e = ask(1, 5u16.to_le_bytes().to_vec()).expect_err("no process");
+        assert!(e.contains("of 2 bytes, not 10"), "{strategy}: {e}");
         // A member naming its worker is admitted: what stops this one is only
         // that no queue pair qp77 exists on its node to connect to.
-        let e = ask(1, encode_path_request(5)).expect_err("no such queue pair");
+        let e = ask(1, key(5)).expect_err("no such queue pair");
         assert!(e.contains("qp77 } does not exist"), "{strategy}: {e}");
     }
 }

@@ -745,10 +745,7 @@ impl World {
                 if self.power_failure_at.is_none() && self.rng.gen_bool(0.3) {
                     let at = now + self.rng.gen_range(0..4 * LEASE_NS);
                     self.power_failure_at = Some(at);
-                } else if self.restart_at.is_none()
-                    && redials(self.config.strategy)
-                    && self.rng.gen_bool(0.4)
-                {
+                } else if self.restart_at.is_none() && self.rng.gen_bool(0.4) {
                     // Or it is restarted on its pool soon enough that the CM
                     // may not have noticed: still a member, at a new NIC.
                     let at = now + self.rng.gen_range(LEASE_NS / 20..LEASE_NS / 2);
@@ -1572,14 +1569,6 @@ fn show(x: Option<&(u64, Vec<u8>)>) -> String {
     x.map_or("absent".to_string(), |(v, val)| {
         format!("v{v} {:?}", String::from_utf8_lossy(val))
     })
-}
-
-/// Whether a strategy's replication paths are dialled again when they fail
-/// twice (`rowan`, `rpc`): a restarted backup of the WRITE strategies stalls
-/// writes to its shards until it is removed (a known gap, issue 12), so the
-/// restart fault is drawn for these two only.
-fn redials(strategy: Strategy) -> bool {
-    matches!(strategy, Strategy::Rowan | Strategy::Rpc)
 }
 
 /// Run one seed.

@@ -272,3 +272,65 @@ fn machine_wide_stalls_evict_no_server() {
     }
     assert!(stalls >= 8, "only {stalls} stalls in 4 seeds");
 }
+
+/// Regression: a backup of the WRITE strategies (`rwrite`, `batch`, `share`)
+/// killed and restarted within its lease stalled every write to the shards it
+/// backs up until the CM removed it — never, while its lease held — as the
+/// senders' queue pairs and grant connections named the old process. With the
+/// restart fault drawn for these strategies too, seeds 27 (`rwrite`), 93
+/// (`batch`) and 4 (`share`) failed with final writes that never succeeded;
+/// senders now give a path up when it fails again after a reset and dial anew,
+/// and the backup seals what the old path was granted.
+#[test]
+fn regression_a_restarted_backup_of_the_write_strategies_is_dialled_again() {
+    for (seed, strategy) in [
+        (27, Strategy::Rwrite),
+        (93, Strategy::Batch),
+        (4, Strategy::Share),
+    ] {
+        let fixed = run(&SimConfig {
+            strategy: Some(strategy),
+            ..SimConfig::new(seed, OPS)
+        });
+        assert!(
+            fixed
+                .fault_log
+                .iter()
+                .any(|f| f.contains("within its lease")),
+            "seed {seed} no longer restarts a server within its lease: {:#?}",
+            fixed.fault_log
+        );
+        assert!(
+            fixed.report.violations.is_empty(),
+            "seed {seed} ({strategy}): {:?}",
+            fixed.report.violations
+        );
+    }
+}
+
+/// Regression: seed 279 (`share`) restarts a primary within its lease while a
+/// client retries a delete whose first execution was superseded by newer
+/// writes of its key and then cleaned away; the restarted primary rebuilt its
+/// request table from a log without that entry and executed the delete again
+/// (two versions of one request on both backups). The cleaner now keeps a dead
+/// entry while the table holds its outcome.
+#[test]
+fn regression_a_restarted_primary_does_not_execute_a_cleaned_request_again() {
+    let fixed = run(&SimConfig {
+        strategy: Some(Strategy::Share),
+        ..SimConfig::new(279, OPS)
+    });
+    assert!(
+        fixed
+            .fault_log
+            .iter()
+            .any(|f| f.contains("within its lease")),
+        "seed 279 no longer restarts a server within its lease: {:#?}",
+        fixed.fault_log
+    );
+    assert!(
+        fixed.report.violations.is_empty(),
+        "{:?}",
+        fixed.report.violations
+    );
+}

@@ -23,9 +23,13 @@
 //!
 //! A dial that gets no answer within [`DIAL_TIMEOUT_NS`], or is refused, is
 //! dropped and tried again on a later entry, no sooner than [`REDIAL_NS`] after.
-//! A replicator gives up a connection that failed again after a reset (`rowan`,
-//! `rpc`: a backup that restarted knows nothing of it); the next entry for that
-//! backup dials anew.
+//! A replicator gives up a connection that failed again after a reset, before
+//! carrying anything (a backup that restarted knows nothing of it); the next
+//! entry for that backup dials anew. A request names the dialling worker and
+//! process ([`PathKey`]): the backup replaces that worker's earlier path, and
+//! a remote log's backup seals what was written through it
+//! ([`crate::services`]). A `share` sender's workers keep sharing one log at
+//! a backup only while it answers them with the same [`LogEpoch`].
 //!
 //! The in-process cluster connects every path before its roles start, with the
 //! same [`link`] from what its servers answered, and hands the replicators
@@ -46,16 +50,18 @@ use rowankv_wire::frame::Response;
 use super::{
     BackupSide, Link, LinkKind, Outcomes, RemoteLogTarget, ReplCtx, Replicator, SharedLog, Strategy,
 };
-use crate::services::{decode_region, encode_path_request};
+use crate::services::{decode_log_answer, encode_path_request, LogEpoch, PathKey};
 
 /// How long a dial may wait for the backup's answers.
 pub const DIAL_TIMEOUT_NS: u64 = 2_000_000_000;
 /// How soon after a failed dial the next may start.
 pub const REDIAL_NS: u64 = 50_000_000;
 
-/// The `share` strategy's remote logs of one server, by backup: every worker's
-/// dialer takes the same one.
-pub type SharedLogs = Arc<Mutex<HashMap<NodeId, Arc<SharedLog>>>>;
+/// The `share` strategy's remote logs of one server, by backup, with the
+/// epoch each was answered with: every worker's dialer takes the same one
+/// while the backup answers with the same epoch, and a new one after (the
+/// backup restarted, or sealed the old log's segments).
+pub type SharedLogs = Arc<Mutex<HashMap<NodeId, (LogEpoch, Arc<SharedLog>)>>>;
 
 type Answer = Receiver<Result<Accepted, String>>;
 
@@ -76,6 +82,8 @@ pub(crate) struct Dialer<N: Nic> {
     directory: Directory,
     strategy: Strategy,
     worker: usize,
+    /// This server process ([`PathKey::incarnation`]).
+    incarnation: u64,
     mtu_bytes: usize,
     qp_depth: usize,
     shared_logs: SharedLogs,
@@ -91,6 +99,7 @@ impl<N: Nic> Dialer<N> {
         directory: Directory,
         strategy: Strategy,
         worker: usize,
+        incarnation: u64,
         mtu_bytes: usize,
         qp_depth: usize,
         shared_logs: SharedLogs,
@@ -100,6 +109,7 @@ impl<N: Nic> Dialer<N> {
             directory,
             strategy,
             worker,
+            incarnation,
             mtu_bytes,
             qp_depth,
             shared_logs,
@@ -157,7 +167,10 @@ impl<N: Nic> Dialer<N> {
                     backup,
                     service,
                     qp.addr(),
-                    encode_path_request(self.worker as u16),
+                    encode_path_request(PathKey {
+                        worker: self.worker as u16,
+                        incarnation: self.incarnation,
+                    }),
                 )
                 .map_err(|e| e.to_string())?;
             dial.qp = Some((qp, answer));
@@ -272,7 +285,7 @@ pub fn link<N: Nic>(
         BackupSide::Appender => LinkKind::Rpc(rpc.ok_or("no worker answered")?),
         BackupSide::RemoteLog => {
             let (qp, a) = qp.ok_or("no remote log answered")?;
-            let region = decode_region(&a.private, backup)?;
+            let (region, epoch) = decode_log_answer(&a.private, backup)?;
             qp.connect(a.qp).map_err(|e| e.to_string())?;
             let target = RemoteLogTarget {
                 qp,
@@ -280,7 +293,15 @@ pub fn link<N: Nic>(
                 peer: rpc.ok_or("no worker answered")?,
             };
             if strategy == Strategy::Share {
-                let log = shared_logs.lock().entry(backup).or_default().clone();
+                let mut logs = shared_logs.lock();
+                let log = match logs.get(&backup) {
+                    Some((e, log)) if *e == epoch => log.clone(),
+                    _ => {
+                        let log = SharedLog::new();
+                        logs.insert(backup, (epoch, log.clone()));
+                        log
+                    }
+                };
                 LinkKind::Shared(log, target)
             } else {
                 LinkKind::RemoteLog(target)

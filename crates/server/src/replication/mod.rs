@@ -232,6 +232,35 @@ pub(crate) enum LinkKind<N: Nic> {
     Shared(std::sync::Arc<SharedLog>, RemoteLogTarget<N::Qp>),
 }
 
+/// Whether a backup's connection failed and was reset, and has carried
+/// nothing since. A second failure in that state gives the connection up: the
+/// backup may have restarted, and its new process knows nothing of it; the
+/// next entry for it dials anew ([`OnDemand`]).
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Resets {
+    qp: bool,
+    rpc: bool,
+}
+
+impl Resets {
+    /// The queue pair failed: `true` to reset it, `false` to give it up.
+    pub fn qp_failed(&mut self) -> bool {
+        !std::mem::replace(&mut self.qp, true)
+    }
+    /// The RPC connection failed (the endpoint reset it): `false` to give it up.
+    pub fn rpc_failed(&mut self) -> bool {
+        !std::mem::replace(&mut self.rpc, true)
+    }
+    /// A WRITE on the queue pair completed.
+    pub fn qp_carried(&mut self) {
+        self.qp = false;
+    }
+    /// An answer came on the RPC connection.
+    pub fn rpc_answered(&mut self) {
+        self.rpc = false;
+    }
+}
+
 /// Tokens whose replication finished.
 #[derive(Default)]
 pub struct Outcomes {

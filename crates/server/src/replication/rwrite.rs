@@ -7,10 +7,18 @@
 //! for WRITEs still in flight.
 //!
 //! Every hand-over gets exactly one outcome, within a bound: a WRITE's completion
-//! (a failed one puts the queue pair in the error state; it is reset, and the
-//! chain goes on past the hole the WRITE left), or, for an entry still waiting
-//! for a segment when the replication timeout has passed since it was handed
-//! over, or when the backup refused the grant it waited for, a failure.
+//! (a failed one puts the queue pair in the error state; it is reset before the
+//! next WRITE, and the chain goes on past the hole the WRITE left), or, for an
+//! entry still waiting for a segment when the replication timeout has passed
+//! since it was handed over, or when the backup refused the grant it waited
+//! for, a failure.
+//!
+//! A path that fails again after its reset, before carrying anything — its
+//! queue pair before a WRITE, or its RPC connection on a grant request — is
+//! given up ([`super::Resets`]): the backup may have restarted and know nothing
+//! of it. Its chain is dropped (what waits fails; WRITEs under way complete as
+//! flushed when the queue pair is closed), and the next entry dials anew; the
+//! backup seals the segments of the old path when the new one arrives.
 //!
 //! `batch` adds sender-side batching per backup: entries wait until 256 B are
 //! pending or 5 µs have passed since the first, then go in one WRITE.
@@ -25,7 +33,7 @@ use rowankv_types::NodeId;
 use rowankv_wire::frame::Response;
 
 use super::segments::{refusal_pause_ns, Answer, Reserve, SegmentChain, SentGrants};
-use super::{Link, LinkKind, Outcomes, ReplCtx, Replicator, WR_TAG_REPL};
+use super::{Link, LinkKind, Outcomes, ReplCtx, Replicator, Resets, WR_TAG_REPL};
 
 /// Sender-side batching (`batch`).
 #[derive(Clone, Copy, Debug)]
@@ -53,16 +61,31 @@ pub struct RemoteLogTarget<Q> {
 }
 
 impl<Q: QueuePair> RemoteLogTarget<Q> {
-    /// After a failed WRITE: the queue pair is in the error state (every later
-    /// WRITE on it flushed); bring it back so that the next ones are carried
-    /// out. A queue pair the backup destroyed (this server was removed) comes
-    /// back too, but its WRITEs keep failing there.
-    pub fn recover(&self, backup: NodeId) {
-        if self.qp.state() == QpState::Error {
-            if let Err(e) = self.qp.reset() {
+    /// Before a WRITE: a queue pair in the error state (a WRITE failed, and
+    /// every later one on it was flushed) is reset so that the next ones are
+    /// carried out. `false`: it failed again since its last reset, or cannot be
+    /// reset — the path is to be given up.
+    pub(crate) fn ready(&self, resets: &mut Resets, backup: NodeId) -> bool {
+        if self.qp.state() != QpState::Error {
+            return true;
+        }
+        if !resets.qp_failed() {
+            return false;
+        }
+        match self.qp.reset() {
+            Ok(()) => true,
+            Err(e) => {
                 tracing::debug!(%backup, error = %e, "resetting a WRITE queue pair");
+                false
             }
         }
+    }
+
+    /// Close the path for good: the queue pair (WRITEs under way complete as
+    /// flushed) and the RPC connection.
+    pub(crate) fn close<N: Nic<Qp = Q>>(&self, cx: &mut ReplCtx<'_, N>) {
+        self.qp.close();
+        cx.ep.close(self.peer);
     }
 }
 
@@ -91,6 +114,10 @@ struct Waiting {
 
 struct RemoteLog<Q> {
     target: RemoteLogTarget<Q>,
+    /// Which of the replicator's logs to this backup it is: a WRITE of an
+    /// earlier one, given up on, no longer counts in this one's chain.
+    gen: u64,
+    resets: Resets,
     chain: SegmentChain,
     /// Entries waiting for a segment, in order.
     waiting: VecDeque<Waiting>,
@@ -101,9 +128,11 @@ struct RemoteLog<Q> {
 }
 
 impl<Q> RemoteLog<Q> {
-    fn new(target: RemoteLogTarget<Q>) -> Self {
+    fn new(target: RemoteLogTarget<Q>, gen: u64) -> Self {
         RemoteLog {
             target,
+            gen,
+            resets: Resets::default(),
             chain: SegmentChain::default(),
             waiting: VecDeque::new(),
             batch: Vec::new(),
@@ -113,9 +142,11 @@ impl<Q> RemoteLog<Q> {
     }
 }
 
-/// A WRITE posted: its backup, the segment it went to, what it acknowledges.
+/// A WRITE posted: its backup and log, the segment it went to, what it
+/// acknowledges.
 struct InFlight {
     backup: NodeId,
+    gen: u64,
     segment: u32,
     tokens: Tokens,
 }
@@ -131,6 +162,8 @@ pub struct RwriteReplicator<N: Nic> {
     /// How long an entry may wait for a segment, and a grant request for its
     /// answer.
     timeout_ns: u64,
+    /// The generation of the next log made.
+    next_gen: u64,
     next_wr: u64,
     /// WRITE sequence → what it is.
     inflight: HashMap<u64, InFlight>,
@@ -154,10 +187,11 @@ impl<N: Nic> RwriteReplicator<N> {
             backups,
             logs: targets
                 .into_iter()
-                .map(|(node, target)| (node, RemoteLog::new(target)))
+                .map(|(node, target)| (node, RemoteLog::new(target, 0)))
                 .collect(),
             batch,
             timeout_ns,
+            next_gen: 1,
             next_wr: 1,
             inflight: HashMap::new(),
             grants: SentGrants::default(),
@@ -188,6 +222,11 @@ impl<N: Nic> RwriteReplicator<N> {
         tokens: Tokens,
         since_ns: u64,
     ) {
+        if !self.ready(cx, backup) {
+            let why = format!("the path to {backup} failed again: connecting anew");
+            tokens.for_each(|t| self.failed.push((t, why.clone())));
+            return;
+        }
         let Some(log) = self.logs.get_mut(&backup) else {
             tokens.for_each(|t| self.failed.push((t, format!("no remote log at {backup}"))));
             return;
@@ -257,6 +296,7 @@ impl<N: Nic> RwriteReplicator<N> {
             seq,
             InFlight {
                 backup,
+                gen: log.gen,
                 segment,
                 tokens,
             },
@@ -264,8 +304,53 @@ impl<N: Nic> RwriteReplicator<N> {
         Ok(None)
     }
 
+    /// Whether `backup`'s path may take a WRITE now (see
+    /// [`RemoteLogTarget::ready`]); if not, it is given up.
+    fn ready(&mut self, cx: &mut ReplCtx<'_, N>, backup: NodeId) -> bool {
+        let Some(log) = self.logs.get_mut(&backup) else {
+            return true;
+        };
+        if log.target.ready(&mut log.resets, backup) {
+            return true;
+        }
+        self.give_up(cx, backup);
+        false
+    }
+
+    /// Give up the path to `backup` (it failed again after a reset): close it,
+    /// fail what waits for it, forget its chain and grant requests. WRITEs
+    /// under way complete as flushed, each failing its tokens. The next entry
+    /// for `backup` dials anew; the backup seals this chain's segments when
+    /// the new path arrives.
+    fn give_up(&mut self, cx: &mut ReplCtx<'_, N>, backup: NodeId) {
+        let Some(log) = self.logs.remove(&backup) else {
+            return;
+        };
+        tracing::info!(%backup, "a remote-log path failed again after a reset: dialling anew");
+        self.backups.retain(|&b| b != backup);
+        cx.ep.close(log.target.peer);
+        self.retire(backup, log, "failed again: connecting anew");
+    }
+
+    /// The end of a log to `backup`: its queue pair closed, what waits for it
+    /// failed (`why`), its grant requests forgotten.
+    fn retire(&mut self, backup: NodeId, log: RemoteLog<N::Qp>, why: &str) {
+        log.target.qp.close();
+        self.grants.forget(backup, |_| {});
+        let why = || format!("the path to {backup} {why}");
+        for w in log.waiting {
+            w.tokens.for_each(|t| self.failed.push((t, why())));
+        }
+        for t in log.batch_tokens {
+            self.failed.push((t, why()));
+        }
+    }
+
     /// Post what waits for `backup`'s log, in order, while its chain has room.
-    fn drain_waiting(&mut self, backup: NodeId) {
+    fn drain_waiting(&mut self, cx: &mut ReplCtx<'_, N>, backup: NodeId) {
+        if !self.ready(cx, backup) {
+            return;
+        }
         let Some(log) = self.logs.get_mut(&backup) else {
             return;
         };
@@ -369,10 +454,10 @@ impl<N: Nic> Replicator<N> for RwriteReplicator<N> {
         let Some(w) = self.inflight.remove(&seq) else {
             return;
         };
-        if let Some(log) = self.logs.get_mut(&w.backup) {
+        if let Some(log) = self.logs.get_mut(&w.backup).filter(|l| l.gen == w.gen) {
             log.chain.write_done(w.segment);
-            if c.status != WcStatus::Success {
-                log.target.recover(w.backup);
+            if c.status == WcStatus::Success {
+                log.resets.qp_carried();
             }
         }
         if c.status == WcStatus::Success {
@@ -391,20 +476,15 @@ impl<N: Nic> Replicator<N> for RwriteReplicator<N> {
         response: &Response<'_>,
         out: &mut Outcomes,
     ) {
-        let Some(backup) = self
-            .backups
-            .iter()
-            .copied()
-            .find(|b| self.logs[b].target.peer == peer)
-        else {
+        let Some((&backup, log)) = self.logs.iter_mut().find(|(_, l)| l.target.peer == peer) else {
             tracing::warn!(?peer, request_id, "a response from no backup's connection");
             return;
         };
+        log.resets.rpc_answered();
         self.grants.answered(backup, request_id);
         let pause = refusal_pause_ns(self.timeout_ns);
-        let log = self.logs.get_mut(&backup).expect("found above");
         match log.chain.on_answer(request_id, response, cx.now_ns, pause) {
-            Answer::Granted => self.drain_waiting(backup),
+            Answer::Granted => self.drain_waiting(cx, backup),
             Answer::Refused(why) => {
                 tracing::debug!(%backup, why, "segment request refused");
                 self.fail_waiting(backup, None, || {
@@ -429,6 +509,15 @@ impl<N: Nic> Replicator<N> for RwriteReplicator<N> {
                 log.chain.give_up(id, quiet_until);
             }
         });
+        // The endpoint reset the connection; a second failure gives it up.
+        let again = self
+            .logs
+            .iter_mut()
+            .find(|(_, l)| l.target.peer == peer)
+            .and_then(|(&b, l)| (!l.resets.rpc_failed()).then_some(b));
+        if let Some(backup) = again {
+            self.give_up(cx, backup);
+        }
     }
 
     fn connected(&self, backup: NodeId) -> bool {
@@ -437,7 +526,14 @@ impl<N: Nic> Replicator<N> for RwriteReplicator<N> {
 
     fn add(&mut self, backup: NodeId, link: Link<N>) {
         if let LinkKind::RemoteLog(target) = link.0 {
-            self.logs.insert(backup, RemoteLog::new(target));
+            let gen = self.next_gen;
+            self.next_gen += 1;
+            // A path is added only where there is none (`OnDemand`, the
+            // in-process cluster); one replaced all the same ends its chain
+            // (the backup sealed it when the new path arrived).
+            if let Some(old) = self.logs.insert(backup, RemoteLog::new(target, gen)) {
+                self.retire(backup, old, "was replaced");
+            }
             if !self.backups.contains(&backup) {
                 self.backups.push(backup);
                 self.backups.sort_unstable();
@@ -453,8 +549,10 @@ impl<N: Nic> Replicator<N> for RwriteReplicator<N> {
             }
         });
         let cutoff = cx.now_ns.checked_sub(self.timeout_ns);
-        for i in 0..self.backups.len() {
-            let backup = self.backups[i];
+        // A path given up in the loop leaves `backups`: walk by index.
+        let mut i = 0;
+        while let Some(&backup) = self.backups.get(i) {
+            i += 1;
             if let Some(b) = self.batch {
                 let due = self.logs.get(&backup).is_some_and(|l| {
                     !l.batch.is_empty() && cx.now_ns >= l.batch_since_ns + b.timeout_ns

@@ -341,6 +341,17 @@ impl SentGrants {
         !overdue.is_empty()
     }
 
+    /// Forget the requests sent to `backup` (its path was given up), calling
+    /// `give_up` with the id of each.
+    pub fn forget(&mut self, backup: NodeId, mut give_up: impl FnMut(u64)) {
+        self.0.retain(|&(b, id), _| {
+            if b == backup {
+                give_up(id);
+            }
+            b != backup
+        });
+    }
+
     /// `peer`'s connection failed: requests sent on it are given up on (`give_up`
     /// with the backup and id of each; the endpoint gave their credits back).
     pub fn connection_failed(&mut self, peer: PeerId, mut give_up: impl FnMut(NodeId, u64)) {

@@ -10,6 +10,12 @@
 //! it. A segment is sealed only once every WRITE reserved in it has completed
 //! ([`super::segments`]). Outcomes are bounded as in `rwrite`: an entry waiting
 //! for a segment fails after the replication timeout.
+//!
+//! A worker gives up its path to a backup as in `rwrite` (failed again after a
+//! reset) and dials anew; the shared log goes on, its other workers still
+//! writing, unless the backup answers the new path with another epoch (it
+//! restarted, or sealed the log's segments: [`super::dial::link`]): then the
+//! server's workers move to a new shared log, each when its old path fails.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
@@ -22,7 +28,8 @@ use rowankv_wire::frame::Response;
 
 use super::segments::{refusal_pause_ns, Answer, Reserve, SegmentChain, SentGrants};
 use super::{
-    Link, LinkKind, Outcomes, RemoteLogTarget, ReplCtx, Replicator, SHARED_LOG_ID, WR_TAG_REPL,
+    Link, LinkKind, Outcomes, RemoteLogTarget, ReplCtx, Replicator, Resets, SHARED_LOG_ID,
+    WR_TAG_REPL,
 };
 use crate::runtime::Periodic;
 
@@ -48,18 +55,26 @@ struct Waiting {
     since_ns: u64,
 }
 
-/// A WRITE posted: its backup, the segment it went to, its token.
+/// A WRITE posted: its backup, the log and segment it went to, its token.
 struct InFlight {
     backup: NodeId,
+    log: Arc<SharedLog>,
     segment: u32,
     token: u64,
+}
+
+/// A worker's path to one backup's shared log.
+struct Path<Q> {
+    log: Arc<SharedLog>,
+    target: RemoteLogTarget<Q>,
+    resets: Resets,
 }
 
 /// The `share` strategy's replicator of one worker: persisted WRITEs to the
 /// remote log its server shares with the other workers on each backup.
 pub struct ShareReplicator<N: Nic> {
     backups: Vec<NodeId>,
-    logs: HashMap<NodeId, (Arc<SharedLog>, RemoteLogTarget<N::Qp>)>,
+    logs: HashMap<NodeId, Path<N::Qp>>,
     waiting: VecDeque<Waiting>,
     /// How long an entry may wait for space, and a grant request for its answer.
     timeout_ns: u64,
@@ -87,7 +102,20 @@ impl<N: Nic> ShareReplicator<N> {
         backups.sort_unstable();
         ShareReplicator {
             backups,
-            logs,
+            logs: logs
+                .into_iter()
+                .map(|(b, (log, target))| {
+                    let resets = Resets::default();
+                    (
+                        b,
+                        Path {
+                            log,
+                            target,
+                            resets,
+                        },
+                    )
+                })
+                .collect(),
             waiting: VecDeque::new(),
             timeout_ns,
             next_wr: 1,
@@ -101,20 +129,67 @@ impl<N: Nic> ShareReplicator<N> {
     /// Ask `backup` for a segment if the shared chain needs one and no other
     /// worker's request is out.
     fn request_grant(&mut self, cx: &mut ReplCtx<'_, N>, backup: NodeId) -> bool {
-        let Some((shared, target)) = self.logs.get(&backup) else {
+        let Some(path) = self.logs.get(&backup) else {
             return false;
         };
-        let mut chain = shared.chain.lock();
+        let mut chain = path.log.chain.lock();
         if !chain.needs_grant(cx.now_ns) {
             return false;
         }
         self.grants
-            .send(&mut chain, cx, target.peer, SHARED_LOG_ID, backup)
+            .send(&mut chain, cx, path.target.peer, SHARED_LOG_ID, backup)
+    }
+
+    /// Whether the path to `backup` may take a WRITE now (see
+    /// [`RemoteLogTarget::ready`]); if not, it is given up.
+    fn ready(&mut self, cx: &mut ReplCtx<'_, N>, backup: NodeId) -> bool {
+        let Some(path) = self.logs.get_mut(&backup) else {
+            return true;
+        };
+        if path.target.ready(&mut path.resets, backup) {
+            return true;
+        }
+        self.give_up(cx, backup);
+        false
+    }
+
+    /// Give up this worker's path to `backup` (it failed again after a
+    /// reset): close it, fail what waits for it, and give up its grant
+    /// requests in the shared chain so that another worker asks. Its WRITEs
+    /// under way complete as flushed, each counted in the chain it went to.
+    fn give_up(&mut self, cx: &mut ReplCtx<'_, N>, backup: NodeId) {
+        let Some(path) = self.logs.remove(&backup) else {
+            return;
+        };
+        tracing::info!(%backup, "a shared-log path failed again after a reset: dialling anew");
+        self.backups.retain(|&b| b != backup);
+        path.target.close(cx);
+        self.grants
+            .forget(backup, |id| path.log.chain.lock().give_up(id, 0));
+        self.fail_waiting(backup, None, || {
+            format!("the path to {backup} failed again: connecting anew")
+        });
     }
 
     /// Reserve and post; `false` if there is no space yet.
-    fn try_write(&mut self, backup: NodeId, bytes: &[u8], token: u64) -> bool {
-        let Some((shared, target)) = self.logs.get(&backup) else {
+    fn try_write(
+        &mut self,
+        cx: &mut ReplCtx<'_, N>,
+        backup: NodeId,
+        bytes: &[u8],
+        token: u64,
+    ) -> bool {
+        if !self.ready(cx, backup) {
+            let why = format!("the path to {backup} failed again: connecting anew");
+            self.failed.push((token, why));
+            return true;
+        }
+        let Some(Path {
+            log: shared,
+            target,
+            ..
+        }) = self.logs.get(&backup)
+        else {
             self.failed
                 .push((token, format!("no shared log at {backup}")));
             return true;
@@ -140,6 +215,7 @@ impl<N: Nic> ShareReplicator<N> {
                             seq,
                             InFlight {
                                 backup,
+                                log: shared.clone(),
                                 segment,
                                 token,
                             },
@@ -165,7 +241,7 @@ impl<N: Nic> ShareReplicator<N> {
     fn drain_waiting(&mut self, cx: &mut ReplCtx<'_, N>) -> bool {
         let mut did = false;
         while let Some(w) = self.waiting.pop_front() {
-            if self.try_write(w.backup, &w.bytes, w.token) {
+            if self.try_write(cx, w.backup, &w.bytes, w.token) {
                 did = true;
             } else {
                 let backup = w.backup;
@@ -200,7 +276,7 @@ impl<N: Nic> ShareReplicator<N> {
 
 impl<N: Nic> Replicator<N> for ShareReplicator<N> {
     fn replicate(&mut self, cx: &mut ReplCtx<'_, N>, backup: NodeId, entry: &[u8], token: u64) {
-        if self.waiting.is_empty() && self.try_write(backup, entry, token) {
+        if self.waiting.is_empty() && self.try_write(cx, backup, entry, token) {
             return;
         }
         self.waiting.push_back(Waiting {
@@ -217,13 +293,11 @@ impl<N: Nic> Replicator<N> for ShareReplicator<N> {
         let Some(w) = self.inflight.remove(&seq) else {
             return;
         };
-        if let Some((shared, target)) = self.logs.get(&w.backup) {
-            shared.chain.lock().write_done(w.segment);
-            if c.status != WcStatus::Success {
-                target.recover(w.backup);
-            }
-        }
+        w.log.chain.lock().write_done(w.segment);
         if c.status == WcStatus::Success {
+            if let Some(path) = self.logs.get_mut(&w.backup) {
+                path.resets.qp_carried();
+            }
             out.acked.push(w.token);
         } else {
             out.failed.push((
@@ -241,19 +315,16 @@ impl<N: Nic> Replicator<N> for ShareReplicator<N> {
         response: &Response<'_>,
         out: &mut Outcomes,
     ) {
-        let Some(backup) = self
-            .backups
-            .iter()
-            .copied()
-            .find(|b| self.logs[b].1.peer == peer)
+        let Some((&backup, path)) = self.logs.iter_mut().find(|(_, p)| p.target.peer == peer)
         else {
             tracing::warn!(?peer, request_id, "a response from no backup's connection");
             return;
         };
+        path.resets.rpc_answered();
         self.grants.answered(backup, request_id);
         let pause = refusal_pause_ns(self.timeout_ns);
-        let answer = self.logs[&backup]
-            .0
+        let answer = path
+            .log
             .chain
             .lock()
             .on_answer(request_id, response, cx.now_ns, pause);
@@ -281,10 +352,19 @@ impl<N: Nic> Replicator<N> for ShareReplicator<N> {
         let quiet_until = cx.now_ns + refusal_pause_ns(self.timeout_ns);
         let logs = &self.logs;
         self.grants.connection_failed(peer, |backup, id| {
-            if let Some((shared, _)) = logs.get(&backup) {
-                shared.chain.lock().give_up(id, quiet_until);
+            if let Some(path) = logs.get(&backup) {
+                path.log.chain.lock().give_up(id, quiet_until);
             }
         });
+        // The endpoint reset the connection; a second failure gives it up.
+        let again = self
+            .logs
+            .iter_mut()
+            .find(|(_, p)| p.target.peer == peer)
+            .and_then(|(&b, p)| (!p.resets.rpc_failed()).then_some(b));
+        if let Some(backup) = again {
+            self.give_up(cx, backup);
+        }
     }
 
     fn connected(&self, backup: NodeId) -> bool {
@@ -293,7 +373,22 @@ impl<N: Nic> Replicator<N> for ShareReplicator<N> {
 
     fn add(&mut self, backup: NodeId, link: Link<N>) {
         if let LinkKind::Shared(log, target) = link.0 {
-            self.logs.insert(backup, (log, target));
+            let resets = Resets::default();
+            // A path is added only where there is none (`OnDemand`, the
+            // in-process cluster); one replaced all the same is closed.
+            if let Some(old) = self.logs.insert(
+                backup,
+                Path {
+                    log,
+                    target,
+                    resets,
+                },
+            ) {
+                old.target.qp.close();
+                let old_log = old.log;
+                self.grants
+                    .forget(backup, |id| old_log.chain.lock().give_up(id, 0));
+            }
             if !self.backups.contains(&backup) {
                 self.backups.push(backup);
                 self.backups.sort_unstable();
@@ -304,8 +399,8 @@ impl<N: Nic> Replicator<N> for ShareReplicator<N> {
     fn tick(&mut self, cx: &mut ReplCtx<'_, N>, out: &mut Outcomes) -> bool {
         let logs = &self.logs;
         let mut did = self.grants.expire(cx, self.timeout_ns, |backup, id| {
-            if let Some((shared, _)) = logs.get(&backup) {
-                shared.chain.lock().give_up(id, 0);
+            if let Some(path) = logs.get(&backup) {
+                path.log.chain.lock().give_up(id, 0);
             }
         });
         // Space another worker's grant made.
