@@ -110,16 +110,18 @@ impl Cluster {
 
     /// A cluster's files in `dir`: `store` is the TOML of the CMs' store.
     fn start(dir: &Path, cms: usize, servers: usize, store: &str) -> Cluster {
-        Cluster::start_with_lease(dir, cms, servers, store, 200)
+        Cluster::start_with_lease(dir, cms, servers, store, 200, "rowan")
     }
 
-    /// As [`Cluster::start`], with a server lease of `lease_ms`.
+    /// As [`Cluster::start`], with a server lease of `lease_ms`, replicating
+    /// by `strategy`.
     fn start_with_lease(
         dir: &Path,
         cms: usize,
         servers: usize,
         store: &str,
         lease_ms: u64,
+        strategy: &str,
     ) -> Cluster {
         std::fs::create_dir_all(dir.join("logs")).unwrap();
         std::fs::write(dir.join("secret"), "a secret of the process tests\n").unwrap();
@@ -140,7 +142,7 @@ impl Cluster {
                 &file,
                 format!(
                     "cluster_id = {CLUSTER_ID}\nsecret_file = \"secret\"\nlisten = \"{a}\"\nlease_ms = {lease_ms}\n\
-                     [bootstrap]\nservers = {servers}\nshards_per_server = 4\nreplication_factor = 3\nstrategy = \"rowan\"\n\
+                     [bootstrap]\nservers = {servers}\nshards_per_server = 4\nreplication_factor = 3\nstrategy = \"{strategy}\"\n\
                      [store]\n{store}\n"
                 ),
             )
@@ -509,9 +511,25 @@ fn acknowledged_writes_survive_a_server_killed_mid_run_and_it_rejoins() {
 /// member: the CM never removed it. Its peers' replication connections to its
 /// old process fail; they are given up and dialled again to the new one, and
 /// writes go on without a failover (before, every write to a shard it backs up
-/// failed until an operator removed it).
+/// failed until an operator removed it). `rowan` (queue pairs into the
+/// receiver), `rpc`-like grant connections and WRITE queue pairs (`rwrite`),
+/// and a log shared by the sender's workers (`share`), each in its test.
 #[test]
 fn a_server_restarted_within_its_lease_is_dialled_again_and_writes_go_on() {
+    restarted_within_its_lease("rowan");
+}
+
+#[test]
+fn a_rwrite_backup_restarted_within_its_lease_is_dialled_again() {
+    restarted_within_its_lease("rwrite");
+}
+
+#[test]
+fn a_share_backup_restarted_within_its_lease_is_dialled_again() {
+    restarted_within_its_lease("share");
+}
+
+fn restarted_within_its_lease(strategy: &str) {
     let _serial = one_at_a_time();
     let dir = tempfile::tempdir().unwrap();
     let mut c = Cluster::start_with_lease(
@@ -520,6 +538,7 @@ fn a_server_restarted_within_its_lease_is_dialled_again_and_writes_go_on() {
         3,
         "kind = \"embedded\"\npath = \"data/cm.store\"",
         10_000,
+        strategy,
     );
     c.wait_ready(3);
     let keys: Vec<String> = (0..24).map(|i| format!("restart-{i}")).collect();
@@ -546,7 +565,7 @@ fn a_server_restarted_within_its_lease_is_dialled_again_and_writes_go_on() {
         );
     }
     eprintln!(
-        "every key written again {:?} after the restart",
+        "{strategy}: every key written again {:?} after the restart",
         restarted.elapsed()
     );
     let (term1, members1) = c.status().unwrap();

@@ -279,8 +279,8 @@ fn a_segment_request_whose_connection_failed_is_sent_again() {
         let mut rig = Rig::new(strategy);
         rig.fabric.cut_link(P, B);
         rig.replicate(7, &entry(1, 64));
-        // The request goes, its SEND fails, the failure is reported.
-        rig.step(STEP_NS);
+        // The request goes, its SEND fails, the failure is reported (once: a
+        // second failure before an answer would give the path up, below).
         rig.step(STEP_NS);
         rig.fabric.heal_link(P, B);
         assert!(
@@ -301,6 +301,28 @@ fn a_segment_request_whose_connection_failed_is_sent_again() {
         rig.step(STEP_NS);
         assert_eq!(rig.outcomes(), (vec![7], vec![]), "{strategy}");
         assert_eq!(rig.landed(1, 64), entry(1, 64), "{strategy}");
+    }
+}
+
+/// A path whose grant connection fails again after its reset, before any
+/// answer (a cut that lasts, or a backup that restarted), is given up: what
+/// waits for it fails, and the replicator has no path to the backup any more,
+/// so the next entry dials anew (`OnDemand`).
+#[test]
+fn a_segment_request_connection_that_fails_again_gives_the_path_up() {
+    for strategy in STRATEGIES {
+        let mut rig = Rig::new(strategy);
+        rig.fabric.cut_link(P, B);
+        rig.replicate(7, &entry(1, 64));
+        let mut steps = 0;
+        while rig.repl.connected(B) {
+            rig.step(STEP_NS);
+            steps += 1;
+            assert!(steps < 10_000, "{strategy}: the path was never given up");
+        }
+        rig.step(STEP_NS);
+        let (acked, failed) = rig.outcomes();
+        assert_eq!((acked, failed), (vec![], vec![7]), "{strategy}");
     }
 }
 
