@@ -465,7 +465,7 @@ pub fn build(
             // Every path of this worker to every other server, as the dialer of
             // a process sets it up (`rowankv_server::replication::link`), the
             // receiving servers answering at once.
-            let mut repl = strategy.replicator::<LoopbackNic>(w, s, mtu);
+            let mut repl = strategy.replicator::<LoopbackNic>(s, mtu);
             for b in (0..n).filter(|&b| b != a) {
                 let rpc = if strategy.path_needs_rpc() {
                     let bw = w % s.workers;

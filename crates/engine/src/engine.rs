@@ -289,6 +289,9 @@ pub struct CleanReport {
     pub segments_freed: usize,
     /// Dead entries copied for their request records (see `clean_segment`).
     pub records_kept: u64,
+    /// Dead entries not copied because another copy already keeps their
+    /// request's record.
+    pub records_dropped: u64,
 }
 
 /// What recovery does with the log segments it closes.
@@ -1675,6 +1678,8 @@ impl Engine {
             total.entries_moved += r.entries_moved;
             total.bytes_moved += r.bytes_moved;
             total.segments_freed += r.segments_freed;
+            total.records_kept += r.records_kept;
+            total.records_dropped += r.records_dropped;
         }
         Ok(total)
     }
@@ -1767,9 +1772,16 @@ impl Engine {
                 // passed it), so that a segment of such copies is not cleaned,
                 // and its copies moved, at every pass. The table's lock is held
                 // from the check to the keep, so no forgetting comes between.
+                // One copy is kept per request: a dead entry whose record
+                // another kept copy already holds (the entry was seen twice,
+                // say received again by a backup) is dropped. Copying both
+                // would make each the replacement of the other at every pass,
+                // and leave the replaced one counted live for good.
                 if let Some(r) = e.request {
                     let mut table = shard.requests.lock();
-                    if matches!(table.outcome(r.id), RequestOutcome::Done(_)) {
+                    if table.kept_at(r.id).is_some_and(|at| at != old) {
+                        report.records_dropped += 1;
+                    } else if matches!(table.outcome(r.id), RequestOutcome::Done(_)) {
                         let new = self.append_copy(
                             cleaner, e.kind, e.shard, e.version, e.key, &e.value, e.request,
                         )?;

@@ -647,9 +647,15 @@ impl RequestTable {
 
     /// The cleaner copied the dead entry of request `id` to `addr` (`len`
     /// bytes) to keep its record: when the table forgets the outcome, the copy
-    /// is released ([`Self::take_released`]). A copy kept before is replaced.
+    /// is released ([`Self::take_released`]). The cleaner keeps one copy per
+    /// request: it replaces only the copy it is moving ([`Self::kept_at`]).
     pub fn keep(&mut self, id: RequestId, addr: u64, len: u64) {
         self.kept.insert(id, (addr, len));
+    }
+
+    /// Where the copy kept for request `id`'s record is, if one is.
+    pub fn kept_at(&self, id: RequestId) -> Option<u64> {
+        self.kept.get(&id).map(|&(addr, _)| addr)
     }
 
     /// The cleaner dropped the copy of `id` at `addr` (no longer needed).

@@ -35,7 +35,7 @@ use crate::directory::{check_private, Accepted, ConnectRequest};
 /// Largest frame of the exchange.
 pub const FRAME_BYTES_MAX: usize = 4096;
 /// Version of the exchange; a listener refuses another.
-pub const PROTOCOL_VERSION: u32 = 4;
+pub const PROTOCOL_VERSION: u32 = 5;
 /// How long either side waits for the other's next frame.
 pub const IO_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long the listener waits for the service to accept.

@@ -208,7 +208,7 @@ pub fn roles_on_demand<N: Nic>(
     for w in 0..s.workers {
         let ep =
             Endpoint::new(assembled.nic.clone(), s.endpoint.clone()).map_err(err("endpoint"))?;
-        let inner = shared.strategy.replicator(w, s, mtu);
+        let inner = shared.strategy.replicator(s, mtu);
         workers.push((ep, on_demand(&shared, directory, w, &shared_logs, inner)));
     }
     roles(

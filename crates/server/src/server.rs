@@ -248,10 +248,9 @@ pub struct ServerShared<N: Nic> {
     cm: Arc<dyn ConfigSource>,
     /// Segments granted to remote logs: segment → (sender, log id).
     grants: Mutex<HashMap<u32, (NodeId, u32)>>,
-    /// Per server whose remote-log paths this one accepted: its process
-    /// ([`PathKey::incarnation`]) and its generation here, bumped whenever
-    /// another process of it dials ([`Self::accept_writer`]).
-    writers: Mutex<HashMap<NodeId, (u64, u64)>>,
+    /// The remote logs other servers hold here ([`Self::accept_writer`]).
+    /// Locked before `grants`.
+    remote_logs: Mutex<RemoteLogs>,
     /// This server process, told to the backups it dials: random, so a
     /// restarted server is told apart from the one before it.
     pub incarnation: u64,
@@ -322,6 +321,7 @@ impl<N: Nic> ServerShared<N> {
             .map(|_| AtomicU64::new(u64::MAX))
             .collect();
         let committed_term = AtomicU64::new(config.term.0);
+        let incarnation = rand::random();
         ServerShared {
             lease_until_ns: AtomicU64::new(0),
             lease_role_paused_until_ns: AtomicU64::new(0),
@@ -343,8 +343,8 @@ impl<N: Nic> ServerShared<N> {
             config_epoch: AtomicU64::new(0),
             cm,
             grants: Mutex::new(HashMap::new()),
-            writers: Mutex::new(HashMap::new()),
-            incarnation: rand::random(),
+            remote_logs: Mutex::new(RemoteLogs::new(incarnation)),
+            incarnation,
             stopped: AtomicBool::new(false),
             buggify,
             requests_in_flight: (0..REQUEST_STRIPES)
@@ -410,8 +410,7 @@ impl<N: Nic> ServerShared<N> {
         }
         for m in &cur.members {
             if next.member(m.node).is_none() && m.node != self.node {
-                let closed = self.blog.disconnect(m.node);
-                let sealed = self.seal_grants_of(m.node);
+                let (closed, sealed) = self.end_remote_logs_of(m.node);
                 tracing::info!(server = %self.node, removed = %m.node, closed, sealed, "connections destroyed");
             }
         }
@@ -598,9 +597,36 @@ impl<N: Nic> ServerShared<N> {
         self.buggify.fire(site)
     }
 
-    pub(crate) fn grant(&self, segment: u32, sender: NodeId, log: u32) {
+    /// Grant `segment` to `sender`'s remote log `log`; `false` (nothing
+    /// granted) if that log is not one the sender holds here, or no longer
+    /// (checked under the lock that ends logs, so no segment is granted to a
+    /// log after its segments were sealed).
+    pub(crate) fn grant(&self, segment: u32, sender: NodeId, log: u32) -> bool {
+        let logs = self.remote_logs.lock();
+        if !logs.holds(sender, log) {
+            return false;
+        }
         self.grants.lock().insert(segment, (sender, log));
         self.stats.grants.fetch_add(1, Ordering::Relaxed);
+        true
+    }
+
+    /// The ids of the remote logs `sender` holds here, in order.
+    pub fn remote_logs_of(&self, sender: NodeId) -> Vec<u32> {
+        let logs = self.remote_logs.lock();
+        let mut ids: Vec<u32> = logs
+            .senders
+            .get(&sender)
+            .map(|s| s.logs.values().copied().collect())
+            .unwrap_or_default();
+        ids.sort_unstable();
+        ids.dedup();
+        ids
+    }
+
+    /// Whether `log` is a remote log `sender` holds here.
+    pub(crate) fn holds_log(&self, sender: NodeId, log: u32) -> bool {
+        self.remote_logs.lock().holds(sender, log)
     }
 
     /// Take back a grant being sealed; `false` if `segment` was not granted to
@@ -615,12 +641,16 @@ impl<N: Nic> ServerShared<N> {
         }
     }
 
-    /// Seal every segment granted to `sender`'s remote logs — a server just
-    /// removed, whose queue pairs here `disconnect` destroyed, so nothing more
-    /// lands in them — so that they are digested, committed once their
-    /// entries are, and reused, instead of being held for good. Returns how many.
-    fn seal_grants_of(&self, sender: NodeId) -> usize {
-        self.seal_grants(|s, _| s == sender)
+    /// End every remote log of `sender` — a server just removed — and close
+    /// its paths here, so nothing more lands in them; then seal the segments
+    /// granted to them, so that they are digested, committed once their
+    /// entries are, and reused, instead of being held for good. Returns how
+    /// many paths were closed and segments sealed.
+    fn end_remote_logs_of(&self, sender: NodeId) -> (usize, usize) {
+        let mut logs = self.remote_logs.lock();
+        logs.senders.remove(&sender);
+        let closed = self.blog.disconnect(sender);
+        (closed, self.seal_grants(|s, _| s == sender))
     }
 
     /// Seal the segments granted to the logs `which` (sender, log id) names.
@@ -641,48 +671,72 @@ impl<N: Nic> ServerShared<N> {
     }
 
     /// Keep `qp`, a passive queue pair just connected to worker `key.worker` of
-    /// `sender`, which WRITEs through it into the segments granted to its
-    /// remote log. Returns the sender's generation here, which the answer
-    /// carries ([`crate::services::encode_log_answer`]).
+    /// `sender`, which WRITEs through it into the segments granted to a remote
+    /// log. Returns the id of that log, which the answer carries
+    /// ([`crate::services::encode_log_answer`]) and the sender names in its
+    /// segment requests.
     ///
     /// A sender dials again when its path failed twice (it may have been this
-    /// server that restarted) or when it restarted itself; what it wrote
-    /// through its old path is over, and is sealed here so that it is digested
-    /// and reused (the old queue pair closed first, so nothing more lands there
-    /// but WRITEs already under way, which the digest's grace period waits
-    /// for):
-    /// - the same process dialling again (`rwrite`, `batch`: a log per worker):
-    ///   the segments granted to that worker's log; a `share` log goes on, its
-    ///   other workers still writing into it;
-    /// - another process (a restarted sender, or a stale request of an earlier
-    ///   one): every path and every segment of the process before, and the
-    ///   sender's generation is bumped, so that a `share` sender starts a new
-    ///   shared log rather than WRITE into segments sealed here.
-    pub(crate) fn accept_writer(&self, qp: N::Qp, sender: NodeId, key: PathKey) -> u64 {
-        let mut writers = self.writers.lock();
-        let (incarnation, generation) = writers.entry(sender).or_insert((key.incarnation, 0));
-        let same = *incarnation == key.incarnation && *generation > 0;
-        if !same {
-            *incarnation = key.incarnation;
-            *generation += 1;
+    /// server that restarted), when it restarted itself, or when this server
+    /// refused a log it had ended (`UnknownLog`). What it wrote through the
+    /// path it replaces is over: that log is ended — its id refused from now
+    /// on, so a seal or grant request still on its way from the old path can
+    /// touch nothing of the new one — and its segments sealed, after every
+    /// path that could still land a WRITE in them is closed (WRITEs already
+    /// under way there fail):
+    /// - `rwrite`, `batch` (a log per worker): that worker's log, its old path
+    ///   closed; the worker gets a log with a new id;
+    /// - `share` (one log all the sender's workers write): the shared log,
+    ///   every path of the sender closed; its workers each dial again (their
+    ///   WRITEs fail, their segment requests are refused) and share a new one;
+    /// - another process of the sender (a restarted sender, or a stale request
+    ///   of an earlier one): every path and every log of the process before.
+    pub(crate) fn accept_writer(&self, qp: N::Qp, sender: NodeId, key: PathKey) -> u32 {
+        let share = self.strategy == Strategy::Share;
+        let mut logs = self.remote_logs.lock();
+        let RemoteLogs { senders, next } = &mut *logs;
+        let mut new_log = || {
+            let id = *next;
+            *next = next.wrapping_add(1);
+            id
+        };
+        let theirs = senders.entry(sender).or_insert_with(|| SenderLogs {
+            incarnation: key.incarnation,
+            logs: HashMap::new(),
+        });
+        let restarted = theirs.incarnation != key.incarnation;
+        let replaced = theirs.logs.contains_key(&key.worker);
+        let mut ended: Vec<u32> = Vec::new();
+        if restarted || (share && replaced) {
             let closed = self.blog.disconnect(sender);
-            if closed > 0 {
-                tracing::info!(%sender, closed, "another process of the server dialled: its earlier replication paths closed");
-            }
+            ended.extend(theirs.logs.values().copied());
+            theirs.logs.clear();
+            theirs.incarnation = key.incarnation;
+            tracing::info!(%sender, worker = key.worker, restarted, closed, "every replication path of the server closed: its remote logs here end");
         }
-        let generation = *generation;
+        // Closes the path this worker had (`rwrite`, `batch`).
         self.blog.accept_writer_as(qp, key.worker);
-        let sealed = if !same {
-            self.seal_grants_of(sender)
-        } else if self.strategy == Strategy::Share {
-            0
+        let log = if share {
+            let shared = theirs.logs.values().next().copied();
+            let log = shared.unwrap_or_else(&mut new_log);
+            theirs.logs.insert(key.worker, log);
+            log
         } else {
-            self.seal_grants(|s, l| s == sender && l == u32::from(key.worker))
+            let log = new_log();
+            ended.extend(theirs.logs.insert(key.worker, log));
+            log
+        };
+        ended.sort_unstable();
+        ended.dedup();
+        let sealed = if restarted {
+            self.seal_grants(|s, _| s == sender)
+        } else {
+            self.seal_grants(|s, l| s == sender && ended.binary_search(&l).is_ok())
         };
         if sealed > 0 {
-            tracing::info!(%sender, worker = key.worker, sealed, "segments of a replaced replication path sealed");
+            tracing::info!(%sender, worker = key.worker, sealed, "segments of an ended remote log sealed");
         }
-        generation
+        log
     }
 
     /// Segments granted to remote logs and not sealed (being filled now).
@@ -699,5 +753,40 @@ impl<N: Nic> ServerShared<N> {
         let mut v: Vec<u32> = self.grants.lock().keys().copied().collect();
         v.sort_unstable();
         v
+    }
+}
+
+/// The remote logs other servers hold at this one (the WRITE strategies):
+/// which ids are live, so that a segment request naming an ended one is
+/// refused ([`ServerShared::accept_writer`]).
+struct RemoteLogs {
+    senders: HashMap<NodeId, SenderLogs>,
+    /// The id the next log gets. Ids start from this process's incarnation,
+    /// so a request still on its way to an earlier process of this server is
+    /// unlikely to name a log of this one (and the logs it names are refused).
+    next: u32,
+}
+
+/// One sender's remote logs here.
+struct SenderLogs {
+    /// Its process ([`PathKey::incarnation`]).
+    incarnation: u64,
+    /// The log each of its workers writes into: its own (`rwrite`, `batch`),
+    /// or the one they share (`share`).
+    logs: HashMap<u16, u32>,
+}
+
+impl RemoteLogs {
+    fn new(incarnation: u64) -> Self {
+        RemoteLogs {
+            senders: HashMap::new(),
+            next: (incarnation >> 32) as u32,
+        }
+    }
+
+    fn holds(&self, sender: NodeId, log: u32) -> bool {
+        self.senders
+            .get(&sender)
+            .is_some_and(|s| s.logs.values().any(|&l| l == log))
     }
 }

@@ -10,12 +10,13 @@
 //!   sender's, and hands it to the backup log (which destroys it when the
 //!   sender leaves the configuration: the fence against a removed primary's
 //!   WRITEs). The answer's private data is the descriptor of the server's
-//!   registered data area, where the sender WRITEs, and the sender's
-//!   [`LogEpoch`] there ([`encode_log_answer`]).
-//!   A path that replaces an earlier one of the same sender ends what the
-//!   sender wrote through the old one ([`ServerShared::accept_writer`]): the
-//!   segments granted to its log (to all its logs, if the sender restarted)
-//!   are sealed, so they are digested and reused instead of held for good.
+//!   registered data area, where the sender WRITEs, and the [`LogEpoch`] of
+//!   the log the path writes into ([`encode_log_answer`]).
+//!   A path that replaces an earlier one of the same sender ends the log the
+//!   sender wrote through the old one ([`ServerShared::accept_writer`]): its
+//!   segments are sealed once nothing more can land in them, so they are
+//!   digested and reused instead of held for good, and its id is refused from
+//!   then on.
 //!
 //! Every request names its sender's worker and process ([`PathKey`]).
 //!
@@ -72,31 +73,33 @@ pub fn decode_region(bytes: &[u8], from: NodeId) -> Result<RemoteRegion, String>
     })
 }
 
-/// Which sealing of a sender's remote logs at a backup it writes after: the
-/// backup's process and the sender's generation there (bumped whenever
-/// another process of the sender dials, which seals every segment granted to
-/// the process before). A `share` sender keeps its shared log only while the
-/// epoch its paths were answered with stays the same.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// The remote log a path writes into at a backup: the backup's process and
+/// the id it gave the log ([`ServerShared::accept_writer`]). The sender names
+/// the id in its segment requests; the backup refuses one it has ended
+/// (`UnknownLog`). A `share` sender's workers share one log while the backup
+/// answers their paths with the same epoch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct LogEpoch {
     pub backup: u64,
-    pub generation: u64,
+    pub log: u32,
 }
 
 /// Bytes of a remote log's answer: a region descriptor and a [`LogEpoch`].
 pub const LOG_ANSWER_BYTES: usize = REGION_BYTES + 16;
 
 /// A remote log's answer as private data: the descriptor of its data area
-/// ([`encode_region`]), then the epoch's two u64, little-endian.
+/// ([`encode_region`]), then the epoch: the backup's incarnation (u64), the
+/// log id (u32) and 4 zero bytes, little-endian.
 pub fn encode_log_answer(region: &RemoteRegion, epoch: LogEpoch) -> Vec<u8> {
     let mut out = encode_region(region);
     out.extend_from_slice(&epoch.backup.to_le_bytes());
-    out.extend_from_slice(&epoch.generation.to_le_bytes());
+    out.extend_from_slice(&epoch.log.to_le_bytes());
+    out.extend_from_slice(&[0; 4]);
     out
 }
 
 /// A remote log's answer sent by `from`: exactly [`LOG_ANSWER_BYTES`], its
-/// region naming `from`.
+/// region naming `from`, its reserved bytes zero.
 pub fn decode_log_answer(bytes: &[u8], from: NodeId) -> Result<(RemoteRegion, LogEpoch), String> {
     if bytes.len() != LOG_ANSWER_BYTES {
         return Err(format!(
@@ -105,10 +108,13 @@ pub fn decode_log_answer(bytes: &[u8], from: NodeId) -> Result<(RemoteRegion, Lo
         ));
     }
     let region = decode_region(&bytes[..REGION_BYTES], from)?;
-    let u64_at = |i: usize| u64::from_le_bytes(bytes[i..i + 8].try_into().expect("8 bytes"));
+    let at = REGION_BYTES;
+    if bytes[at + 12..] != [0; 4] {
+        return Err("a remote log's answer with non-zero reserved bytes".into());
+    }
     let epoch = LogEpoch {
-        backup: u64_at(REGION_BYTES),
-        generation: u64_at(REGION_BYTES + 8),
+        backup: u64::from_le_bytes(bytes[at..at + 8].try_into().expect("8 bytes")),
+        log: u32::from_le_bytes(bytes[at + 8..at + 12].try_into().expect("4 bytes")),
     };
     Ok((region, epoch))
 }
@@ -177,10 +183,9 @@ impl<N: Nic> ReplicationServices<N> {
                         .connect(from)
                         .map_err(|e| format!("connecting the passive queue pair: {e}"))?;
                     let qp = target.addr();
-                    let generation = server.accept_writer(target, from.node, key);
                     let epoch = LogEpoch {
                         backup: server.incarnation,
-                        generation,
+                        log: server.accept_writer(target, from.node, key),
                     };
                     Ok(Accepted {
                         qp,
@@ -260,7 +265,7 @@ mod tests {
         };
         let epoch = LogEpoch {
             backup: 0x0123_4567_89ab_cdef,
-            generation: 7,
+            log: 7,
         };
         let bytes = encode_log_answer(&r, epoch);
         assert_eq!(bytes.len(), LOG_ANSWER_BYTES);
@@ -268,6 +273,10 @@ mod tests {
         let e = decode_log_answer(&bytes[..REGION_BYTES], NodeId(3)).unwrap_err();
         assert!(e.contains("of 16 bytes, not 32"), "{e}");
         assert!(decode_log_answer(&bytes, NodeId(4)).is_err());
+        let mut reserved = bytes.clone();
+        reserved[LOG_ANSWER_BYTES - 1] = 1;
+        let e = decode_log_answer(&reserved, NodeId(3)).unwrap_err();
+        assert!(e.contains("reserved"), "{e}");
         let key = PathKey {
             worker: 513,
             incarnation: u64::MAX - 1,

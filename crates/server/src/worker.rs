@@ -44,7 +44,7 @@ use rowankv_types::{NodeId, RequestRecord, SegmentId, ShardId, Version};
 use rowankv_wire::config::Config;
 use rowankv_wire::frame::{self, Body, Envelope, ErrorCode, Expect, Response};
 
-use crate::replication::{BackupSide, Outcomes, ReplCtx, Replicator, SHARED_LOG_ID};
+use crate::replication::{BackupSide, Outcomes, ReplCtx, Replicator};
 use crate::runtime::{Step, Task};
 use crate::server::{ServerShared, KV_BYTES_MAX};
 use crate::version::Refusal;
@@ -1023,13 +1023,11 @@ impl<N: Nic> Worker<N> {
             self.reject(peer, request_id, ErrorCode::Malformed, &detail);
             return;
         }
-        let log_ok = log == SHARED_LOG_ID
-            || config
-                .member(sender)
-                .is_some_and(|m| (log as usize) < m.workers as usize);
-        if !log_ok {
-            let detail = format!("no log {log} of {sender}");
-            self.reject(peer, request_id, ErrorCode::Malformed, &detail);
+        if !self.shared.holds_log(sender, log) {
+            // A log this server ended (another path of the sender arrived), or
+            // a request to an earlier process of it: the sender dials anew.
+            let detail = format!("no remote log {log} of {sender} here");
+            self.reject(peer, request_id, ErrorCode::UnknownLog, &detail);
             return;
         }
         if let Some(seg) = sealed {
@@ -1054,7 +1052,14 @@ impl<N: Nic> Worker<N> {
         }
         match self.shared.engine.alloc_remote_segment() {
             Ok((seg, offset)) => {
-                self.shared.grant(seg.0, sender, log);
+                if !self.shared.grant(seg.0, sender, log) {
+                    // The log ended since it was checked: the segment was
+                    // never written, and is digested (empty) and freed.
+                    self.shared.blog.enqueue_sealed(seg, now_ns);
+                    let detail = format!("remote log {log} of {sender} ended");
+                    self.reject(peer, request_id, ErrorCode::UnknownLog, &detail);
+                    return;
+                }
                 let len_bytes = self.shared.engine.config().segment_size_bytes as u64;
                 self.respond(
                     peer,

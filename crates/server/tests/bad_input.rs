@@ -1187,7 +1187,7 @@ fn a_segment_grant_that_seals_what_was_never_granted_is_malformed() {
         (
             "names a log the sender does not have",
             NodeId(0),
-            WORKERS as u32 + 4,
+            u32::MAX,
             None,
         ),
         ("comes from the server itself", target, 0, None),
@@ -1425,13 +1425,68 @@ fn a_gather_to_a_server_that_does_not_replicate_the_shard_gets_not_member() {
     p.finish();
 }
 
+/// A segment request from a server that names a log it does not hold at the
+/// target (one the target ended when another path of the sender arrived, or
+/// never gave it) is refused `UnknownLog`, and nothing is granted or sealed:
+/// the sender gives that path up and dials anew.
+#[test]
+fn a_segment_request_naming_a_log_the_sender_does_not_hold_is_refused() {
+    let mut p = Probe::start(Strategy::Rwrite);
+    let (sender, target) = (NodeId(0), NodeId(1));
+    let held = p.server(target).remote_logs_of(sender);
+    assert!(
+        !held.is_empty(),
+        "the sender's workers hold logs at {target}"
+    );
+    let not_held = (0u32..).find(|l| !held.contains(l)).expect("an id");
+    p.send_from_server(sender, 0);
+    let granted = p.server(target).granted_segments();
+    let sealed_before = p.server(target).blog.sealed_segments();
+    for sealed in [None, granted.first().copied()] {
+        let env = Envelope {
+            sender,
+            ..p.envelope()
+        };
+        let bytes = encode(
+            &env,
+            &Body::GrantSegment {
+                log: not_held,
+                sealed,
+            },
+        );
+        p.send(target, &bytes);
+        let answer = p.receive(ANSWER_TIMEOUT).expect("an answer");
+        match frame::decode(&answer).map(|f| f.body) {
+            Ok(Body::Response(Response::Error {
+                code: ErrorCode::UnknownLog,
+                detail,
+                ..
+            })) => assert!(
+                detail.contains(&format!("no remote log {not_held} of n0")),
+                "{detail}"
+            ),
+            other => panic!("a request for log {not_held}: {other:?}"),
+        }
+    }
+    // The cluster is idle: nothing else seals, and the segment named stays
+    // granted to the log that holds it.
+    let first = granted.first().expect("a granted segment");
+    assert!(
+        p.server(target).granted_segments().contains(first),
+        "segment {first} sealed by a request naming another log"
+    );
+    assert_eq!(p.server(target).blog.sealed_segments(), sealed_before);
+}
+
 /// A server's remote log that asks for segments again and again without sealing
 /// any is refused (`Busy`) once it holds the bound: it cannot take the pool
 /// segment by segment. Sealing one lets it have another.
 #[test]
 fn a_remote_log_asking_for_segments_without_sealing_is_refused_past_the_bound() {
     let mut p = Probe::start(Strategy::Rwrite);
-    let (sender, target, log) = (NodeId(0), NodeId(1), 0u32);
+    let (sender, target) = (NodeId(0), NodeId(1));
+    // A log the sender's workers hold there (their paths were set up).
+    let log = p.server(target).remote_logs_of(sender)[0];
     p.send_from_server(sender, 0);
     let free_before = p.server(target).engine.free_segments();
     let mut granted = Vec::new();

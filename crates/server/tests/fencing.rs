@@ -116,6 +116,7 @@ fn kill_cms(cluster: &Cluster) {
 enum Answer {
     Ok(u64),
     Value(Vec<u8>),
+    Segment(u32),
     Error(ErrorCode, String),
     Other(String),
 }
@@ -190,6 +191,7 @@ impl Raw {
                 return Some(match f.body {
                     Body::Response(Response::Ok { version }) => Answer::Ok(version),
                     Body::Response(Response::Value { value, .. }) => Answer::Value(value.to_vec()),
+                    Body::Response(Response::Segment { segment, .. }) => Answer::Segment(segment),
                     Body::Response(Response::Error { code, detail, .. }) => {
                         Answer::Error(code, detail.to_string())
                     }
@@ -837,5 +839,158 @@ fn replication_paths_are_refused_to_non_members_and_to_requests_without_a_worker
         // that no queue pair qp77 exists on its node to connect to.
         let e = ask(1, key(5)).expect_err("no such queue pair");
         assert!(e.contains("qp77 } does not exist"), "{strategy}: {e}");
+    }
+}
+
+/// A remote log ends when another path of its sender replaces the one that
+/// writes it: the backup closes every path that could still land a WRITE in
+/// it (that worker's under `rwrite`; every path of the sender under `share`,
+/// whose workers share the log), seals its segments, and refuses its id from
+/// then on (`UnknownLog`), so a grant or seal request still on its way from
+/// the old path touches nothing of the new one. The new path gets a new log.
+#[test]
+fn a_replaced_remote_log_path_ends_its_log_and_a_request_naming_it_is_refused() {
+    use rowankv_fabric::{CompletionQueue, CqKind, Nic, Op, QueuePair, WcStatus, WorkRequest};
+    use rowankv_server::services::{
+        decode_log_answer, encode_path_request, PathKey, REMOTE_LOG_SERVICE,
+    };
+    for strategy in [Strategy::Rwrite, Strategy::Share] {
+        let cluster = start(strategy, 3, common::steady_leases(), false);
+        let backup = NodeId(0);
+        let server = &cluster.servers()[0];
+        // The sender's own process: another incarnation would end every
+        // path of the sender, its real workers' too.
+        let incarnation = cluster.servers()[1].incarnation;
+        let nic = cluster.server_nic(1);
+        let cq = nic.create_cq(CqKind::Ring { capacity: 16 }).unwrap();
+        let dial = |worker: u16| {
+            let qp = nic.create_qp(&cq, &cq, None, 16).unwrap();
+            let key = PathKey {
+                worker,
+                incarnation,
+            };
+            let a = cluster
+                .directory()
+                .request(
+                    backup,
+                    REMOTE_LOG_SERVICE,
+                    qp.addr(),
+                    encode_path_request(key),
+                )
+                .expect("a request")
+                .recv_timeout(ANSWER_TIMEOUT)
+                .expect("an answer")
+                .expect("accepted");
+            let (region, epoch) = decode_log_answer(&a.private, backup).unwrap();
+            qp.connect(a.qp).unwrap();
+            (qp, region, epoch.log)
+        };
+        let mut raw = Raw::on(nic.clone());
+        let config = cluster.cm().current();
+        let mut ask = |log: u32, sealed: Option<u32>| {
+            let env = raw.envelope(&config);
+            raw.call(
+                &cluster,
+                backup,
+                0,
+                &env,
+                &Body::GrantSegment { log, sealed },
+            )
+        };
+        let segment_of = |a: Answer| match a {
+            Answer::Segment(s) => s,
+            other => panic!("{strategy}: no segment granted: {other:?}"),
+        };
+
+        let (qp_a, region, log_a) = dial(7);
+        let (qp_b, _, log_b) = dial(8);
+        assert_eq!(
+            log_a == log_b,
+            strategy == Strategy::Share,
+            "{strategy}: logs {log_a}, {log_b}"
+        );
+        let seg_a = segment_of(ask(log_a, None));
+        let seg_b = segment_of(ask(log_b, None));
+        assert!(server.granted_segments().contains(&seg_a));
+
+        // Worker 7 dials again: its log ends.
+        let (_qp_a2, _, log_a2) = dial(7);
+        assert_ne!(log_a2, log_a, "{strategy}: the replaced path's log goes on");
+        assert!(
+            !server.granted_segments().contains(&seg_a),
+            "{strategy}: the ended log's segment {seg_a} was not sealed"
+        );
+        let a = ask(log_a, Some(seg_a));
+        assert!(
+            is_error(&a, ErrorCode::UnknownLog),
+            "{strategy}: a grant for the ended log: {a:?}"
+        );
+
+        // The other worker's path: under `share` it wrote the same log, and is
+        // closed (its WRITE fails, its requests are refused); under `rwrite`
+        // its own log goes on.
+        let write = WorkRequest::new(
+            1,
+            Op::Write {
+                data: &[1; 64],
+                remote: region.at(0),
+                imm: None,
+            },
+        )
+        .persisted();
+        qp_b.post_send(&[write]).unwrap();
+        let mut done = [rowankv_fabric::Completion::BLANK; 1];
+        let deadline = Instant::now() + ANSWER_TIMEOUT;
+        while cq.poll(&mut done).unwrap() == 0 {
+            assert!(
+                Instant::now() < deadline,
+                "{strategy}: the WRITE never completed"
+            );
+            thread::yield_now();
+        }
+        let b = ask(log_b, None);
+        if strategy == Strategy::Share {
+            assert_ne!(
+                done[0].status,
+                WcStatus::Success,
+                "{strategy}: a WRITE landed through a closed path"
+            );
+            assert!(is_error(&b, ErrorCode::UnknownLog), "{strategy}: {b:?}");
+            assert!(!server.granted_segments().contains(&seg_b));
+            // Worker 8 dials again and shares worker 7's new log.
+            let (_qp_b2, _, log_b2) = dial(8);
+            assert_eq!(
+                log_b2, log_a2,
+                "{strategy}: the workers do not share the new log"
+            );
+        } else {
+            assert_eq!(
+                done[0].status,
+                WcStatus::Success,
+                "{strategy}: worker 8's path was closed"
+            );
+            let seg = segment_of(b);
+            assert!(
+                server.granted_segments().contains(&seg_b)
+                    && server.granted_segments().contains(&seg)
+            );
+        }
+        // A seal is honoured only from the log the segment was granted to.
+        let seg_new = segment_of(ask(log_a2, None));
+        let other = segment_of(ask(log_a2, None));
+        if strategy == Strategy::Rwrite {
+            let a = ask(log_b, Some(seg_new));
+            assert!(matches!(a, Answer::Segment(_)), "{strategy}: {a:?}");
+            assert!(
+                server.granted_segments().contains(&seg_new),
+                "{strategy}: another log sealed {seg_new}"
+            );
+        }
+        let a = ask(log_a2, Some(seg_new));
+        assert!(matches!(a, Answer::Segment(_)), "{strategy}: {a:?}");
+        assert!(!server.granted_segments().contains(&seg_new));
+        assert!(server.granted_segments().contains(&other));
+        drop(qp_a);
+        cluster.shutdown();
     }
 }

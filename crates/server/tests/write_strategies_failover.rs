@@ -290,6 +290,8 @@ struct Asker {
     ep: Endpoint<LoopbackNic>,
     node: NodeId,
     peer: PeerId,
+    /// One of the remote logs the asking server holds there.
+    log: u32,
     next_request: u64,
 }
 
@@ -301,16 +303,18 @@ impl Asker {
             .directory()
             .connect(&mut ep, to, 0, WAIT_MAX)
             .expect("connected to the worker");
+        let log = server(cluster, to).remote_logs_of(from)[0];
         Asker {
             ep,
             node: from,
             peer,
+            log,
             next_request: 1,
         }
     }
 
-    /// Ask for a segment for log 0, sealing `sealed`: the segment granted, or
-    /// the refusal.
+    /// Ask for a segment for its log, sealing `sealed`: the segment granted,
+    /// or the refusal.
     fn grant(&mut self, config: &Config, sealed: Option<u32>) -> Result<u32, String> {
         let env = Envelope {
             cluster_id: config.cluster_id,
@@ -320,7 +324,14 @@ impl Asker {
         };
         self.next_request += 1;
         self.ep
-            .request(self.peer, &env, &Body::GrantSegment { log: 0, sealed })
+            .request(
+                self.peer,
+                &env,
+                &Body::GrantSegment {
+                    log: self.log,
+                    sealed,
+                },
+            )
             .expect("sent");
         let deadline = Instant::now() + WAIT_MAX;
         let (mut events, mut data) = (Vec::new(), Vec::new());

@@ -12,7 +12,7 @@
 //! | bytes    | field        | type  | meaning                                              |
 //! | -------- | ------------ | ----- | ---------------------------------------------------- |
 //! | 0..2     | `magic`      | [u8;2]| `"RK"`                                               |
-//! | 2        | `version`    | u8    | [`WIRE_VERSION`] (1)                                 |
+//! | 2        | `version`    | u8    | [`WIRE_VERSION`] (3)                                 |
 //! | 3        | `msg_type`   | u8    | a [`MsgType`]                                        |
 //! | 4..8     | `body_len`   | u32   | bytes after the header; must equal what follows      |
 //! | 8..16    | `cluster_id` | u64   | the cluster the sender believes it belongs to        |
@@ -29,7 +29,7 @@
 //! | `Put`               | 2    | `request` (24 B, below), `key_len u16, value_len u32, key, value`     |
 //! | `Del`               | 3    | `request` (24 B), `key_len u16, key`                                  |
 //! | `Replicate`         | 4    | encoded log entries: the whole body, non-empty, a multiple of 64 B    |
-//! | `GrantSegment`      | 5    | `log u32, has_sealed u8 (0 or 1), sealed u32 (0 when has_sealed = 0)` |
+//! | `GrantSegment`      | 5    | `log u32` (the id the backup gave the path's log), `has_sealed u8 (0 or 1), sealed u32 (0 when has_sealed = 0)` |
 //! | `Ping`              | 6    | empty                                                                 |
 //! | `Lease`             | 7    | empty (a server renews its lease with the configuration manager)     |
 //! | `Prepare`           | 8    | `term u64` (a new configuration is in the coordination store)         |
@@ -85,6 +85,11 @@
 //! - 1: the first version (the failover messages, types 7–12 and `Entries`, came
 //!   before any deployment and did not change the version).
 //! - 2: `Put` and `Del` carry a request record; error code 12 (`Duplicate`).
+//! - 3: a `GrantSegment`'s `log` is the id the backup handed out with the
+//!   path (`docs/format/connection-manager.md`), no longer the sender's worker
+//!   or a fixed id for `share`; error code 14 (`UnknownLog`) refuses a log the
+//!   backup has ended. (Codes 13 and types 15–17 came with the RESP front end
+//!   within version 2.)
 
 use std::fmt;
 
@@ -93,7 +98,7 @@ use rowankv_types::{NodeId, RequestId, RequestRecord, ShardId, Term};
 /// The first two bytes of every frame.
 pub const MAGIC: [u8; 2] = *b"RK";
 /// The frame format this build reads and writes.
-pub const WIRE_VERSION: u8 = 2;
+pub const WIRE_VERSION: u8 = 3;
 /// Size of the fixed header.
 pub const HEADER_BYTES: usize = 40;
 /// Default bound on a whole frame (header and body): the RPC receive buffer size.
@@ -529,6 +534,10 @@ pub enum ErrorCode {
     /// A conditional write's condition did not hold (or another write of the
     /// key was in flight): nothing was written.
     ConditionFailed = 13,
+    /// A `GrantSegment` names a remote log the backup does not hold for the
+    /// sender (any more): the backup ended it when another path of the sender
+    /// arrived. The sender gives its path up and dials anew.
+    UnknownLog = 14,
 }
 
 impl ErrorCode {
@@ -547,6 +556,7 @@ impl ErrorCode {
             11 => ErrorCode::NotMember,
             12 => ErrorCode::Duplicate,
             13 => ErrorCode::ConditionFailed,
+            14 => ErrorCode::UnknownLog,
             _ => return None,
         })
     }
@@ -568,6 +578,7 @@ impl fmt::Display for ErrorCode {
             ErrorCode::NotMember => "not a member",
             ErrorCode::Duplicate => "duplicate request",
             ErrorCode::ConditionFailed => "condition failed",
+            ErrorCode::UnknownLog => "unknown remote log",
         })
     }
 }

@@ -41,7 +41,7 @@ fn write_body(rest: &[u8]) -> Vec<u8> {
 fn raw_frame(msg_type: u8, body: &[u8]) -> Vec<u8> {
     let mut f = Vec::new();
     f.extend_from_slice(b"RK");
-    f.push(2);
+    f.push(3); // version
     f.push(msg_type);
     f.extend_from_slice(&(body.len() as u32).to_le_bytes());
     f.extend_from_slice(&11u64.to_le_bytes()); // cluster_id
@@ -223,8 +223,8 @@ fn every_body_and_response_round_trips() {
 
 #[test]
 fn every_error_code_round_trips() {
-    for b in 1..=13 {
-        let code = ErrorCode::from_u8(b).expect("codes 1..=13 exist");
+    for b in 1..=14 {
+        let code = ErrorCode::from_u8(b).expect("codes 1..=14 exist");
         let body = Body::Response(Response::Error {
             code,
             term: Term(3),
@@ -234,7 +234,7 @@ fn every_error_code_round_trips() {
         assert!(!code.to_string().is_empty());
     }
     assert_eq!(ErrorCode::from_u8(0), None);
-    assert_eq!(ErrorCode::from_u8(14), None);
+    assert_eq!(ErrorCode::from_u8(15), None);
 }
 
 #[test]
@@ -392,11 +392,12 @@ fn bad_magic_is_rejected() {
 #[test]
 fn bad_version_is_rejected() {
     let mut bytes = encoded(&Body::Ping);
-    // Version 1 (writes without request records) is no longer spoken.
-    bytes[2] = 1;
-    assert_eq!(decode(&bytes), Err(FrameError::BadVersion(1)));
-    bytes[2] = 3;
-    assert_eq!(decode(&bytes), Err(FrameError::BadVersion(3)));
+    // Version 1 (writes without request records) and 2 (grant requests
+    // naming a worker's log) are no longer spoken.
+    for old in [1, 2, 4] {
+        bytes[2] = old;
+        assert_eq!(decode(&bytes), Err(FrameError::BadVersion(old)));
+    }
 }
 
 #[test]
@@ -647,7 +648,7 @@ fn unknown_status_is_rejected() {
 
 #[test]
 fn unknown_error_code_is_rejected() {
-    for code in [0u8, 14, 0xFF] {
+    for code in [0u8, 15, 0xFF] {
         assert_eq!(
             decode(&raw_frame(0x80, &error_body(code, b""))),
             Err(FrameError::BadErrorCode(code))

@@ -29,7 +29,8 @@
 //! process ([`PathKey`]): the backup replaces that worker's earlier path, and
 //! a remote log's backup seals what was written through it
 //! ([`crate::services`]). A `share` sender's workers keep sharing one log at
-//! a backup only while it answers them with the same [`LogEpoch`].
+//! a backup only while it answers them with the same [`LogEpoch`]; an answer
+//! with an epoch they moved on from is refused ([`SharedLogSet`]).
 //!
 //! The in-process cluster connects every path before its roles start, with the
 //! same [`link`] from what its servers answered, and hands the replicators
@@ -57,11 +58,52 @@ pub const DIAL_TIMEOUT_NS: u64 = 2_000_000_000;
 /// How soon after a failed dial the next may start.
 pub const REDIAL_NS: u64 = 50_000_000;
 
-/// The `share` strategy's remote logs of one server, by backup, with the
-/// epoch each was answered with: every worker's dialer takes the same one
-/// while the backup answers with the same epoch, and a new one after (the
-/// backup restarted, or sealed the old log's segments).
-pub type SharedLogs = Arc<Mutex<HashMap<NodeId, (LogEpoch, Arc<SharedLog>)>>>;
+/// The `share` strategy's remote logs of one server, by backup: every
+/// worker's dialer takes the same one while the backup answers with the same
+/// epoch, and a new one after (the backup restarted, or ended the old log).
+pub type SharedLogs = Arc<Mutex<SharedLogSet>>;
+
+/// How many ended epochs per backup [`SharedLogSet`] remembers.
+const ENDED_EPOCHS_MAX: usize = 16;
+
+/// The shared logs of one server ([`SharedLogs`]).
+#[derive(Default)]
+pub struct SharedLogSet {
+    current: HashMap<NodeId, (LogEpoch, Arc<SharedLog>)>,
+    /// Epochs replaced by a newer one, newest last: an answer with one of
+    /// them, handled late, is refused rather than made current again (its log
+    /// is ended at the backup).
+    ended: HashMap<NodeId, Vec<LogEpoch>>,
+}
+
+impl SharedLogSet {
+    /// The shared log to `backup` for a path answered with `epoch`: the
+    /// current one if the epoch is the same, a new one if it is another, and
+    /// an error if it is one this server already moved on from.
+    pub fn log_for(&mut self, backup: NodeId, epoch: LogEpoch) -> Result<Arc<SharedLog>, String> {
+        if self.ended.get(&backup).is_some_and(|e| e.contains(&epoch)) {
+            return Err(format!(
+                "a stale answer: log {} at {backup} has ended",
+                epoch.log
+            ));
+        }
+        match self.current.get(&backup) {
+            Some((e, log)) if *e == epoch => Ok(log.clone()),
+            current => {
+                if let Some((old, _)) = current {
+                    let ended = self.ended.entry(backup).or_default();
+                    if ended.len() == ENDED_EPOCHS_MAX {
+                        ended.remove(0);
+                    }
+                    ended.push(*old);
+                }
+                let log = SharedLog::new();
+                self.current.insert(backup, (epoch, log.clone()));
+                Ok(log)
+            }
+        }
+    }
+}
 
 type Answer = Receiver<Result<Accepted, String>>;
 
@@ -286,25 +328,24 @@ pub fn link<N: Nic>(
         BackupSide::RemoteLog => {
             let (qp, a) = qp.ok_or("no remote log answered")?;
             let (region, epoch) = decode_log_answer(&a.private, backup)?;
+            let peer = rpc.ok_or("no worker answered")?;
+            // Checked before the queue pair is connected: a stale answer's
+            // path writes nothing.
+            let shared = if strategy == Strategy::Share {
+                Some(shared_logs.lock().log_for(backup, epoch)?)
+            } else {
+                None
+            };
             qp.connect(a.qp).map_err(|e| e.to_string())?;
             let target = RemoteLogTarget {
                 qp,
                 region,
-                peer: rpc.ok_or("no worker answered")?,
+                peer,
+                log: epoch.log,
             };
-            if strategy == Strategy::Share {
-                let mut logs = shared_logs.lock();
-                let log = match logs.get(&backup) {
-                    Some((e, log)) if *e == epoch => log.clone(),
-                    _ => {
-                        let log = SharedLog::new();
-                        logs.insert(backup, (epoch, log.clone()));
-                        log
-                    }
-                };
-                LinkKind::Shared(log, target)
-            } else {
-                LinkKind::RemoteLog(target)
+            match shared {
+                Some(log) => LinkKind::Shared(log, target),
+                None => LinkKind::RemoteLog(target),
             }
         }
     };
@@ -399,5 +440,36 @@ impl<N: Nic> Replicator<N> for OnDemand<N> {
 
     fn add(&mut self, backup: NodeId, link: Link<N>) {
         self.inner.add(backup, link);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Two shared logs never write under one epoch: the workers of a server
+    /// share the log of the epoch the backup answers with, move to a new one
+    /// when it answers with another, and refuse an answer of an epoch they
+    /// moved on from (a dial answered before the backup ended that log, but
+    /// handled late), which would otherwise make the ended log current again.
+    #[test]
+    fn a_shared_log_is_taken_per_epoch_and_an_ended_epoch_is_refused() {
+        let b = NodeId(2);
+        let (e1, e2) = (
+            LogEpoch { backup: 9, log: 1 },
+            LogEpoch { backup: 9, log: 2 },
+        );
+        let mut set = SharedLogSet::default();
+        let first = set.log_for(b, e1).unwrap();
+        assert!(Arc::ptr_eq(&first, &set.log_for(b, e1).unwrap()));
+        let second = set.log_for(b, e2).unwrap();
+        assert!(!Arc::ptr_eq(&first, &second));
+        let Err(e) = set.log_for(b, e1) else {
+            panic!("an ended epoch's log made current again")
+        };
+        assert!(e.contains("log 1 at n2 has ended"), "{e}");
+        assert!(Arc::ptr_eq(&second, &set.log_for(b, e2).unwrap()));
+        // Another backup's logs are its own.
+        assert!(set.log_for(NodeId(3), e1).is_ok());
     }
 }

@@ -44,7 +44,7 @@ use crate::services::{REMOTE_LOG_SERVICE, ROWAN_SERVICE};
 pub use dial::link;
 pub(crate) use dial::Dialer;
 pub use dial::OnDemand;
-pub use dial::SharedLogs;
+pub use dial::{SharedLogSet, SharedLogs};
 pub use rowan::RowanReplicator;
 pub use rpc::RpcReplicator;
 pub use rwrite::BatchConfig;
@@ -53,9 +53,6 @@ pub use share::{ShareReplicator, SharedLog};
 
 /// The `wr_id` tag of replication work requests.
 pub(crate) const WR_TAG_REPL: u64 = rowankv_rpc::endpoint::WR_TAG_OWNER_MIN;
-
-/// The log id a `share` sender names in its segment requests.
-pub const SHARED_LOG_ID: u32 = u32::MAX;
 
 /// How a cluster replicates.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -121,11 +118,11 @@ impl Strategy {
         self.backup_side() != BackupSide::Receiver
     }
 
-    /// A replicator for worker `worker`, with no connection yet: they are made
-    /// on demand ([`OnDemand`]) or handed to it with [`Replicator::add`].
+    /// A worker's replicator, with no connection yet: they are made on demand
+    /// ([`OnDemand`]) or handed to it with [`Replicator::add`]. (A worker's
+    /// remote logs are named by the ids its backups give its paths.)
     pub fn replicator<N: Nic>(
         self,
-        worker: usize,
         settings: &ServerSettings,
         mtu_bytes: usize,
     ) -> Box<dyn Replicator<N>> {
@@ -135,17 +132,11 @@ impl Strategy {
             Strategy::Rpc => Box::new(RpcReplicator::new(HashMap::new(), timeout)),
             Strategy::Share => Box::new(ShareReplicator::new(HashMap::new(), timeout)),
             Strategy::Batch => Box::new(RwriteReplicator::new(
-                worker as u32,
                 HashMap::new(),
                 Some(settings.batch),
                 timeout,
             )),
-            Strategy::Rwrite => Box::new(RwriteReplicator::new(
-                worker as u32,
-                HashMap::new(),
-                None,
-                timeout,
-            )),
+            Strategy::Rwrite => Box::new(RwriteReplicator::new(HashMap::new(), None, timeout)),
         }
     }
 }

@@ -30,7 +30,7 @@ use rowankv_fabric::{
 };
 use rowankv_rpc::endpoint::{wr_id, PeerId, WR_TAG_SHIFT};
 use rowankv_types::NodeId;
-use rowankv_wire::frame::Response;
+use rowankv_wire::frame::{ErrorCode, Response};
 
 use super::segments::{refusal_pause_ns, Answer, Reserve, SegmentChain, SentGrants};
 use super::{Link, LinkKind, Outcomes, ReplCtx, Replicator, Resets, WR_TAG_REPL};
@@ -53,11 +53,28 @@ impl Default for BatchConfig {
 }
 
 /// How to reach a backup: a queue pair for WRITEs (on the worker's completion
-/// queue), the backup's registered data area, and an RPC peer for grants.
+/// queue), the backup's registered data area, an RPC peer for grants, and the
+/// id of the log the backup gave the path (named in every grant request).
 pub struct RemoteLogTarget<Q> {
     pub qp: Q,
     pub region: RemoteRegion,
     pub peer: PeerId,
+    pub log: u32,
+}
+
+/// Whether a refused grant request ends the path: the backup ended the log
+/// (`UnknownLog`: another path of this server arrived there), or the log
+/// holds as many unsealed segments as it may (`Busy`: segments whose grants
+/// were lost with their answers). A path dialled anew gets a new log, and the
+/// backup seals the old one's segments.
+pub(crate) fn ends_path(response: &Response<'_>) -> bool {
+    matches!(
+        response,
+        Response::Error {
+            code: ErrorCode::UnknownLog | ErrorCode::Busy,
+            ..
+        }
+    )
 }
 
 impl<Q: QueuePair> RemoteLogTarget<Q> {
@@ -154,8 +171,6 @@ struct InFlight {
 /// The `rwrite` (and `batch`) strategy's replicator of one worker: persisted
 /// WRITEs to the worker's own remote log on each backup.
 pub struct RwriteReplicator<N: Nic> {
-    /// This worker's log id at every backup.
-    log_id: u32,
     backups: Vec<NodeId>,
     logs: HashMap<NodeId, RemoteLog<N::Qp>>,
     batch: Option<BatchConfig>,
@@ -175,7 +190,6 @@ impl<N: Nic> RwriteReplicator<N> {
     /// `timeout_ns`: how long an entry may wait for a segment (and a grant
     /// request for its answer) before it fails.
     pub fn new(
-        log_id: u32,
         targets: HashMap<NodeId, RemoteLogTarget<N::Qp>>,
         batch: Option<BatchConfig>,
         timeout_ns: u64,
@@ -183,7 +197,6 @@ impl<N: Nic> RwriteReplicator<N> {
         let mut backups: Vec<NodeId> = targets.keys().copied().collect();
         backups.sort_unstable();
         RwriteReplicator {
-            log_id,
             backups,
             logs: targets
                 .into_iter()
@@ -207,9 +220,8 @@ impl<N: Nic> RwriteReplicator<N> {
         if !log.chain.needs_grant(cx.now_ns) {
             return false;
         }
-        let peer = log.target.peer;
-        self.grants
-            .send(&mut log.chain, cx, peer, self.log_id, backup)
+        let (peer, id) = (log.target.peer, log.target.log);
+        self.grants.send(&mut log.chain, cx, peer, id, backup)
     }
 
     /// Write `bytes` (whole entries) for `tokens`, or queue them until a segment
@@ -317,7 +329,8 @@ impl<N: Nic> RwriteReplicator<N> {
         false
     }
 
-    /// Give up the path to `backup` (it failed again after a reset): close it,
+    /// Give up the path to `backup` (it failed again after a reset, or the
+    /// backup ended its log: [`ends_path`]): close it,
     /// fail what waits for it, forget its chain and grant requests. WRITEs
     /// under way complete as flushed, each failing its tokens. The next entry
     /// for `backup` dials anew; the backup seals this chain's segments when
@@ -485,6 +498,10 @@ impl<N: Nic> Replicator<N> for RwriteReplicator<N> {
         let pause = refusal_pause_ns(self.timeout_ns);
         match log.chain.on_answer(request_id, response, cx.now_ns, pause) {
             Answer::Granted => self.drain_waiting(cx, backup),
+            Answer::Refused(why) if ends_path(response) => {
+                tracing::info!(%backup, why, "segment request refused: dialling anew");
+                self.give_up(cx, backup);
+            }
             Answer::Refused(why) => {
                 tracing::debug!(%backup, why, "segment request refused");
                 self.fail_waiting(backup, None, || {

@@ -261,6 +261,12 @@ impl SegmentChain {
         Answer::Unknown
     }
 
+    /// Retired segments whose WRITEs are all done, to be sealed, for tests.
+    #[cfg(test)]
+    pub fn sealable(&self) -> Vec<u32> {
+        self.to_seal.iter().copied().collect()
+    }
+
     /// Segments granted and not sealed yet (current, spares, retired), for tests.
     #[cfg(test)]
     pub fn unsealed(&self) -> Vec<u32> {

@@ -26,11 +26,9 @@ use rowankv_rpc::endpoint::{wr_id, PeerId, WR_TAG_SHIFT};
 use rowankv_types::NodeId;
 use rowankv_wire::frame::Response;
 
+use super::rwrite::ends_path;
 use super::segments::{refusal_pause_ns, Answer, Reserve, SegmentChain, SentGrants};
-use super::{
-    Link, LinkKind, Outcomes, RemoteLogTarget, ReplCtx, Replicator, Resets, SHARED_LOG_ID,
-    WR_TAG_REPL,
-};
+use super::{Link, LinkKind, Outcomes, RemoteLogTarget, ReplCtx, Replicator, Resets, WR_TAG_REPL};
 use crate::runtime::Periodic;
 
 /// One shared remote log (one per backup server), shared by the sending
@@ -44,6 +42,12 @@ impl SharedLog {
     /// A shared log with no segment yet.
     pub fn new() -> Arc<SharedLog> {
         Arc::new(SharedLog::default())
+    }
+
+    /// Retired segments its workers may seal now, for tests.
+    #[cfg(test)]
+    pub(crate) fn sealable(&self) -> Vec<u32> {
+        self.chain.lock().sealable()
     }
 }
 
@@ -61,6 +65,9 @@ struct InFlight {
     log: Arc<SharedLog>,
     segment: u32,
     token: u64,
+    /// Posted on a path since given up: its completion does not count in the
+    /// chain, whose segment stays unsealed (see [`ShareReplicator::give_up`]).
+    withheld: bool,
 }
 
 /// A worker's path to one backup's shared log.
@@ -136,8 +143,8 @@ impl<N: Nic> ShareReplicator<N> {
         if !chain.needs_grant(cx.now_ns) {
             return false;
         }
-        self.grants
-            .send(&mut chain, cx, path.target.peer, SHARED_LOG_ID, backup)
+        let (peer, log) = (path.target.peer, path.target.log);
+        self.grants.send(&mut chain, cx, peer, log, backup)
     }
 
     /// Whether the path to `backup` may take a WRITE now (see
@@ -154,21 +161,41 @@ impl<N: Nic> ShareReplicator<N> {
     }
 
     /// Give up this worker's path to `backup` (it failed again after a
-    /// reset): close it, fail what waits for it, and give up its grant
-    /// requests in the shared chain so that another worker asks. Its WRITEs
-    /// under way complete as flushed, each counted in the chain it went to.
+    /// reset, or the backup ended the log: [`ends_path`]): close it, fail what
+    /// waits for it, and give up its grant requests in the shared chain so
+    /// that another worker asks.
+    ///
+    /// Its WRITEs under way complete as flushed, but one may still land at the
+    /// backup — its frame left before the close, and the backup's end of the
+    /// path is open until this worker dials again. So they are *withheld*: not
+    /// reported done in the chain, whose segments they went to are then never
+    /// sealed through it (another worker's seal would let the backup digest
+    /// and reuse a segment a late WRITE then lands in). The backup seals them
+    /// itself when this worker's new path arrives, after closing every path
+    /// of this server, and answers with a new log, which its workers move to.
     fn give_up(&mut self, cx: &mut ReplCtx<'_, N>, backup: NodeId) {
         let Some(path) = self.logs.remove(&backup) else {
             return;
         };
-        tracing::info!(%backup, "a shared-log path failed again after a reset: dialling anew");
+        tracing::info!(%backup, "a shared-log path given up: dialling anew");
         self.backups.retain(|&b| b != backup);
         path.target.close(cx);
+        self.end_path(backup, path);
+        self.fail_waiting(backup, None, || {
+            format!("the path to {backup} was given up: connecting anew")
+        });
+    }
+
+    /// The end of this worker's path to `backup`: its grant requests given
+    /// up in the chain, its WRITEs under way withheld.
+    fn end_path(&mut self, backup: NodeId, path: Path<N::Qp>) {
         self.grants
             .forget(backup, |id| path.log.chain.lock().give_up(id, 0));
-        self.fail_waiting(backup, None, || {
-            format!("the path to {backup} failed again: connecting anew")
-        });
+        for w in self.inflight.values_mut() {
+            if w.backup == backup && Arc::ptr_eq(&w.log, &path.log) {
+                w.withheld = true;
+            }
+        }
     }
 
     /// Reserve and post; `false` if there is no space yet.
@@ -218,6 +245,7 @@ impl<N: Nic> ShareReplicator<N> {
                                 log: shared.clone(),
                                 segment,
                                 token,
+                                withheld: false,
                             },
                         );
                     }
@@ -293,7 +321,9 @@ impl<N: Nic> Replicator<N> for ShareReplicator<N> {
         let Some(w) = self.inflight.remove(&seq) else {
             return;
         };
-        w.log.chain.lock().write_done(w.segment);
+        if !w.withheld {
+            w.log.chain.lock().write_done(w.segment);
+        }
         if c.status == WcStatus::Success {
             if let Some(path) = self.logs.get_mut(&w.backup) {
                 path.resets.qp_carried();
@@ -331,6 +361,12 @@ impl<N: Nic> Replicator<N> for ShareReplicator<N> {
         match answer {
             Answer::Granted => {
                 self.drain_waiting(cx);
+            }
+            Answer::Refused(why) if ends_path(response) => {
+                tracing::info!(%backup, why, "segment request refused: dialling anew");
+                self.give_up(cx, backup);
+                out.failed.append(&mut self.failed);
+                return;
             }
             Answer::Refused(why) => {
                 tracing::debug!(%backup, why, "segment request refused");
@@ -385,9 +421,7 @@ impl<N: Nic> Replicator<N> for ShareReplicator<N> {
                 },
             ) {
                 old.target.qp.close();
-                let old_log = old.log;
-                self.grants
-                    .forget(backup, |id| old_log.chain.lock().give_up(id, 0));
+                self.end_path(backup, old);
             }
             if !self.backups.contains(&backup) {
                 self.backups.push(backup);

@@ -41,6 +41,8 @@ struct Rig {
     memory: Arc<DramMemory>,
     /// The backup's end of the WRITE queue pair.
     passive: <LoopbackNic as Nic>::Qp,
+    /// `share`: the log the replicator's server shares.
+    shared: Option<Arc<SharedLog>>,
     _passive_cq: <LoopbackNic as Nic>::Cq,
     target_qp: rowankv_fabric::QpAddr,
 }
@@ -72,20 +74,22 @@ impl Rig {
             qp,
             region: region.remote(),
             peer: backup_peer,
+            log: 5,
         };
+        let shared = (strategy == Strategy::Share).then(SharedLog::new);
         let repl: Box<dyn Replicator<LoopbackNic>> = match strategy {
             Strategy::Share => Box::new(ShareReplicator::new(
-                [(B, (SharedLog::new(), target))].into_iter().collect(),
+                [(B, (shared.clone().expect("share"), target))]
+                    .into_iter()
+                    .collect(),
                 TIMEOUT_NS,
             )),
             Strategy::Batch => Box::new(RwriteReplicator::new(
-                0,
                 [(B, target)].into_iter().collect(),
                 Some(BatchConfig::default()),
                 TIMEOUT_NS,
             )),
             _ => Box::new(RwriteReplicator::new(
-                0,
                 [(B, target)].into_iter().collect(),
                 None,
                 TIMEOUT_NS,
@@ -101,6 +105,7 @@ impl Rig {
             primary_peer,
             memory,
             passive,
+            shared,
             _passive_cq: passive_cq,
             target_qp,
         }
@@ -323,6 +328,81 @@ fn a_segment_request_connection_that_fails_again_gives_the_path_up() {
         rig.step(STEP_NS);
         let (acked, failed) = rig.outcomes();
         assert_eq!((acked, failed), (vec![], vec![7]), "{strategy}");
+    }
+}
+
+/// A grant request refused because the backup ended the log (`UnknownLog`:
+/// another path of this server arrived there) or because the log holds as
+/// many unsealed segments as it may (`Busy`) gives the path up: what waits
+/// fails, and the next entry dials anew and gets a new log. Under `share`, a
+/// WRITE under way on the given-up path, which may still land, never lets its
+/// segment be sealed through the shared chain (the backup seals it once the
+/// new path has closed the old one).
+#[test]
+fn a_refused_log_gives_the_path_up_and_its_writes_under_way_seal_nothing() {
+    for code in [ErrorCode::UnknownLog, ErrorCode::Busy] {
+        for strategy in STRATEGIES {
+            let mut rig = Rig::new(strategy);
+            let mut next = 1;
+            rig.step(STEP_NS);
+            rig.grant_all(&mut next); // segment 1
+            rig.replicate(0, &entry(9, 64));
+            for _ in 0..2 {
+                rig.step(STEP_NS);
+                rig.grant_all(&mut next); // segment 2, spare
+            }
+            rig.step(STEP_NS);
+            assert_eq!(rig.outcomes(), (vec![0], vec![]), "{strategy}");
+            // The last entry of segment 1 is held on the link; the next one
+            // retires segment 1 and asks for a spare.
+            rig.fabric.set_delay_ns(P, B, 50 * STEP_NS);
+            rig.replicate(1, &entry(1, SEGMENT_BYTES as usize - 64));
+            rig.step(STEP_NS);
+            rig.fabric.set_delay_ns(P, B, 0);
+            rig.replicate(2, &entry(2, SEGMENT_BYTES as usize - 64));
+            rig.replicate(3, &entry(3, SEGMENT_BYTES as usize - 64));
+            let mut requests = Vec::new();
+            for _ in 0..3 {
+                rig.step(STEP_NS);
+                requests.extend(rig.grant_requests());
+            }
+            assert!(!requests.is_empty(), "{strategy}: no spare asked for");
+            let why = format!("{code}");
+            for (id, _) in requests {
+                rig.answer(
+                    id,
+                    Response::Error {
+                        code,
+                        term: Term(1),
+                        detail: &why,
+                    },
+                );
+            }
+            rig.step(STEP_NS);
+            assert!(
+                !rig.repl.connected(B),
+                "{strategy}, {code}: the path goes on"
+            );
+            rig.step(50 * STEP_NS);
+            rig.step(STEP_NS);
+            let (acked, mut failed) = rig.outcomes();
+            failed.sort_unstable();
+            assert!(
+                acked.is_empty() || acked == [2],
+                "{strategy}, {code}: {acked:?}"
+            );
+            assert!(
+                failed.contains(&1) && failed.contains(&3),
+                "{strategy}, {code}: {failed:?}"
+            );
+            if let Some(shared) = &rig.shared {
+                assert_eq!(
+                    shared.sealable(),
+                    Vec::<u32>::new(),
+                    "{strategy}, {code}: a segment a given-up WRITE went to may be sealed"
+                );
+            }
+        }
     }
 }
 
