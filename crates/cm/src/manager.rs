@@ -55,6 +55,9 @@ pub struct NodeRecord {
     /// A server's worker count (0 for others).
     #[serde(default)]
     pub workers: u16,
+    /// A server's Redis front end (`host:port`), if it runs one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resp: Option<String>,
     /// A server removed on purpose (`rowankv leave`): its identity never joins
     /// again.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]

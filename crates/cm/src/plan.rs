@@ -147,6 +147,7 @@ mod tests {
             node: NodeId(2),
             workers: 2,
             address: Some("h:1".into()),
+            resp: None,
         };
         let next = plan_join(&short, back.clone()).unwrap();
         assert_eq!(next.term, Term(short.term.0 + 1));
@@ -161,6 +162,7 @@ mod tests {
             node: NodeId(7),
             workers: 1,
             address: None,
+            resp: None,
         };
         let grown = plan_join(&c, extra).unwrap();
         assert_eq!(grown.members.len(), 4);
@@ -173,6 +175,7 @@ mod tests {
                 node: NodeId(i),
                 workers: 2,
                 address: None,
+                resp: None,
             })
             .collect();
         Config::initial(9, &members, per_server, rf).unwrap()

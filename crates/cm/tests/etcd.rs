@@ -48,6 +48,7 @@ fn initial(cluster_id: u64) -> Config {
             node: NodeId(i),
             workers: 2,
             address: None,
+            resp: None,
         })
         .collect();
     Config::initial(cluster_id, &members, 4, 3).unwrap()

@@ -19,6 +19,7 @@ fn initial(cluster_id: u64) -> Config {
             node: NodeId(i),
             workers: 2,
             address: None,
+            resp: None,
         })
         .collect();
     Config::initial(cluster_id, &members, 4, 3).unwrap()
@@ -421,12 +422,14 @@ fn node_identities_are_handed_out_once_above_every_member_and_survive_a_new_mana
         kind: "server".into(),
         address: "10.0.0.7:7000".into(),
         workers: 0,
+        resp: None,
         left: false,
     };
     let client = rowankv_cm::NodeRecord {
         kind: "client".into(),
         address: String::new(),
         workers: 0,
+        resp: None,
         left: false,
     };
     // Two managers on one store, interleaved: every identity is new.
@@ -458,6 +461,7 @@ fn node_identities_are_handed_out_once_above_every_member_and_survive_a_new_mana
         kind: "switch".into(),
         address: String::new(),
         workers: 0,
+        resp: None,
         left: false,
     };
     assert!(matches!(c.allocate_node(&bad), Err(CmError::Invalid(_))));
@@ -479,6 +483,7 @@ fn a_corrupt_node_counter_is_an_error_not_a_reused_identity() {
         kind: "server".into(),
         address: "h:1".into(),
         workers: 0,
+        resp: None,
         left: false,
     };
     let e = m.allocate_node(&r).unwrap_err();

@@ -356,6 +356,7 @@ pub fn build(
                     node: NodeId(i as u32),
                     workers: s.workers as u16,
                     address: None,
+                    resp: None,
                 })
                 .collect();
             let initial = Config::initial(

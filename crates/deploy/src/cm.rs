@@ -130,10 +130,14 @@ impl JoinDesk {
         if r.workers == 0 {
             return Err("a server has at least one worker".into());
         }
+        if let Some(resp) = &r.resp {
+            rowankv_wire::config::check_host_port(resp)?;
+        }
         let record = NodeRecord {
             kind: "server".into(),
             address: r.address.clone(),
             workers: r.workers,
+            resp: r.resp.clone(),
             left: false,
         };
         let store = self.store.as_ref();
@@ -153,7 +157,7 @@ impl JoinDesk {
                              serve again: remove the pool file to join as a new server"
                         ))
                     }
-                    Some(old) if old.address != r.address => {
+                    Some(old) if old.address != r.address || old.resp != r.resp => {
                         update_node_record(store, node, &record).map_err(|e| e.to_string())?;
                     }
                     Some(_) => {}
@@ -181,6 +185,7 @@ impl JoinDesk {
                     node,
                     workers: r.workers,
                     address: Some(r.address.clone()),
+                    resp: r.resp.clone(),
                 });
             }
         }
@@ -248,6 +253,7 @@ pub fn run(dep: &CmDeployment, stop: Arc<AtomicBool>) -> Result<(), ProcessError
         kind: "cm".into(),
         address: dep.advertise.clone(),
         workers: 0,
+        resp: None,
         left: false,
     };
     let mut attempts = 0u32;
@@ -386,6 +392,7 @@ fn joined_servers(store: &dyn CoordStore) -> Result<Joined, CmError> {
                 node,
                 workers: r.workers,
                 address: Some(r.address),
+                resp: r.resp,
             };
             (node, member)
         })

@@ -45,6 +45,9 @@ pub struct JoinRequest {
     pub node: Option<u32>,
     pub address: String,
     pub workers: u16,
+    /// Where its Redis front end is reached (`host:port`), if it runs one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resp: Option<String>,
 }
 
 /// What the CM answers.
@@ -174,8 +177,9 @@ mod tests {
     fn join_messages_fit_the_private_data_and_refuse_unknown_fields() {
         let r = JoinRequest {
             node: Some(u32::MAX - 2),
-            address: format!("{}:65535", "h".repeat(200)),
+            address: format!("{}:65535", "h".repeat(80)),
             workers: 255,
+            resp: Some(format!("{}:65535", "h".repeat(80))),
         };
         let bytes = serde_json::to_vec(&r).unwrap();
         assert!(bytes.len() <= rowankv_rpc::directory::PRIVATE_BYTES_MAX);

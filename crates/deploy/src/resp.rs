@@ -26,10 +26,18 @@
 //! SCAN walks the shards one after another, each through its primary
 //! (`Body::Scan`); KEYS and DBSIZE scan every shard.
 //!
+//! Cluster routing: shards own ranges of Redis Cluster's hash slots
+//! (`rowankv_wire::config::routing_hash`), and the front end describes them
+//! (CLUSTER SLOTS, SHARDS, NODES: [`topology`]) with every member's Redis
+//! address from the configuration, so cluster-aware clients send each key to
+//! its primary's front end. With `resp.redirect = moved` the front end is a
+//! Redis Cluster node: a key whose primary is another server is answered
+//! `-MOVED slot host:port`, a command over several slots `-CROSSSLOT`, and
+//! SCAN, KEYS and DBSIZE cover the shards it leads. With `forward` (the
+//! default) it serves every key itself as above.
+//!
 //! Not served yet, each answered with an error that says so: expiry (SET
-//! EX/PX/EXAT/PXAT, EXPIRE and its family) and FLUSHALL;
-//! cluster routing (CLUSTER SLOTS, `-MOVED`): the front end answers as a
-//! standalone Redis that serves every key.
+//! EX/PX/EXAT/PXAT, EXPIRE and its family) and FLUSHALL.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -42,10 +50,14 @@ use crossbeam::channel::{bounded, Receiver, Sender};
 use parking_lot::Mutex;
 use rowankv_client::{Client, ClientConfig, ClientError, Expect as WireExpect};
 use rowankv_fabric::tcp::TcpNic;
-use rowankv_redis::{Context, Expect, Keyspace, KeyspaceError, Record, ServerInfo, Session};
+use rowankv_redis::{
+    ClusterNode, ClusterShard, Context, Expect, Keyspace, KeyspaceError, Record, ServerInfo,
+    Session, SlotRange, Topology,
+};
 use rowankv_resp::{encode, RequestLimits, RequestParser};
 use rowankv_rpc::directory::Directory;
-use rowankv_server::deploy::RespDeployment;
+use rowankv_server::deploy::{Redirect, RespDeployment};
+use rowankv_types::{NodeId, Term};
 use rowankv_wire::config::{Config, ConfigSource};
 use rowankv_wire::frame::ErrorCode;
 
@@ -86,7 +98,49 @@ pub struct FrontParts {
     pub config: Arc<dyn Fn() -> Option<Arc<Config>> + Send + Sync>,
     /// The server's node and replication strategy, for INFO.
     pub node: String,
+    pub me: NodeId,
     pub strategy: String,
+}
+
+/// A member's Redis Cluster node id: 40 hex characters, the cluster id and
+/// the node's, so the same on every front end.
+pub fn cluster_node_id(cluster_id: u64, node: NodeId) -> String {
+    format!("{cluster_id:032x}{:08x}", node.0)
+}
+
+/// `config` as Redis Cluster clients see it, from `me`'s front end: one shard
+/// per RowanKV shard, with its slot range, its primary and its backups, each
+/// at the Redis address it joined with. `None` if some replica runs no front
+/// end (cluster clients could not reach it).
+pub fn topology(config: &Config, me: NodeId) -> Option<Topology> {
+    let node = |n: NodeId| -> Option<ClusterNode> {
+        let (host, port) = config.member(n)?.resp.as_ref()?.rsplit_once(':')?;
+        Some(ClusterNode {
+            id: cluster_node_id(config.cluster_id, n),
+            host: host.to_string(),
+            port: port.parse().ok()?,
+        })
+    };
+    let shards = config
+        .shards
+        .iter()
+        .enumerate()
+        .map(|(i, s)| {
+            let (start, end) = config.slot_range(i);
+            Some(ClusterShard {
+                slots: vec![SlotRange { start, end }],
+                primary: node(s.primary)?,
+                replicas: s.backups.iter().map(|&b| node(b)).collect::<Option<_>>()?,
+            })
+        })
+        .collect::<Option<Vec<_>>>()?;
+    Topology::new(
+        config.term.0,
+        cluster_node_id(config.cluster_id, me),
+        shards,
+    )
+    .map_err(|e| tracing::warn!(error = %e, "the configuration as a Redis Cluster topology"))
+    .ok()
 }
 
 /// A running front end; stopped when dropped.
@@ -168,6 +222,44 @@ impl ClientPool {
 /// The cluster as the command layer sees it (see the module docs).
 pub struct ClusterKeyspace<'a> {
     pool: &'a ClientPool,
+    /// `moved`: the configuration keys are checked against, and this server.
+    moved: Option<(Arc<Config>, NodeId)>,
+}
+
+impl ClusterKeyspace<'_> {
+    /// Under `moved`, `-MOVED` for a key whose primary is another server.
+    fn route(&self, key: &[u8]) -> Result<(), KeyspaceError> {
+        let Some((config, me)) = &self.moved else {
+            return Ok(());
+        };
+        let primary = config.shard_for_key(key).primary;
+        if primary == *me {
+            return Ok(());
+        }
+        let slot = rowankv_resp::key_slot(key);
+        match config.member(primary).and_then(|m| m.resp.as_deref()) {
+            Some(resp) => {
+                let (host, port) = resp.rsplit_once(':').unwrap_or((resp, "0"));
+                Err(KeyspaceError::Moved {
+                    slot,
+                    host: host.to_string(),
+                    port: port.parse().unwrap_or(0),
+                })
+            }
+            None => Err(KeyspaceError::Down(format!(
+                "slot {slot}'s primary {primary} serves no Redis clients"
+            ))),
+        }
+    }
+
+    /// Whether SCAN, KEYS and DBSIZE cover shard `i` of `config`: every shard,
+    /// or under `moved` those this server leads.
+    fn covers(&self, config: &Config, i: usize) -> bool {
+        match &self.moved {
+            None => true,
+            Some((_, me)) => config.shards[i].primary == *me,
+        }
+    }
 }
 
 fn failure(e: ClientError) -> KeyspaceError {
@@ -205,6 +297,7 @@ fn wire(expect: Expect) -> Option<WireExpect> {
 
 impl Keyspace for ClusterKeyspace<'_> {
     fn get(&mut self, key: &[u8], _now_ms: u64) -> Result<Option<Record>, KeyspaceError> {
+        self.route(key)?;
         let got = self.pool.with(|c| c.get_versioned(key).map_err(failure))?;
         Ok(got.map(|(value, version)| Record {
             value,
@@ -224,6 +317,7 @@ impl Keyspace for ClusterKeyspace<'_> {
         if expires_at_ms.is_some() {
             return Err(no_expiry());
         }
+        self.route(key)?;
         self.pool.with(|c| {
             match wire(expect) {
                 None => c.put(key, value),
@@ -234,6 +328,7 @@ impl Keyspace for ClusterKeyspace<'_> {
     }
 
     fn delete(&mut self, key: &[u8], expect: Expect, now_ms: u64) -> Result<bool, KeyspaceError> {
+        self.route(key)?;
         // Whether a live value was deleted: read, then delete that version;
         // a write in between makes it read again.
         let expect = match expect {
@@ -273,8 +368,11 @@ impl Keyspace for ClusterKeyspace<'_> {
         _now_ms: u64,
     ) -> Result<(u64, Vec<Vec<u8>>), KeyspaceError> {
         self.pool.with(|c| {
-            let shards: Vec<rowankv_types::ShardId> =
-                c.cluster_config().shards.iter().map(|s| s.shard).collect();
+            let config = c.cluster_config();
+            let shards: Vec<rowankv_types::ShardId> = (0..config.shards.len())
+                .filter(|&i| self.covers(config, i))
+                .map(|i| config.shards[i].shard)
+                .collect();
             let (mut at, mut inner) = ((cursor >> 48) as usize, cursor & SHARD_CURSOR_MASK);
             let mut keys = Vec::new();
             while at < shards.len() && keys.len() < count.max(1) {
@@ -395,6 +493,8 @@ struct Shared {
     clients: AtomicU64,
     next_id: AtomicU64,
     stop: Arc<AtomicBool>,
+    /// The topology of the configuration of the term it was made for.
+    topology: Mutex<Option<(Term, Option<Topology>)>>,
 }
 
 impl Shared {
@@ -404,7 +504,19 @@ impl Shared {
         ctx.requirepass = self.dep.requirepass.clone();
         ctx.flushall_enabled = self.dep.flushall;
         ctx.connected_clients = self.clients.load(Ordering::Relaxed);
+        ctx.redirects = self.dep.redirect == Redirect::Moved;
         if let Some(c) = (self.pool.parts.config)() {
+            ctx.topology = {
+                let mut cached = self.topology.lock();
+                match &*cached {
+                    Some((term, t)) if *term == c.term => t.clone(),
+                    _ => {
+                        let t = topology(&c, self.pool.parts.me);
+                        *cached = Some((c.term, t.clone()));
+                        t
+                    }
+                }
+            };
             ctx.replicas = u64::from(c.replication_factor.saturating_sub(1));
             ctx.rowankv = vec![
                 ("node".into(), self.pool.parts.node.clone()),
@@ -468,6 +580,7 @@ pub fn start(dep: &RespDeployment, parts: FrontParts) -> Result<RespFront, Proce
         clients: AtomicU64::new(0),
         next_id: AtomicU64::new(1),
         stop: stop.clone(),
+        topology: Mutex::new(None),
     });
     let accept = std::thread::Builder::new()
         .name("rkv-resp-accept".into())
@@ -540,7 +653,10 @@ fn serve(mut stream: TcpStream, peer: SocketAddr, shared: &Shared) -> std::io::R
         multibulk_len_max: ARGUMENTS_MAX,
         ..RequestLimits::default()
     });
-    let mut keyspace = ClusterKeyspace { pool: &shared.pool };
+    let mut keyspace = ClusterKeyspace {
+        pool: &shared.pool,
+        moved: None,
+    };
     let mut buf: Vec<u8> = Vec::with_capacity(16 * 1024);
     let mut out: Vec<u8> = Vec::with_capacity(16 * 1024);
     let mut chunk = vec![0u8; 64 * 1024];
@@ -548,7 +664,12 @@ fn serve(mut stream: TcpStream, peer: SocketAddr, shared: &Shared) -> std::io::R
         let mut ctx = None::<Context>;
         let mut used = 0;
         loop {
-            let c = ctx.get_or_insert_with(|| shared.context());
+            let c = ctx.get_or_insert_with(|| {
+                keyspace.moved = (shared.dep.redirect == Redirect::Moved)
+                    .then(|| (shared.pool.parts.config)().map(|c| (c, shared.pool.parts.me)))
+                    .flatten();
+                shared.context()
+            });
             parser.set_auth_required(!session.is_authenticated(c));
             match parser.parse(&buf[used..]) {
                 Ok(Some((request, n))) => {

@@ -125,6 +125,7 @@ fn run_once(dep: &ServerDeployment, stop: &Arc<AtomicBool>) -> Result<Ended, Pro
         node: recorded.map(|id| id.node.0),
         address: dep.advertise.clone(),
         workers: dep.workers,
+        resp: dep.resp.as_ref().map(|r| r.advertise.clone()),
     };
     let stopping = || stop.load(Ordering::Acquire);
     let answer = join(&joining, &cm_aliases, &request, JOIN_PATIENCE, &stopping)?;
@@ -291,6 +292,7 @@ fn run_once(dep: &ServerDeployment, stop: &Arc<AtomicBool>) -> Result<Ended, Pro
                     source: source.clone(),
                     config: Arc::new(move || weak.upgrade().map(|s| s.config())),
                     node: node.to_string(),
+                    me: node,
                     strategy: strategy.to_string(),
                 },
             )

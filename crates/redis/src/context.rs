@@ -31,8 +31,14 @@ pub struct Context {
     /// Lines of INFO's `rowankv` section (term, replication strategy, DLWA, segment
     /// states, ...), as (field, value).
     pub rowankv: Vec<(String, String)>,
-    /// The cluster's topology; `Some` puts the session in cluster mode.
+    /// The cluster's topology: the CLUSTER commands describe it.
     pub topology: Option<Topology>,
+    /// With a topology, whether the node answers as a Redis Cluster node
+    /// (cluster mode: `-CROSSSLOT`, the keyspace's `-MOVED`, its own part of
+    /// the keyspace, `cluster_enabled:1`). `false`: the node serves every key
+    /// itself (forwarding to the key's primary), as a standalone Redis, and
+    /// the topology only lets cluster-aware clients route directly.
+    pub redirects: bool,
 }
 
 impl Context {
@@ -49,12 +55,13 @@ impl Context {
             stats: Vec::new(),
             rowankv: Vec::new(),
             topology: None,
+            redirects: true,
         }
     }
 
     /// Whether the session answers as a Redis Cluster node.
     pub fn cluster_mode(&self) -> bool {
-        self.topology.is_some()
+        self.topology.is_some() && self.redirects
     }
 }
 

@@ -126,6 +126,27 @@ pub struct RespFile {
     /// Whether FLUSHALL/FLUSHDB are executed (default: refused).
     #[serde(default)]
     pub flushall: bool,
+    /// Where Redis clients are told to connect (`CLUSTER SLOTS`, `-MOVED`);
+    /// default: the host of the server's `advertise` with `listen`'s port.
+    #[serde(default)]
+    pub advertise: Option<String>,
+    /// A key whose primary is another server: `forward` (default: served
+    /// here, the request forwarded over the fabric) or `moved` (answered
+    /// `-MOVED slot host:port`, as a Redis Cluster node does).
+    #[serde(default)]
+    pub redirect: Option<String>,
+}
+
+/// What a front end does with a key whose primary is another server.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Redirect {
+    /// Serve it, forwarding to the primary over the fabric (one more hop):
+    /// clients that are not cluster-aware see one store holding every key.
+    #[default]
+    Forward,
+    /// Answer `-MOVED slot host:port` (and `-CROSSSLOT` for a command over
+    /// several slots): a Redis Cluster node, for cluster-aware clients.
+    Moved,
 }
 
 /// A server's pool.
@@ -224,8 +245,11 @@ pub struct ServerDeployment {
 #[derive(Clone, Debug)]
 pub struct RespDeployment {
     pub listen: SocketAddr,
+    /// Where Redis clients are told to connect (`host:port`).
+    pub advertise: String,
     pub requirepass: Option<Vec<u8>>,
     pub flushall: bool,
+    pub redirect: Redirect,
 }
 
 /// A checked CM file.
@@ -324,8 +348,35 @@ impl Checker<'_> {
         Ok(trimmed.to_vec())
     }
 
-    fn resp(&self, path: &Path, r: RespFile) -> Result<RespDeployment, DeployConfigError> {
+    fn resp(
+        &self,
+        path: &Path,
+        r: RespFile,
+        server_advertise: &str,
+    ) -> Result<RespDeployment, DeployConfigError> {
         let listen = self.listen("resp.listen", &r.listen)?;
+        let advertise = match &r.advertise {
+            Some(a) => {
+                self.address("resp.advertise", a)?;
+                a.clone()
+            }
+            None => {
+                let host = server_advertise
+                    .rsplit_once(':')
+                    .map_or(server_advertise, |(h, _)| h);
+                format!("{host}:{}", listen.port())
+            }
+        };
+        let redirect = match r.redirect.as_deref() {
+            None | Some("forward") => Redirect::Forward,
+            Some("moved") => Redirect::Moved,
+            Some(other) => {
+                return Err(self.bad(
+                    "resp.redirect",
+                    format!("{other:?} is neither \"forward\" nor \"moved\""),
+                ))
+            }
+        };
         let requirepass = match &r.requirepass_file {
             Some(file) => {
                 let file = beside(path, file);
@@ -345,8 +396,10 @@ impl Checker<'_> {
         };
         Ok(RespDeployment {
             listen,
+            advertise,
             requirepass,
             flushall: r.flushall,
+            redirect,
         })
     }
 
@@ -423,14 +476,14 @@ impl ServerDeployment {
             secret,
             cms: f.cms,
             listen,
-            advertise,
             fabric_listen,
             pool_path: beside(path, &f.pool.path),
             pool_bytes: bytes,
             medium,
             segment_bytes: segment,
             workers: f.workers,
-            resp: f.resp.map(|r| c.resp(path, r)).transpose()?,
+            resp: f.resp.map(|r| c.resp(path, r, &advertise)).transpose()?,
+            advertise,
         })
     }
 }

@@ -1,9 +1,15 @@
 //! The configuration the CM publishes: the term, the members and the shard map.
 //!
-//! Keys are routed by a 64-bit routing hash ([`routing_hash`]). Each shard owns a
-//! contiguous range of that hash space: from its `start_hash` (inclusive) to the next
-//! shard's `start_hash` (exclusive), the last shard to `u64::MAX`. Each shard has one
-//! primary and `replication_factor - 1` backups, all members of the cluster.
+//! Keys are routed by a 64-bit routing hash ([`routing_hash`]) whose top 14 bits
+//! are the key's Redis Cluster hash slot (CRC16 of the key or of its `{hash tag}`,
+//! `rowankv_resp::key_slot`) and whose other 50 bits spread the keys of a slot.
+//! Each shard owns a contiguous range of that hash space: from its `start_hash`
+//! (inclusive) to the next shard's `start_hash` (exclusive), the last shard to
+//! `u64::MAX`. Every `start_hash` lies on a slot boundary, so a shard owns whole
+//! slots — a contiguous slot range ([`Config::slot_range`]) — and a cluster-aware
+//! Redis client computes a key's shard itself, as with Redis Cluster. Each shard
+//! has one primary and `replication_factor - 1` backups, all members of the
+//! cluster.
 //!
 //! Servers and clients learn the configuration through [`ConfigSource`], the CM's
 //! interface; the CM stores it as JSON ([`Config::to_json`]).
@@ -16,7 +22,7 @@
 //!   fewer members than it);
 //! - shards non-empty, at most `u16::MAX` of them, with ids exactly `0..n` in order;
 //! - `start_hash` strictly increasing, the first 0, so the ranges cover the whole hash
-//!   space without overlap;
+//!   space without overlap, each on a slot boundary (hence at most 16,384 shards);
 //! - every primary, backup and joining backup a member, the primary not among
 //!   them, all distinct, and at most `replication_factor - 1` backups and joining
 //!   backups together (fewer while failures left too few servers: the shard runs
@@ -35,19 +41,37 @@ use std::sync::Arc;
 use rowankv_types::{NodeId, ShardId, Term};
 use serde::{Deserialize, Serialize};
 
-/// The routing hash seed. The engine's index hash is xxh3 unseeded and uses its top
-/// 16 bits as index tags; shards own contiguous ranges of the routing hash, i.e. its
-/// top bits. With the same hash, all keys of a shard would share a narrow range of
-/// tags and the index tags would stop telling keys apart, so the two hashes must be
-/// independent.
+/// The seed of the part of the routing hash below the slot. The engine's index
+/// hash is xxh3 unseeded and uses its top 16 bits as index tags; with the same
+/// hash, the keys of a slot would share a narrow range of tags and the index tags
+/// would stop telling them apart, so the two hashes must be independent.
 pub const ROUTING_SEED: u64 = 0x526f_7761_6e4b_5631;
 
 // xxh3 with seed 0 is the unseeded xxh3: the seed must not be 0.
 const _: () = assert!(ROUTING_SEED != 0);
 
-/// The hash that decides which shard owns `key`.
+/// Bits of the routing hash below the slot.
+pub const SLOT_SHIFT: u32 = 64 - 14;
+
+// The slot takes exactly the top bits left above the shift.
+const _: () = assert!(1u64 << (64 - SLOT_SHIFT) == rowankv_resp::SLOT_COUNT as u64);
+
+/// The hash that decides which shard owns `key`: its Redis Cluster hash slot in
+/// the top 14 bits, a seeded xxh3 of the key below.
 pub fn routing_hash(key: &[u8]) -> u64 {
-    xxhash_rust::xxh3::xxh3_64_with_seed(key, ROUTING_SEED)
+    let slot = u64::from(rowankv_resp::key_slot(key));
+    let spread = xxhash_rust::xxh3::xxh3_64_with_seed(key, ROUTING_SEED) >> (64 - SLOT_SHIFT);
+    (slot << SLOT_SHIFT) | spread
+}
+
+/// The first routing hash of `slot`.
+pub fn slot_start_hash(slot: u16) -> u64 {
+    u64::from(slot) << SLOT_SHIFT
+}
+
+/// The slot a routing hash lies in.
+pub fn slot_of_hash(hash: u64) -> u16 {
+    (hash >> SLOT_SHIFT) as u16
 }
 
 /// Checks that `text` is `host:port`: a non-empty host and a port number. The
@@ -75,6 +99,10 @@ pub struct Member {
     /// that runs as a process (`docs/deployment.md`), `None` in one process.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub address: Option<String>,
+    /// Where the server's Redis front end is reached (`host:port`), if it runs
+    /// one: what `CLUSTER SLOTS` and `-MOVED` name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resp: Option<String>,
 }
 
 /// One shard's range of the routing hash space and its replicas.
@@ -160,21 +188,19 @@ impl Config {
         }
         let node_count = nodes.len();
         let shard_count = shards_per_server as usize * node_count;
-        if shard_count > u16::MAX as usize {
+        let slots = usize::from(rowankv_resp::SLOT_COUNT);
+        if shard_count > slots {
             return Err(invalid(format!(
                 "{shards_per_server} shards per server × {node_count} servers = \
-                 {shard_count} shards, more than {}",
-                u16::MAX
+                 {shard_count} shards, more than the {slots} slots"
             )));
         }
-        // In u128 so that 2^64 itself is representable; every start is below 2^64
-        // because i * ceil(2^64/n) < 2^64 for i < n <= u16::MAX.
-        let step = (1u128 << 64).div_ceil(shard_count as u128);
+        // Shard i starts at slot floor(i × 16384 / n): whole slots, as even as
+        // they divide.
         let shards = (0..shard_count)
             .map(|i| ShardAssignment {
                 shard: ShardId(i as u16),
-                start_hash: u64::try_from(i as u128 * step)
-                    .expect("every shard's start lies below 2^64"),
+                start_hash: slot_start_hash((i * slots / shard_count) as u16),
                 primary: nodes[i % node_count].node,
                 backups: (1..rf).map(|k| nodes[(i + k) % node_count].node).collect(),
                 joining: Vec::new(),
@@ -211,6 +237,11 @@ impl Config {
                         member.node
                     )));
                 }
+            }
+            if let Some(r) = &member.resp {
+                check_host_port(r).map_err(|why| {
+                    invalid(format!("member {}'s Redis address: {why}", member.node))
+                })?;
             }
         }
         // More replicas than members is a cluster that failures left degraded.
@@ -251,6 +282,15 @@ impl Config {
                     )))
                 }
                 _ => {}
+            }
+            if s.start_hash & ((1 << SLOT_SHIFT) - 1) != 0 {
+                return Err(invalid(format!(
+                    "{} starts at hash {:#x}, inside slot {}: shards own whole slots \
+                     (a configuration of a RowanKV before slot routing?)",
+                    s.shard,
+                    s.start_hash,
+                    slot_of_hash(s.start_hash)
+                )));
             }
             previous_start = Some(s.start_hash);
             if !nodes.contains(&s.primary) {
@@ -298,6 +338,17 @@ impl Config {
             "shard_for_hash on a configuration that does not start at hash 0"
         );
         &self.shards[after - 1]
+    }
+
+    /// The hash slots shard at position `index` owns: first and last, inclusive.
+    /// Requires a validated configuration.
+    pub fn slot_range(&self, index: usize) -> (u16, u16) {
+        let first = slot_of_hash(self.shards[index].start_hash);
+        let last = match self.shards.get(index + 1) {
+            Some(next) => slot_of_hash(next.start_hash) - 1,
+            None => rowankv_resp::SLOT_COUNT - 1,
+        };
+        (first, last)
     }
 
     /// The shard that owns `key`. Requires a validated configuration.
@@ -360,6 +411,7 @@ mod tests {
                 node: NodeId(i),
                 workers: 1,
                 address: None,
+                resp: None,
             })
             .collect()
     }
@@ -373,10 +425,13 @@ mod tests {
     }
 
     #[test]
-    fn the_largest_shard_count_keeps_every_start_in_range() {
-        // 65535 = 3 × 5 × 17 × 257 shards: the last start is the closest to 2^64.
-        let config = Config::initial(7, &members(5), u16::MAX / 5, 1).unwrap();
-        assert_eq!(config.shard_count(), u16::MAX);
-        assert_eq!(config.shard_for_hash(u64::MAX).shard, ShardId(u16::MAX - 1));
+    fn the_largest_shard_count_gives_each_shard_one_slot() {
+        // 16384 = 4 × 4096 shards: one slot each, the last at 2^64 − 2^50.
+        let config = Config::initial(7, &members(4), 4096, 1).unwrap();
+        assert_eq!(config.shard_count(), 16384);
+        assert_eq!(config.shard_for_hash(u64::MAX).shard, ShardId(16383));
+        for i in [0, 1, 9000, 16383] {
+            assert_eq!(config.slot_range(i), (i as u16, i as u16));
+        }
     }
 }

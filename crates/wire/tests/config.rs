@@ -4,7 +4,8 @@ use std::sync::Arc;
 
 use rowankv_types::{NodeId, ShardId, Term};
 use rowankv_wire::config::{
-    routing_hash, Config, ConfigError, ConfigSource, Member, ShardAssignment, ROUTING_SEED,
+    routing_hash, slot_of_hash, slot_start_hash, Config, ConfigError, ConfigSource, Member,
+    ShardAssignment, ROUTING_SEED,
 };
 
 fn members(n: u32) -> Vec<Member> {
@@ -13,6 +14,7 @@ fn members(n: u32) -> Vec<Member> {
             node: NodeId(i),
             workers: 4,
             address: None,
+            resp: None,
         })
         .collect()
 }
@@ -57,11 +59,51 @@ fn initial_covers_the_whole_hash_space() {
         assert_eq!(config.shard_for_hash(b.start_hash - 1).shard, a.shard);
         assert_eq!(config.shard_for_hash(a.start_hash).shard, a.shard);
     }
-    // Equal ranges: every start is a multiple of ceil(2^64 / 144).
-    let step = ((1u128 << 64).div_ceil(144)) as u64;
+    // Whole slots, as even as they divide: shard i starts at slot
+    // floor(i × 16384 / 144), so each owns 113 or 114 slots.
     for (i, s) in config.shards.iter().enumerate() {
-        assert_eq!(s.start_hash, i as u64 * step);
+        assert_eq!(s.start_hash, slot_start_hash((i * 16384 / 144) as u16));
+        let (first, last) = config.slot_range(i);
+        assert_eq!(slot_of_hash(s.start_hash), first);
+        assert!(
+            (113..=114).contains(&(last - first + 1)),
+            "{i}: {first}..={last}"
+        );
     }
+    assert_eq!(config.slot_range(143).1, 16383);
+}
+
+/// A key's shard owns the key's Redis Cluster slot, so a cluster-aware Redis
+/// client routes as RowanKV does; keys with one hash tag share a shard.
+#[test]
+fn a_key_is_routed_to_the_shard_that_owns_its_hash_slot() {
+    let config = standard();
+    for i in 0..20_000 {
+        let key = format!("key:{i}");
+        let slot = rowankv_resp::key_slot(key.as_bytes());
+        let shard = config.shard_for_key(key.as_bytes()).shard;
+        let (first, last) = config.slot_range(shard.0 as usize);
+        assert!(
+            (first..=last).contains(&slot),
+            "{key}: slot {slot}, {shard} owns {first}..={last}"
+        );
+        assert_eq!(slot_of_hash(routing_hash(key.as_bytes())), slot);
+        let tagged = format!("{{user{}}}.{i}", i % 7);
+        let same = format!("{{user{}}}", i % 7);
+        assert_eq!(
+            config.shard_for_key(tagged.as_bytes()).shard,
+            config.shard_for_key(same.as_bytes()).shard,
+            "{tagged}"
+        );
+    }
+    // Redis Cluster's own example slots.
+    // The CRC16 check value 0x31C3 (12739) is below 16384: the slot itself.
+    assert_eq!(rowankv_resp::key_slot(b"123456789"), 12739);
+    let too_many = Config::initial(1, &members(3), 5462, 1).unwrap_err();
+    assert!(
+        too_many.to_string().contains("more than the 16384 slots"),
+        "{too_many}"
+    );
 }
 
 #[test]
@@ -89,19 +131,30 @@ fn routing_spreads_keys_evenly_over_servers() {
 }
 
 #[test]
-fn routing_hash_is_seeded_apart_from_the_index_hash() {
+fn routing_hash_is_the_slot_over_a_hash_seeded_apart_from_the_index_hash() {
     let key = b"user000000000042";
+    let slot = u64::from(rowankv_resp::key_slot(key));
     assert_eq!(
         routing_hash(key),
-        xxhash_rust::xxh3::xxh3_64_with_seed(key, ROUTING_SEED)
+        (slot << 50) | (xxhash_rust::xxh3::xxh3_64_with_seed(key, ROUTING_SEED) >> 14)
     );
-    let differing = (0..100u32)
-        .filter(|i| {
-            let key = i.to_le_bytes();
-            routing_hash(&key) != xxhash_rust::xxh3::xxh3_64(&key)
+    // The keys of one slot (one hash tag) — all of one shard — still spread
+    // over the engine's index tags (the unseeded xxh3's top 16 bits).
+    let tags: std::collections::BTreeSet<u64> = (0..1000u32)
+        .map(|i| {
+            let key = format!("{{tag}}.{i}");
+            assert_eq!(
+                routing_hash(key.as_bytes()) >> 50,
+                u64::from(rowankv_resp::key_slot(b"tag"))
+            );
+            xxhash_rust::xxh3::xxh3_64(key.as_bytes()) >> 48
         })
-        .count();
-    assert_eq!(differing, 100);
+        .collect();
+    assert!(
+        tags.len() > 980,
+        "{} distinct index tags of 1000",
+        tags.len()
+    );
 }
 
 #[test]
@@ -138,11 +191,13 @@ fn initial_rejects_impossible_requests() {
                     node: NodeId(1),
                     workers: 1,
                     address: None,
+                    resp: None,
                 },
                 Member {
                     node: NodeId(1),
                     workers: 1,
                     address: None,
+                    resp: None,
                 },
             ],
             4,
@@ -201,6 +256,9 @@ fn validate_rejects_each_broken_invariant() {
     rejects("decreasing starts", "not after", |c| {
         c.shards[10].start_hash = c.shards[9].start_hash - 1
     });
+    rejects("a start inside a slot", "inside slot", |c| {
+        c.shards[10].start_hash += 1
+    });
     rejects("primary not a member", "not a member", |c| {
         c.shards[2].primary = NodeId(77)
     });
@@ -225,6 +283,7 @@ fn validate_rejects_each_broken_invariant() {
             node: NodeId(4),
             workers: 1,
             address: None,
+            resp: None,
         });
         c.shards[2].joining.push(NodeId(4));
     });
@@ -233,6 +292,7 @@ fn validate_rejects_each_broken_invariant() {
             node: NodeId(4),
             workers: 1,
             address: None,
+            resp: None,
         });
         c.shards[2].backups.push(NodeId(4));
     });
