@@ -21,7 +21,10 @@
 //! [`ARGUMENTS_MAX`] of them, [`QUERY_BUFFER_MAX`] bytes of requests not yet run,
 //! [`CONNECTIONS_MAX`] connections (one thread each); replies are written out
 //! as they reach a megabyte, and a client that reads none for 30 s is dropped.
-//! A connection waits for a pool client at most 10 s (`TRYAGAIN` then).
+//! A connection waits for a pool client at most [`POOL_WAIT`] (`TRYAGAIN`
+//! then): longer than one operation's timeout, so clients held through a
+//! failover or a stalled server do not turn a queue of waiting connections
+//! into errors.
 //!
 //! SCAN walks the shards one after another, each through its primary
 //! (`Body::Scan`); KEYS and DBSIZE scan every shard.
@@ -46,7 +49,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use crossbeam::channel::{bounded, Receiver, Sender};
+use crossbeam::channel::{bounded, Sender};
 use parking_lot::Mutex;
 use rowankv_client::{Client, ClientConfig, ClientError, Expect as WireExpect};
 use rowankv_fabric::tcp::TcpNic;
@@ -65,6 +68,12 @@ use crate::{perr, ProcessError};
 
 /// Clients one front end shares among its connections, at most.
 pub const CLIENTS_MAX: usize = 16;
+
+/// How long a connection waits for a pool client before its command answers
+/// `TRYAGAIN`: three operations' timeouts, so that every client being held
+/// through one timed-out operation (a primary lost until the next
+/// configuration) is waited out.
+pub const POOL_WAIT: Duration = Duration::from_secs(30);
 
 /// The low bits of a SCAN cursor: the shard's own cursor.
 const SHARD_CURSOR_MASK: u64 = (1 << 48) - 1;
@@ -109,10 +118,19 @@ pub fn cluster_node_id(cluster_id: u64, node: NodeId) -> String {
 }
 
 /// `config` as Redis Cluster clients see it, from `me`'s front end: one shard
-/// per RowanKV shard, with its slot range, its primary and its backups, each
-/// at the Redis address it joined with. `None` if some replica runs no front
-/// end (cluster clients could not reach it).
+/// per RowanKV shard, with its slot range and its primary at the Redis
+/// address it joined with. `None` if some primary runs no front end (cluster
+/// clients could not reach it).
+///
+/// A backup is listed as a replica only if it leads no shard: every RowanKV
+/// server is the primary of some shards and a backup of others, while Redis
+/// Cluster clients take a node listed as a replica of one shard for a replica
+/// everywhere (redis-py then leaves it out of its primaries, and its SCAN and
+/// DBSIZE over the primaries miss that node's keys). Reads go to primaries
+/// anyway.
 pub fn topology(config: &Config, me: NodeId) -> Option<Topology> {
+    let leaders: std::collections::BTreeSet<NodeId> =
+        config.shards.iter().map(|s| s.primary).collect();
     let node = |n: NodeId| -> Option<ClusterNode> {
         let (host, port) = config.member(n)?.resp.as_ref()?.rsplit_once(':')?;
         Some(ClusterNode {
@@ -130,7 +148,12 @@ pub fn topology(config: &Config, me: NodeId) -> Option<Topology> {
             Some(ClusterShard {
                 slots: vec![SlotRange { start, end }],
                 primary: node(s.primary)?,
-                replicas: s.backups.iter().map(|&b| node(b)).collect::<Option<_>>()?,
+                replicas: s
+                    .backups
+                    .iter()
+                    .filter(|b| !leaders.contains(b))
+                    .map(|&b| node(b))
+                    .collect::<Option<_>>()?,
             })
         })
         .collect::<Option<Vec<_>>>()?;
@@ -160,33 +183,61 @@ impl Drop for RespFront {
 }
 
 /// Clients made on demand, at most [`CLIENTS_MAX`], shared by the connections.
+///
+/// Handed out in the order asked for: a client given back goes straight to the
+/// connection that has waited longest, so a connection running command after
+/// command cannot take its client back ahead of one waiting (with fifty
+/// connections on sixteen clients, that starved some for the whole wait).
 struct ClientPool {
     parts: FrontParts,
-    idle_tx: Sender<Client<TcpNic>>,
-    idle_rx: Receiver<Client<TcpNic>>,
-    made: Mutex<usize>,
+    state: Mutex<PoolState>,
+}
+
+#[derive(Default)]
+struct PoolState {
+    idle: Vec<Client<TcpNic>>,
+    /// Connections waiting for a client, longest first, each by a ticket.
+    waiting: std::collections::VecDeque<(u64, Sender<Client<TcpNic>>)>,
+    next_ticket: u64,
+    made: usize,
 }
 
 impl ClientPool {
     fn take(&self) -> Result<Client<TcpNic>, KeyspaceError> {
-        if let Ok(c) = self.idle_rx.try_recv() {
-            return Ok(c);
-        }
-        let make = {
-            let mut made = self.made.lock();
-            if *made < CLIENTS_MAX {
-                *made += 1;
-                true
+        let wait = {
+            let mut s = self.state.lock();
+            if s.waiting.is_empty() {
+                if let Some(c) = s.idle.pop() {
+                    return Ok(c);
+                }
+            }
+            if s.made < CLIENTS_MAX {
+                s.made += 1;
+                None
             } else {
-                false
+                let (tx, rx) = bounded(1);
+                let ticket = s.next_ticket;
+                s.next_ticket += 1;
+                s.waiting.push_back((ticket, tx));
+                Some((ticket, rx))
             }
         };
-        if !make {
-            return self
-                .idle_rx
-                .recv_timeout(OP_TIMEOUT)
-                .map_err(|_| KeyspaceError::TryAgain("every cluster client is busy".into()));
+        let Some((ticket, rx)) = wait else {
+            return self.make();
+        };
+        if let Ok(c) = rx.recv_timeout(POOL_WAIT) {
+            return Ok(c);
         }
+        // Given up waiting: out of the queue, under the lock `give_back` hands
+        // clients over under, so a client handed over meanwhile is not lost.
+        let mut s = self.state.lock();
+        s.waiting.retain(|(t, _)| *t != ticket);
+        drop(s);
+        rx.try_recv()
+            .map_err(|_| KeyspaceError::TryAgain("every cluster client is busy".into()))
+    }
+
+    fn make(&self) -> Result<Client<TcpNic>, KeyspaceError> {
         let config = ClientConfig {
             timeout: OP_TIMEOUT,
             connect_timeout: OP_TIMEOUT,
@@ -199,23 +250,21 @@ impl ClientPool {
             config,
         )
         .map_err(|e| {
-            *self.made.lock() -= 1;
+            self.state.lock().made -= 1;
             KeyspaceError::Down(format!("connecting to the cluster: {e}"))
         })
     }
 
-    fn give_back(&self, c: Client<TcpNic>) {
-        let _ = self.idle_tx.send(c);
-    }
-
-    fn with<T>(
-        &self,
-        f: impl FnOnce(&mut Client<TcpNic>) -> Result<T, KeyspaceError>,
-    ) -> Result<T, KeyspaceError> {
-        let mut c = self.take()?;
-        let r = f(&mut c);
-        self.give_back(c);
-        r
+    /// `c` to the connection that has waited longest, or to the idle ones.
+    fn give_back(&self, mut c: Client<TcpNic>) {
+        let mut s = self.state.lock();
+        while let Some((_, tx)) = s.waiting.pop_front() {
+            match tx.try_send(c) {
+                Ok(()) => return,
+                Err(e) => c = e.into_inner(),
+            }
+        }
+        s.idle.push(c);
     }
 }
 
@@ -224,9 +273,30 @@ pub struct ClusterKeyspace<'a> {
     pool: &'a ClientPool,
     /// `moved`: the configuration keys are checked against, and this server.
     moved: Option<(Arc<Config>, NodeId)>,
+    /// The pool client this connection holds for the command it runs (an
+    /// MSET of ten keys takes one client, not ten turns).
+    held: Option<Client<TcpNic>>,
 }
 
 impl ClusterKeyspace<'_> {
+    /// Run `f` on this connection's client, taken from the pool if it holds none.
+    fn with<T>(
+        &mut self,
+        f: impl FnOnce(&mut Client<TcpNic>) -> Result<T, KeyspaceError>,
+    ) -> Result<T, KeyspaceError> {
+        if self.held.is_none() {
+            self.held = Some(self.pool.take()?);
+        }
+        f(self.held.as_mut().expect("held"))
+    }
+
+    /// The command is over: its client goes back to the pool.
+    fn release(&mut self) {
+        if let Some(c) = self.held.take() {
+            self.pool.give_back(c);
+        }
+    }
+
     /// Under `moved`, `-MOVED` for a key whose primary is another server.
     fn route(&self, key: &[u8]) -> Result<(), KeyspaceError> {
         let Some((config, me)) = &self.moved else {
@@ -249,15 +319,6 @@ impl ClusterKeyspace<'_> {
             None => Err(KeyspaceError::Down(format!(
                 "slot {slot}'s primary {primary} serves no Redis clients"
             ))),
-        }
-    }
-
-    /// Whether SCAN, KEYS and DBSIZE cover shard `i` of `config`: every shard,
-    /// or under `moved` those this server leads.
-    fn covers(&self, config: &Config, i: usize) -> bool {
-        match &self.moved {
-            None => true,
-            Some((_, me)) => config.shards[i].primary == *me,
         }
     }
 }
@@ -298,7 +359,7 @@ fn wire(expect: Expect) -> Option<WireExpect> {
 impl Keyspace for ClusterKeyspace<'_> {
     fn get(&mut self, key: &[u8], _now_ms: u64) -> Result<Option<Record>, KeyspaceError> {
         self.route(key)?;
-        let got = self.pool.with(|c| c.get_versioned(key).map_err(failure))?;
+        let got = self.with(|c| c.get_versioned(key).map_err(failure))?;
         Ok(got.map(|(value, version)| Record {
             value,
             expires_at_ms: None,
@@ -318,7 +379,7 @@ impl Keyspace for ClusterKeyspace<'_> {
             return Err(no_expiry());
         }
         self.route(key)?;
-        self.pool.with(|c| {
+        self.with(|c| {
             match wire(expect) {
                 None => c.put(key, value),
                 Some(e) => c.put_if(key, value, e),
@@ -338,7 +399,7 @@ impl Keyspace for ClusterKeyspace<'_> {
                         return Ok(false);
                     };
                     let e = WireExpect::Version(r.version);
-                    match self.pool.with(|c| c.delete_if(key, e).map_err(failure)) {
+                    match self.with(|c| c.delete_if(key, e).map_err(failure)) {
                         Err(KeyspaceError::Conflict) => continue,
                         other => return other.map(|_| true),
                     }
@@ -354,8 +415,7 @@ impl Keyspace for ClusterKeyspace<'_> {
             }
             Expect::Version(v) => WireExpect::Version(v),
         };
-        self.pool
-            .with(|c| c.delete_if(key, expect).map_err(failure))
+        self.with(|c| c.delete_if(key, expect).map_err(failure))
             .map(|_| true)
     }
 
@@ -367,10 +427,11 @@ impl Keyspace for ClusterKeyspace<'_> {
         count: usize,
         _now_ms: u64,
     ) -> Result<(u64, Vec<Vec<u8>>), KeyspaceError> {
-        self.pool.with(|c| {
+        let leads = self.moved.as_ref().map(|(_, me)| *me);
+        self.with(|c| {
             let config = c.cluster_config();
             let shards: Vec<rowankv_types::ShardId> = (0..config.shards.len())
-                .filter(|&i| self.covers(config, i))
+                .filter(|&i| leads.is_none_or(|me| config.shards[i].primary == me))
                 .map(|i| config.shards[i].shard)
                 .collect();
             let (mut at, mut inner) = ((cursor >> 48) as usize, cursor & SHARD_CURSOR_MASK);
@@ -560,14 +621,11 @@ pub fn start(dep: &RespDeployment, parts: FrontParts) -> Result<RespFront, Proce
         .set_nonblocking(true)
         .map_err(perr("a non-blocking RESP listener"))?;
     let local_addr = listener.local_addr().map_err(perr("the RESP address"))?;
-    let (idle_tx, idle_rx) = bounded(CLIENTS_MAX);
     let stop = Arc::new(AtomicBool::new(false));
     let shared = Arc::new(Shared {
         pool: ClientPool {
             parts,
-            idle_tx,
-            idle_rx,
-            made: Mutex::new(0),
+            state: Mutex::new(PoolState::default()),
         },
         info: ServerInfo {
             tcp_port: local_addr.port(),
@@ -656,6 +714,7 @@ fn serve(mut stream: TcpStream, peer: SocketAddr, shared: &Shared) -> std::io::R
     let mut keyspace = ClusterKeyspace {
         pool: &shared.pool,
         moved: None,
+        held: None,
     };
     let mut buf: Vec<u8> = Vec::with_capacity(16 * 1024);
     let mut out: Vec<u8> = Vec::with_capacity(16 * 1024);
@@ -689,6 +748,7 @@ fn serve(mut stream: TcpStream, peer: SocketAddr, shared: &Shared) -> std::io::R
                         .map(|&i| shared.stripes.0[i].lock())
                         .collect();
                     let outcome = session.execute(&request, &mut keyspace, c);
+                    keyspace.release();
                     for v in &outcome.replies {
                         encode(v, session.protocol(), &mut out);
                     }
