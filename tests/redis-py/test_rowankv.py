@@ -62,14 +62,24 @@ def main():
         rc.incr("py:counter")
     check(rc.get("py:counter") == "10", "INCR ten times")
 
-    # TTL of a key without expiry; EXPIRE is refused with the reason (RowanKV
-    # does not store expiry times yet: docs/redis-compatibility.md).
+    # Expiry: TTL of a key without one, EXPIRE and TTL, SET EX, PERSIST, and a
+    # key that expires for real. The expiry time is in the value's log entry.
     check(rc.ttl("py:k1") == -1, "TTL of a key without expiry")
-    try:
-        rc.expire("py:k1", 100)
-        check(False, "EXPIRE was accepted, yet expiry is not stored")
-    except redis.exceptions.ResponseError as e:
-        check("expiry" in str(e), f"EXPIRE's error names expiry: {e}")
+    check(rc.ttl("py:nothing") == -2, "TTL of a missing key")
+    check(rc.set("py:ttl", "t") is True and rc.expire("py:ttl", 100) is True, "EXPIRE")
+    ttl = rc.ttl("py:ttl")
+    check(98 <= ttl <= 100, f"TTL after EXPIRE 100: {ttl}")
+    check(rc.persist("py:ttl") is True and rc.ttl("py:ttl") == -1, "PERSIST")
+    check(rc.set("py:ex", "gone soon", px=600) is True, "SET PX")
+    pttl = rc.pttl("py:ex")
+    check(0 < pttl <= 600, f"PTTL after SET PX 600: {pttl}")
+    check(rc.get("py:ex") == "gone soon", "GET before the expiry")
+    time.sleep(0.8)
+    check(rc.get("py:ex") is None, "GET after the expiry")
+    check(rc.ttl("py:ex") == -2, "TTL after the expiry")
+    check(rc.set("py:ex", "claimed", nx=True) is True, "SET NX over an expired key")
+    # An expiry that must outlive the failover below.
+    check(rc.set("{py:k1}.ttl", "kept", ex=3600) is True, "SET EX 3600")
 
     # SCAN over every primary: each key once.
     found = list(rc.scan_iter(match="py:k*", count=50))
@@ -106,6 +116,8 @@ def main():
         got = rc.get(k)
         check(got == v, f"{k} after the failover: {got!r}, not {v!r}")
     check(rc.get("py:counter") == "10", "the counter after the failover")
+    ttl = rc.ttl("{py:k1}.ttl")
+    check(3500 <= ttl <= 3600, f"a TTL after the failover: {ttl}")
     check(rc.set("py:after", "yes") is True and rc.get("py:after") == "yes", "writes after the failover")
     found = list(rc.scan_iter(match="py:k*", count=50))
     check(sorted(found) == sorted(keys), f"SCAN after the failover found {len(found)}")

@@ -166,6 +166,7 @@ fn load(cluster: &mut Cluster, opts: &ColdStartOptions) -> Result<HashMap<u64, u
                                 );
                                 let id = client
                                     .submit(ClientOp::Put {
+                                        expires_at_ms: None,
                                         key: key.clone(),
                                         value: value.clone(),
                                     })

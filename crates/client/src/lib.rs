@@ -153,9 +153,12 @@ pub enum Op {
     Get {
         key: Vec<u8>,
     },
+    /// Write `value` under `key`; from `expires_at_ms` on (Unix time in
+    /// milliseconds, on the primary's clock), if given, the key reads as absent.
     Put {
         key: Vec<u8>,
         value: Vec<u8>,
+        expires_at_ms: Option<u64>,
     },
     Del {
         key: Vec<u8>,
@@ -166,6 +169,7 @@ pub enum Op {
         key: Vec<u8>,
         value: Vec<u8>,
         expect: Expect,
+        expires_at_ms: Option<u64>,
     },
     /// A DEL executed only if `expect` holds for the key.
     DelIf {
@@ -205,12 +209,25 @@ impl Op {
 /// What a successful operation returned.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Output {
-    /// A GET's value and its version.
-    Value { value: Vec<u8>, version: u64 },
+    /// A GET's value, its version and its expiry time (Unix ms).
+    Value {
+        value: Vec<u8>,
+        version: u64,
+        expires_at_ms: Option<u64>,
+    },
     /// A PUT's or DEL's version.
     Written { version: u64 },
     /// A page of a SCAN: keys, and the cursor to ask from next (0: done).
     Keys { next: u64, keys: Vec<Vec<u8>> },
+}
+
+/// A value as [`Client::get_stored`] reads it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Stored {
+    pub value: Vec<u8>,
+    pub version: u64,
+    /// Unix time in milliseconds from which it reads as absent.
+    pub expires_at_ms: Option<u64>,
 }
 
 /// Identifies a submitted operation.
@@ -532,7 +549,7 @@ impl<N: Nic> Client<N> {
                 max: KEY_BYTES_MAX,
             });
         }
-        if let Op::Put { key, value } | Op::PutIf { key, value, .. } = op {
+        if let Op::Put { key, value, .. } | Op::PutIf { key, value, .. } = op {
             if key.len() + value.len() > KV_BYTES_MAX {
                 return Err(ClientError::TooLarge {
                     what: "key + value",
@@ -674,16 +691,27 @@ impl<N: Nic> Client<N> {
         let request = p.request.map(|r| self.record(r));
         let body = match &p.op {
             Op::Get { key } => Body::Get { key },
-            Op::Put { key, value } => Body::Put {
+            Op::Put {
+                key,
+                value,
+                expires_at_ms,
+            } => Body::Put {
                 key,
                 value,
                 request,
+                expires_at_ms: *expires_at_ms,
             },
             Op::Del { key } => Body::Del { key, request },
-            Op::PutIf { key, value, expect } => Body::PutIf {
+            Op::PutIf {
+                key,
+                value,
+                expect,
+                expires_at_ms,
+            } => Body::PutIf {
                 key,
                 value,
                 request,
+                expires_at_ms: *expires_at_ms,
                 expect: *expect,
             },
             Op::DelIf { key, expect } => Body::DelIf {
@@ -957,9 +985,14 @@ impl<N: Nic> Client<N> {
         }
         let result = match r {
             Response::Ok { version } => Ok(Output::Written { version }),
-            Response::Value { version, value } => Ok(Output::Value {
+            Response::Value {
+                version,
+                value,
+                expires_at_ms,
+            } => Ok(Output::Value {
                 value: value.to_vec(),
                 version,
+                expires_at_ms,
             }),
             Response::NotFound => Err(ClientError::NotFound),
             Response::Keys { next, keys } => Ok(Output::Keys {
@@ -1055,6 +1088,7 @@ impl<N: Nic> Client<N> {
         match self.execute(Op::Put {
             key: key.to_vec(),
             value: value.to_vec(),
+            expires_at_ms: None,
         })? {
             Output::Written { version } => Ok(version),
             _ => Err(ClientError::Server {
@@ -1078,7 +1112,7 @@ impl<N: Nic> Client<N> {
     /// The value of `key` and its version (`None` if absent or deleted).
     pub fn get_versioned(&mut self, key: &[u8]) -> Result<Option<(Vec<u8>, u64)>, ClientError> {
         match self.execute(Op::Get { key: key.to_vec() }) {
-            Ok(Output::Value { value, version }) => Ok(Some((value, version))),
+            Ok(Output::Value { value, version, .. }) => Ok(Some((value, version))),
             Ok(_) => Err(ClientError::Server {
                 code: ErrorCode::Malformed,
                 detail: "a write acknowledgement answered a GET".into(),
@@ -1098,6 +1132,56 @@ impl<N: Nic> Client<N> {
             key: key.to_vec(),
             value: value.to_vec(),
             expect,
+            expires_at_ms: None,
+        };
+        self.written(op, "PUT")
+    }
+
+    /// The value of `key` with its version and expiry time (`None` if absent,
+    /// deleted or expired).
+    pub fn get_stored(&mut self, key: &[u8]) -> Result<Option<Stored>, ClientError> {
+        match self.execute(Op::Get { key: key.to_vec() }) {
+            Ok(Output::Value {
+                value,
+                version,
+                expires_at_ms,
+            }) => Ok(Some(Stored {
+                value,
+                version,
+                expires_at_ms,
+            })),
+            Ok(_) => Err(ClientError::Server {
+                code: ErrorCode::Malformed,
+                detail: "a write acknowledgement answered a GET".into(),
+            }),
+            Err(ClientError::NotFound) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The general PUT: `value` under `key`, only if `expect` holds (when
+    /// given, as [`Client::put_if`]), reading as absent from `expires_at_ms`
+    /// (Unix ms, on the primary's clock) when given. Returns the version.
+    pub fn put_with(
+        &mut self,
+        key: &[u8],
+        value: &[u8],
+        expect: Option<Expect>,
+        expires_at_ms: Option<u64>,
+    ) -> Result<u64, ClientError> {
+        let (key, value) = (key.to_vec(), value.to_vec());
+        let op = match expect {
+            None => Op::Put {
+                key,
+                value,
+                expires_at_ms,
+            },
+            Some(expect) => Op::PutIf {
+                key,
+                value,
+                expect,
+                expires_at_ms,
+            },
         };
         self.written(op, "PUT")
     }

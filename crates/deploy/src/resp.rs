@@ -39,8 +39,13 @@
 //! SCAN, KEYS and DBSIZE cover the shards it leads. With `forward` (the
 //! default) it serves every key itself as above.
 //!
-//! Not served yet, each answered with an error that says so: expiry (SET
-//! EX/PX/EXAT/PXAT, EXPIRE and its family) and FLUSHALL.
+//! Expiry (SET EX/PX/EXAT/PXAT/KEEPTTL, EXPIRE and its family, TTL) is stored
+//! with the value in its log entry: the front end turns a relative time into
+//! Unix milliseconds on its own clock, the key's primary answers a value past
+//! it as absent on its clock, and the cleaner keeps only its tombstone. Across
+//! hosts the clocks' skew shifts when a key expires by as much.
+//!
+//! Not served yet, answered with an error that says so: FLUSHALL.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -341,13 +346,6 @@ fn failure(e: ClientError) -> KeyspaceError {
     }
 }
 
-fn no_expiry() -> KeyspaceError {
-    KeyspaceError::Other(
-        "RowanKV does not store expiry times yet (SET EX/PX/EXAT/PXAT, EXPIRE and its family)"
-            .into(),
-    )
-}
-
 fn wire(expect: Expect) -> Option<WireExpect> {
     match expect {
         Expect::Any => None,
@@ -359,11 +357,12 @@ fn wire(expect: Expect) -> Option<WireExpect> {
 impl Keyspace for ClusterKeyspace<'_> {
     fn get(&mut self, key: &[u8], _now_ms: u64) -> Result<Option<Record>, KeyspaceError> {
         self.route(key)?;
-        let got = self.with(|c| c.get_versioned(key).map_err(failure))?;
-        Ok(got.map(|(value, version)| Record {
-            value,
-            expires_at_ms: None,
-            version,
+        // The primary answers an expired value as absent, on its clock.
+        let got = self.with(|c| c.get_stored(key).map_err(failure))?;
+        Ok(got.map(|s| Record {
+            value: s.value,
+            expires_at_ms: s.expires_at_ms,
+            version: s.version,
         }))
     }
 
@@ -375,16 +374,10 @@ impl Keyspace for ClusterKeyspace<'_> {
         expect: Expect,
         _now_ms: u64,
     ) -> Result<u64, KeyspaceError> {
-        if expires_at_ms.is_some() {
-            return Err(no_expiry());
-        }
         self.route(key)?;
         self.with(|c| {
-            match wire(expect) {
-                None => c.put(key, value),
-                Some(e) => c.put_if(key, value, e),
-            }
-            .map_err(failure)
+            c.put_with(key, value, wire(expect), expires_at_ms)
+                .map_err(failure)
         })
     }
 

@@ -194,6 +194,14 @@ pub struct InstallReport {
     pub sealed: Vec<SegmentId>,
 }
 
+/// A live value's metadata ([`Engine::get_stored_into`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Stored {
+    pub version: Version,
+    /// Its expiry time, Unix milliseconds (`None`: it does not expire).
+    pub expires_at_ms: Option<u64>,
+}
+
 /// What ingesting one log entry or record did.
 pub(crate) enum Ingested {
     Entry {
@@ -292,6 +300,9 @@ pub struct CleanReport {
     /// Dead entries not copied because another copy already keeps their
     /// request's record.
     pub records_dropped: u64,
+    /// Live PUTs past their expiry time, moved as tombstones (their values
+    /// reclaimed).
+    pub entries_expired: u64,
 }
 
 /// What recovery does with the log segments it closes.
@@ -540,7 +551,14 @@ impl Engine {
                         let applied = match self.shards.get(e.shard.0 as usize) {
                             Some(s) => {
                                 let addr = self.append_copy(
-                                    0, e.kind, e.shard, e.version, &e.key, &e.value, e.request,
+                                    0,
+                                    e.kind,
+                                    e.shard,
+                                    e.version,
+                                    &e.key,
+                                    &e.value,
+                                    e.request,
+                                    e.expires_at_ms,
                                 )?;
                                 let r = self.install(s, &e.key, addr, e.version);
                                 let len = e.encoded_len(self.config.mtu_bytes);
@@ -664,8 +682,9 @@ impl Engine {
         Ok(skipped)
     }
 
-    /// `entry::encode` of an entry (with its request record, if any) at this
-    /// engine's MTU, into a fresh vector.
+    /// `entry::encode` of an entry (with its request record and expiry time, if
+    /// any) at this engine's MTU, into a fresh vector.
+    #[allow(clippy::too_many_arguments)]
     fn encode_owned(
         &self,
         kind: Kind,
@@ -674,6 +693,7 @@ impl Engine {
         key: &[u8],
         value: &[u8],
         request: Option<RequestRecord>,
+        expires_at_ms: Option<u64>,
     ) -> Result<Vec<u8>, EngineError> {
         let mut out = Vec::new();
         entry::encode_inner(
@@ -684,6 +704,7 @@ impl Engine {
             key,
             value,
             request,
+            expires_at_ms,
             self.config.mtu_bytes,
         )?;
         Ok(out)
@@ -768,7 +789,13 @@ impl Engine {
                             // Written at another MTU than ours: keep the bytes as sent.
                             let encoded = self
                                 .encode_owned(
-                                    e.kind, e.shard, e.version, e.key, &e.value, e.request,
+                                    e.kind,
+                                    e.shard,
+                                    e.version,
+                                    e.key,
+                                    &e.value,
+                                    e.request,
+                                    e.expires_at_ms,
                                 )
                                 .unwrap_or_else(|_| bytes.to_vec());
                             v.insert(encoded);
@@ -782,7 +809,13 @@ impl Engine {
                                 found.entry((e.shard, e.version, e.key.clone()))
                             {
                                 v.insert(self.encode_owned(
-                                    e.kind, e.shard, e.version, &e.key, &e.value, e.request,
+                                    e.kind,
+                                    e.shard,
+                                    e.version,
+                                    &e.key,
+                                    &e.value,
+                                    e.request,
+                                    e.expires_at_ms,
                                 )?);
                             }
                         }
@@ -836,14 +869,25 @@ impl Engine {
                 continue;
             }
             self.shard(e.shard)?;
-            let len_here =
-                entry::encoded_len_for(e.key.len(), e.value.len(), e.request.is_some(), mtu);
+            let len_here = entry::encoded_len_for(
+                e.key.len(),
+                e.value.len(),
+                e.request.is_some(),
+                e.expires_at_ms.is_some(),
+                mtu,
+            );
             let stored: Cow<'_, [u8]> = if e.encoded_len == len_here {
                 Cow::Borrowed(bytes)
             } else {
-                Cow::Owned(
-                    self.encode_owned(e.kind, e.shard, e.version, e.key, &e.value, e.request)?,
-                )
+                Cow::Owned(self.encode_owned(
+                    e.kind,
+                    e.shard,
+                    e.version,
+                    e.key,
+                    &e.value,
+                    e.request,
+                    e.expires_at_ms,
+                )?)
             };
             if stored.len() > self.config.segment_size_bytes {
                 return Err(EngineError::Config(format!(
@@ -925,7 +969,7 @@ impl Engine {
         }
     }
 
-    /// Keys of `shard` with a live value (tombstones left out), passed to `f`,
+    /// Keys of `shard` with a live value (tombstones and expired values left out), passed to `f`,
     /// from home bucket `cursor` of its index, whole buckets at a time, until
     /// `count` keys or `budget_bytes` (a key counts `2 + its length`, what it
     /// takes in a `Keys` response): a bucket that would pass the budget is
@@ -957,7 +1001,8 @@ impl Engine {
                     continue;
                 }
                 let e = entry::parse_entry(&buf).map_err(EngineError::Entry)?;
-                if e.kind == Kind::Put {
+                // As Redis's SCAN: an expired key is not listed.
+                if e.kind == Kind::Put && !self.expired(e.expires_at_ms) {
                     keys.push(e.key.to_vec());
                 }
             }
@@ -1034,9 +1079,19 @@ impl Engine {
         key: &[u8],
         value: &[u8],
         request: Option<RequestRecord>,
+        expires_at_ms: Option<u64>,
     ) -> Result<u64, EngineError> {
         let mut log = self.cleaner_logs[cleaner].lock();
-        let n = self.encode_in(&mut log, kind, shard, version, key, value, request)?;
+        let n = self.encode_in(
+            &mut log,
+            kind,
+            shard,
+            version,
+            key,
+            value,
+            request,
+            expires_at_ms,
+        )?;
         self.append(&mut log, n)
     }
 
@@ -1116,8 +1171,9 @@ impl Engine {
                 "entry at {addr} claims {key_len} B key, {value_len} B value"
             )));
         }
-        let has_request = buf[1] == entry::FORMAT_REQUEST;
-        let len = entry::encoded_len_for(key_len, value_len, has_request, self.config.mtu_bytes)
+        let (has_request, has_expiry) = entry::format_flags(buf[1]).unwrap_or_default();
+        let mtu = self.config.mtu_bytes;
+        let len = entry::encoded_len_for(key_len, value_len, has_request, has_expiry, mtu)
             .min(seg_end - addr);
         if len > first {
             buf.resize(len, 0);
@@ -1140,9 +1196,9 @@ impl Engine {
         if room < entry::HEADER_BYTES + key.len() {
             return false;
         }
-        let len = (entry::HEADER_BYTES + entry::REQUEST_RECORD_BYTES + key.len()).min(room);
-        let mut inline =
-            [0u8; entry::HEADER_BYTES + entry::REQUEST_RECORD_BYTES + INLINE_KEY_BYTES];
+        // Far enough for the key after the longest record (request and expiry).
+        let len = (entry::HEADER_BYTES + entry::RECORD_BYTES_MAX + key.len()).min(room);
+        let mut inline = [0u8; entry::HEADER_BYTES + entry::RECORD_BYTES_MAX + INLINE_KEY_BYTES];
         let mut heap = Vec::new();
         let b: &mut [u8] = if len <= inline.len() {
             &mut inline[..len]
@@ -1183,8 +1239,9 @@ impl Engine {
         self.pool.read(addr as usize, &mut head);
         let key_len = u16::from_le_bytes([head[16], head[17]]) as usize;
         let value_len = u32::from_le_bytes(head[18..22].try_into().expect("4 bytes")) as usize;
-        let has_request = head[1] == entry::FORMAT_REQUEST;
-        entry::encoded_len_for(key_len, value_len, has_request, self.config.mtu_bytes) as u64
+        let (has_request, has_expiry) = entry::format_flags(head[1]).unwrap_or_default();
+        let mtu = self.config.mtu_bytes;
+        entry::encoded_len_for(key_len, value_len, has_request, has_expiry, mtu) as u64
     }
 
     /// Live-byte accounting after an index update of an entry at `addr`.
@@ -1226,7 +1283,7 @@ impl Engine {
             return None;
         }
         self.pool.read(addr as usize, &mut b);
-        if b[1] != entry::FORMAT_REQUEST {
+        if !entry::format_flags(b[1]).is_some_and(|(request, _)| request) {
             return None;
         }
         entry::decode_request(&b[entry::HEADER_BYTES..]).ok()
@@ -1258,6 +1315,7 @@ impl Engine {
         key: &[u8],
         value: &[u8],
         request: Option<RequestRecord>,
+        expires_at_ms: Option<u64>,
     ) -> Result<usize, EngineError> {
         entry::encode_inner(
             &mut log.scratch,
@@ -1267,6 +1325,7 @@ impl Engine {
             key,
             value,
             request,
+            expires_at_ms,
             self.config.mtu_bytes,
         )?;
         Ok(log.scratch.len())
@@ -1328,6 +1387,7 @@ impl Engine {
         key: &[u8],
         value: &[u8],
         request: Option<RequestRecord>,
+        expires_at_ms: Option<u64>,
     ) -> Result<Written, EngineError> {
         let shard = self.shard(shard_id)?;
         let log = self
@@ -1339,7 +1399,16 @@ impl Engine {
         if version > Version::MAX {
             return Err(EngineError::VersionsExhausted(shard_id));
         }
-        let len = self.encode_in(&mut log, kind, shard_id, version, key, value, request)?;
+        let len = self.encode_in(
+            &mut log,
+            kind,
+            shard_id,
+            version,
+            key,
+            value,
+            request,
+            expires_at_ms,
+        )?;
         let addr = self.append(&mut log, len)?;
         drop(log);
         let upsert = self.install(shard, key, addr, version);
@@ -1528,7 +1597,7 @@ impl Engine {
         key: &[u8],
         value: &[u8],
     ) -> Result<Written, EngineError> {
-        self.write(worker, shard, Kind::Put, key, value, None)
+        self.write(worker, shard, Kind::Put, key, value, None, None)
     }
 
     /// Delete `key` from `shard` (a tombstone entry); durable on return.
@@ -1538,7 +1607,7 @@ impl Engine {
         shard: ShardId,
         key: &[u8],
     ) -> Result<Written, EngineError> {
-        self.write(worker, shard, Kind::Del, key, &[], None)
+        self.write(worker, shard, Kind::Del, key, &[], None, None)
     }
 
     /// [`Engine::put`] for a client request: the entry carries `request`'s record
@@ -1554,7 +1623,24 @@ impl Engine {
         value: &[u8],
         request: RequestRecord,
     ) -> Result<Written, EngineError> {
-        self.write(worker, shard, Kind::Put, key, value, Some(request))
+        self.write(worker, shard, Kind::Put, key, value, Some(request), None)
+    }
+
+    /// [`Engine::put`] with an expiry time (Unix milliseconds, on the engine
+    /// clock's [`rowankv_types::Clock::unix_ms`]), and `request`'s record if
+    /// any: from `expires_at_ms` on the key reads as absent, and the cleaner
+    /// keeps only its tombstone.
+    pub fn put_expiring(
+        &self,
+        worker: usize,
+        shard: ShardId,
+        key: &[u8],
+        value: &[u8],
+        request: Option<RequestRecord>,
+        expires_at_ms: u64,
+    ) -> Result<Written, EngineError> {
+        let expires = Some(expires_at_ms);
+        self.write(worker, shard, Kind::Put, key, value, request, expires)
     }
 
     /// [`Engine::delete`] for a client request, as [`Engine::put_with_request`].
@@ -1565,7 +1651,7 @@ impl Engine {
         key: &[u8],
         request: RequestRecord,
     ) -> Result<Written, EngineError> {
-        self.write(worker, shard, Kind::Del, key, &[], Some(request))
+        self.write(worker, shard, Kind::Del, key, &[], Some(request), None)
     }
 
     /// What `shard` knows of client request `id` (exactly-once retries): `Done`
@@ -1602,14 +1688,27 @@ impl Engine {
     }
 
     /// The latest value of `key` in `shard`, copied into `value` (cleared first);
-    /// its version, or `None` if the key is absent or deleted. Allocates nothing
-    /// once `value` and this thread's read buffer have grown.
+    /// its version, or `None` if the key is absent, deleted or expired (on the
+    /// engine's clock). Allocates nothing once `value` and this thread's read
+    /// buffer have grown.
     pub fn get_into(
         &self,
         shard_id: ShardId,
         key: &[u8],
         value: &mut Vec<u8>,
     ) -> Result<Option<Version>, EngineError> {
+        Ok(self
+            .get_stored_into(shard_id, key, value)?
+            .map(|s| s.version))
+    }
+
+    /// As [`Engine::get_into`], with the value's expiry time.
+    pub fn get_stored_into(
+        &self,
+        shard_id: ShardId,
+        key: &[u8],
+        value: &mut Vec<u8>,
+    ) -> Result<Option<Stored>, EngineError> {
         thread_local! {
             static READ_BUF: RefCell<Vec<u8>> = RefCell::new(Vec::with_capacity(FIRST_READ_BYTES));
         }
@@ -1641,9 +1740,12 @@ impl Engine {
                     // segment fails one of these checks, and the lookup is retried.)
                     Ok(e) if e.key == key && e.shard == shard_id => {
                         return Ok(match e.kind {
-                            Kind::Put => {
+                            Kind::Put if !self.expired(e.expires_at_ms) => {
                                 value.extend_from_slice(&e.value);
-                                Some(e.version)
+                                Some(Stored {
+                                    version: e.version,
+                                    expires_at_ms: e.expires_at_ms,
+                                })
                             }
                             _ => None,
                         });
@@ -1655,6 +1757,13 @@ impl Engine {
                 "entry for a key of {shard_id:?} did not verify after {READ_RETRIES_MAX} reads"
             )))
         })
+    }
+
+    /// Whether an entry with expiry time `expires_at_ms` reads as absent now:
+    /// once the engine clock's calendar is past that instant (as Redis: a key
+    /// lives while the time is at or before its expiry).
+    fn expired(&self, expires_at_ms: Option<u64>) -> bool {
+        expires_at_ms.is_some_and(|t| self.config.clock.unix_ms() > t)
     }
 
     /// The next version `shard` will hand out.
@@ -1680,6 +1789,7 @@ impl Engine {
             total.segments_freed += r.segments_freed;
             total.records_kept += r.records_kept;
             total.records_dropped += r.records_dropped;
+            total.entries_expired += r.entries_expired;
         }
         Ok(total)
     }
@@ -1783,7 +1893,14 @@ impl Engine {
                         report.records_dropped += 1;
                     } else if matches!(table.outcome(r.id), RequestOutcome::Done(_)) {
                         let new = self.append_copy(
-                            cleaner, e.kind, e.shard, e.version, e.key, &e.value, e.request,
+                            cleaner,
+                            e.kind,
+                            e.shard,
+                            e.version,
+                            e.key,
+                            &e.value,
+                            e.request,
+                            e.expires_at_ms,
                         )?;
                         self.account_live(new, len as u64, true);
                         table.keep(r.id, new, len as u64);
@@ -1794,13 +1911,39 @@ impl Engine {
                 }
                 continue;
             }
-            let new = self.append_copy(
-                cleaner, e.kind, e.shard, e.version, e.key, &e.value, e.request,
-            )?;
+            // An expired value is reclaimed: only its tombstone moves, a Del of
+            // the same version (and request record), which reads as the expired
+            // Put does: absent. Older entries of the key stay shadowed, as by
+            // any Del.
+            let new = if e.kind == Kind::Put && self.expired(e.expires_at_ms) {
+                report.entries_expired += 1;
+                self.append_copy(
+                    cleaner,
+                    Kind::Del,
+                    e.shard,
+                    e.version,
+                    e.key,
+                    &[],
+                    e.request,
+                    None,
+                )?
+            } else {
+                self.append_copy(
+                    cleaner,
+                    e.kind,
+                    e.shard,
+                    e.version,
+                    e.key,
+                    &e.value,
+                    e.request,
+                    e.expires_at_ms,
+                )?
+            };
+            let new_len = self.entry_len_at(new);
             if shard.index.relocate(hash, old, new) {
-                self.account_live(new, len as u64, true);
+                self.account_live(new, new_len, true);
                 report.entries_moved += 1;
-                report.bytes_moved += len as u64;
+                report.bytes_moved += new_len;
             }
         }
         self.live_bytes[seg.0 as usize].store(0, Ordering::Relaxed);

@@ -17,6 +17,10 @@
 //! record is byte-for-byte a version 1 entry ([`encode`]), so pools written before
 //! version 2 read unchanged.
 //!
+//! Format version 3 adds the *expiry time* of a PUT ([`encode_inner`]): format bit
+//! [`FORMAT_EXPIRY_BIT`], and 8 B of Unix milliseconds after the record (if any),
+//! before the key. Entries without one are unchanged.
+//!
 //! Decoders ([`parse_block`], [`parse_entry`], [`read_key`], [`Assembler::add`]) take
 //! bytes from PM or the network: they never panic and never read past their input;
 //! a malformed request record is a typed error ([`EntryError::BadRequest`]).
@@ -51,6 +55,20 @@ pub const FORMAT_V1: u8 = 1;
 pub const FORMAT_REQUEST: u8 = 3;
 /// Size of a request record: client `u64`, seq `u40`, floor gap `u8`.
 pub const REQUEST_RECORD_BYTES: usize = 14;
+/// The bit of the `format` byte that says the entry carries an expiry time
+/// (format version 3): block 0's payload holds [`EXPIRY_BYTES`] of it after the
+/// request record (if any), before the key.
+pub const FORMAT_EXPIRY_BIT: u8 = 4;
+/// The `format` byte of a PUT with an expiry time and no request record.
+pub const FORMAT_EXPIRY: u8 = FORMAT_V1 | FORMAT_EXPIRY_BIT;
+/// The `format` byte of a PUT with a request record and an expiry time.
+pub const FORMAT_REQUEST_EXPIRY: u8 = FORMAT_REQUEST | FORMAT_EXPIRY_BIT;
+/// Size of an expiry time: Unix time in milliseconds, `u64`.
+pub const EXPIRY_BYTES: usize = 8;
+/// The most bytes before the key in block 0's payload: a request record and an
+/// expiry time. Code that reads a key from raw bytes reads this far past the
+/// header.
+pub const RECORD_BYTES_MAX: usize = REQUEST_RECORD_BYTES + EXPIRY_BYTES;
 /// The floor-gap byte meaning "no floor" (`first_incomplete` 0).
 pub const FLOOR_GAP_NONE: u8 = 255;
 /// Bound on the entries an [`Assembler`] holds incomplete at once.
@@ -60,7 +78,8 @@ pub const ASSEMBLER_PENDING_BYTES_MAX: usize = 64 << 20;
 
 const _: () = assert!(MTU_BYTES_MIN == round_up_stride(HEADER_BYTES + KEY_BYTES_MAX));
 // A request record and the largest key fit block 0 at the smallest MTU.
-const _: () = assert!(HEADER_BYTES + REQUEST_RECORD_BYTES + KEY_BYTES_MAX <= MTU_BYTES_MIN);
+const _: () =
+    assert!(HEADER_BYTES + REQUEST_RECORD_BYTES + EXPIRY_BYTES + KEY_BYTES_MAX <= MTU_BYTES_MIN);
 const _: () = assert!(MTU_BYTES_MIN.is_multiple_of(STRIDE_BYTES));
 const _: () = assert!(MTU_BYTES_DEFAULT.is_multiple_of(STRIDE_BYTES));
 const _: () = assert!(MTU_BYTES_MAX.is_multiple_of(STRIDE_BYTES));
@@ -120,6 +139,9 @@ pub struct BlockHeader {
     /// The entry carries a request record (format byte [`FORMAT_REQUEST`], same in
     /// every block): block 0's payload starts with it.
     pub has_request: bool,
+    /// The entry (a PUT) carries an expiry time ([`FORMAT_EXPIRY_BIT`] set in the
+    /// format byte of every block): in block 0, after the request record.
+    pub has_expiry: bool,
 }
 
 impl BlockHeader {
@@ -128,26 +150,70 @@ impl BlockHeader {
         round_up_stride(HEADER_BYTES + self.payload_len as usize)
     }
 
-    /// Bytes of request record in the entry's payload stream (record ++ key ++
-    /// value): [`REQUEST_RECORD_BYTES`] or 0. In block 0 the key starts here.
+    /// Bytes before the key in the entry's payload stream (request record ++
+    /// expiry ++ key ++ value): [`REQUEST_RECORD_BYTES`] if it has a record, plus
+    /// [`EXPIRY_BYTES`] if it has an expiry time. In block 0 the key starts here.
     pub fn record_bytes(&self) -> usize {
-        record_bytes(self.has_request)
+        record_bytes(self.has_request, self.has_expiry)
+    }
+
+    /// The format byte of its blocks.
+    pub fn format(&self) -> u8 {
+        format_byte(self.has_request, self.has_expiry)
     }
 }
 
-fn record_bytes(has_request: bool) -> usize {
+fn record_bytes(has_request: bool, has_expiry: bool) -> usize {
+    let mut n = 0;
     if has_request {
-        REQUEST_RECORD_BYTES
-    } else {
-        0
+        n += REQUEST_RECORD_BYTES;
+    }
+    if has_expiry {
+        n += EXPIRY_BYTES;
+    }
+    n
+}
+
+fn format_byte(has_request: bool, has_expiry: bool) -> u8 {
+    let mut f = FORMAT_V1;
+    if has_request {
+        f = FORMAT_REQUEST;
+    }
+    if has_expiry {
+        f |= FORMAT_EXPIRY_BIT;
+    }
+    f
+}
+
+/// What a format byte says: `(has_request, has_expiry)`, or `None` for a byte
+/// that is no format (2, 0, and anything above 7 or even).
+pub fn format_flags(format: u8) -> Option<(bool, bool)> {
+    match format {
+        FORMAT_V1 => Some((false, false)),
+        FORMAT_REQUEST => Some((true, false)),
+        FORMAT_EXPIRY => Some((false, true)),
+        FORMAT_REQUEST_EXPIRY => Some((true, true)),
+        _ => None,
     }
 }
 
-/// Bytes of request record before the key in block 0 of an entry whose `format`
-/// byte (byte 1 of a block) is `format`: for code that locates the key in raw,
-/// not yet verified bytes. 0 for any byte but [`FORMAT_REQUEST`].
+/// Bytes before the key in block 0 of an entry whose `format` byte (byte 1 of a
+/// block) is `format`: for code that locates the key in raw, not yet verified
+/// bytes. 0 for a byte that is no format.
 pub fn record_bytes_of_format(format: u8) -> usize {
-    record_bytes(format == FORMAT_REQUEST)
+    format_flags(format).map_or(0, |(r, e)| record_bytes(r, e))
+}
+
+/// The expiry time in block 0's `payload` of an entry with `header` (`None`
+/// when it has none). The payload is a verified block 0's.
+fn decode_expiry(header: &BlockHeader, payload: &[u8]) -> Option<u64> {
+    if !header.has_expiry {
+        return None;
+    }
+    let at = record_bytes(header.has_request, false);
+    let mut b = [0u8; EXPIRY_BYTES];
+    b.copy_from_slice(&payload[at..at + EXPIRY_BYTES]);
+    Some(u64::from_le_bytes(b))
 }
 
 /// The 14 B on-media form of a request record, of its logged form
@@ -292,28 +358,30 @@ fn blocks_count(total_len: usize, capacity: usize) -> usize {
 ///
 /// Panics if `mtu_bytes` is not a valid MTU (a programmer error).
 pub fn encoded_len(key_len: usize, value_len: usize, mtu_bytes: usize) -> usize {
-    encoded_len_for(key_len, value_len, false, mtu_bytes)
+    encoded_len_for(key_len, value_len, false, false, mtu_bytes)
 }
 
 /// Size in bytes of the encoded entry with a request record.
 ///
 /// Panics if `mtu_bytes` is not a valid MTU (a programmer error).
 pub fn encoded_len_with_request(key_len: usize, value_len: usize, mtu_bytes: usize) -> usize {
-    encoded_len_for(key_len, value_len, true, mtu_bytes)
+    encoded_len_for(key_len, value_len, true, false, mtu_bytes)
 }
 
-/// Size in bytes of the encoded entry, with a request record or without.
+/// Size in bytes of the encoded entry, with a request record or without, with
+/// an expiry time or without.
 ///
 /// Panics if `mtu_bytes` is not a valid MTU (a programmer error).
 pub fn encoded_len_for(
     key_len: usize,
     value_len: usize,
     has_request: bool,
+    has_expiry: bool,
     mtu_bytes: usize,
 ) -> usize {
     assert!(mtu_is_valid(mtu_bytes), "bad mtu {mtu_bytes}");
     let capacity = mtu_bytes - HEADER_BYTES;
-    let total_len = record_bytes(has_request) + key_len + value_len;
+    let total_len = record_bytes(has_request, has_expiry) + key_len + value_len;
     let cnt = blocks_count(total_len, capacity);
     let last_payload_len = total_len - (cnt - 1) * capacity;
     (cnt - 1) * mtu_bytes + round_up_stride(HEADER_BYTES + last_payload_len)
@@ -331,11 +399,7 @@ fn block_crc(header: &[u8], payload: &[u8]) -> u32 {
 fn header_bytes(h: &BlockHeader) -> [u8; HEADER_BYTES] {
     let mut b = [0u8; HEADER_BYTES];
     b[0] = h.kind as u8;
-    b[1] = if h.has_request {
-        FORMAT_REQUEST
-    } else {
-        FORMAT_V1
-    };
+    b[1] = h.format();
     b[2..4].copy_from_slice(&h.shard.0.to_le_bytes());
     b[8..14].copy_from_slice(&h.version.0.to_le_bytes()[..6]);
     b[14] = h.seq;
@@ -359,7 +423,7 @@ pub fn encode(
     value: &[u8],
     mtu_bytes: usize,
 ) -> Result<usize, EntryError> {
-    encode_inner(out, kind, shard, version, key, value, None, mtu_bytes)
+    encode_inner(out, kind, shard, version, key, value, None, None, mtu_bytes)
 }
 
 /// As [`encode`], for a PUT or DEL written for a client request: the entry carries
@@ -386,13 +450,17 @@ pub fn encode_with_request(
         key,
         value,
         Some(request),
+        None,
         mtu_bytes,
     )
 }
 
-/// [`encode`] or [`encode_with_request`].
+/// The general form of [`encode`] and [`encode_with_request`]: a PUT may also
+/// carry `expires_at_ms`, the Unix time in milliseconds from which it reads as
+/// absent (format bit [`FORMAT_EXPIRY_BIT`]; [`EXPIRY_BYTES`] after the record,
+/// before the key). Refuses an expiry on a Del or a Commit (`BadLength`).
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn encode_inner(
+pub fn encode_inner(
     out: &mut Vec<u8>,
     kind: Kind,
     shard: ShardId,
@@ -400,6 +468,7 @@ pub(crate) fn encode_inner(
     key: &[u8],
     value: &[u8],
     request: Option<RequestRecord>,
+    expires_at_ms: Option<u64>,
     mtu_bytes: usize,
 ) -> Result<usize, EntryError> {
     if !mtu_is_valid(mtu_bytes) {
@@ -412,7 +481,8 @@ pub(crate) fn encode_inner(
         });
     }
     let has_request = request.is_some();
-    let value_max = value_bytes_max(mtu_bytes) - record_bytes(has_request);
+    let has_expiry = expires_at_ms.is_some();
+    let value_max = value_bytes_max(mtu_bytes) - record_bytes(has_request, has_expiry);
     if value.len() > value_max {
         return Err(EntryError::ValueTooLarge {
             len: value.len(),
@@ -440,6 +510,11 @@ pub(crate) fn encode_inner(
                 "a Commit has no request record".into(),
             ));
         }
+        Kind::Del | Kind::Commit if has_expiry => {
+            return Err(EntryError::BadLength(
+                "only a Put has an expiry time".into(),
+            ));
+        }
         Kind::Del | Kind::Commit => {}
     }
     let record = match &request {
@@ -449,15 +524,18 @@ pub(crate) fn encode_inner(
         }
         None => [0u8; REQUEST_RECORD_BYTES],
     };
-    let record = &record[..record_bytes(has_request)];
+    let record = &record[..record_bytes(has_request, false)];
+    let expiry = expires_at_ms.unwrap_or(0).to_le_bytes();
+    let expiry = &expiry[..record_bytes(false, has_expiry)];
 
     let capacity = mtu_bytes - HEADER_BYTES;
     let key_len = key.len();
-    // The payload stream: record ++ key ++ value, cut into blocks of `capacity`.
-    let total_len = record.len() + key_len + value.len();
+    // The payload stream: record ++ expiry ++ key ++ value, cut into blocks of
+    // `capacity`.
+    let total_len = record.len() + expiry.len() + key_len + value.len();
     let cnt = blocks_count(total_len, capacity);
     assert!(cnt <= BLOCKS_MAX);
-    let len = encoded_len_for(key_len, value.len(), has_request, mtu_bytes);
+    let len = encoded_len_for(key_len, value.len(), has_request, has_expiry, mtu_bytes);
     out.clear();
     out.reserve(len);
 
@@ -475,11 +553,12 @@ pub(crate) fn encode_inner(
             value_len: value.len() as u32,
             payload_len: (end - begin) as u16,
             has_request,
+            has_expiry,
         };
         let start = out.len();
         out.extend_from_slice(&header_bytes(&header));
         let mut piece_start = 0;
-        for piece in [record, key, value] {
+        for piece in [record, expiry, key, value] {
             // The part of [begin, end) that falls in this piece of the stream.
             let piece_end = piece_start + piece.len();
             let from = begin.clamp(piece_start, piece_end) - piece_start;
@@ -532,6 +611,9 @@ fn check_header(h: &BlockHeader) -> Result<Option<usize>, EntryError> {
             ));
         }
         Kind::Commit if h.has_request => return bad("Commit with a request record".into()),
+        Kind::Del | Kind::Commit if h.has_expiry => {
+            return bad(format!("{:?} with an expiry time", h.kind))
+        }
         Kind::Del | Kind::Commit => {}
     }
     if h.padded_len() > MTU_BYTES_MAX {
@@ -602,10 +684,8 @@ pub fn parse_block(bytes: &[u8]) -> Result<(BlockHeader, &[u8]), EntryError> {
         });
     };
     let kind = Kind::try_from(b[0])?;
-    let has_request = match b[1] {
-        FORMAT_V1 => false,
-        FORMAT_REQUEST => true,
-        other => return Err(EntryError::BadFormat(other)),
+    let Some((has_request, has_expiry)) = format_flags(b[1]) else {
+        return Err(EntryError::BadFormat(b[1]));
     };
     let mut version = [0u8; 8];
     version[..6].copy_from_slice(&b[8..14]);
@@ -619,6 +699,7 @@ pub fn parse_block(bytes: &[u8]) -> Result<(BlockHeader, &[u8]), EntryError> {
         value_len: u32::from_le_bytes([b[18], b[19], b[20], b[21]]),
         payload_len: u16::from_le_bytes([b[22], b[23]]),
         has_request,
+        has_expiry,
     };
     let padded_len = header.padded_len();
     if bytes.len() < padded_len {
@@ -649,6 +730,8 @@ pub struct Entry<'a> {
     /// The request record, if the entry was written for a client request
     /// (format byte [`FORMAT_REQUEST`]).
     pub request: Option<RequestRecord>,
+    /// A PUT's expiry time, Unix milliseconds ([`FORMAT_EXPIRY_BIT`]).
+    pub expires_at_ms: Option<u64>,
     pub key: &'a [u8],
     /// Borrowed when the entry is one block; assembled when it spans several.
     pub value: Cow<'a, [u8]>,
@@ -667,6 +750,7 @@ fn same_entry(first: &BlockHeader, h: &BlockHeader) -> bool {
         && h.key_len == first.key_len
         && h.value_len == first.value_len
         && h.has_request == first.has_request
+        && h.has_expiry == first.has_expiry
 }
 
 /// Parse a whole entry whose blocks are contiguous from `bytes[0]` (as in a t-log):
@@ -685,6 +769,7 @@ pub fn parse_entry(bytes: &[u8]) -> Result<Entry<'_>, EntryError> {
     } else {
         None
     };
+    let expires_at_ms = decode_expiry(&first, payload0);
     let key_start = first.record_bytes();
     let key_end = key_start + first.key_len as usize;
     let key = &payload0[key_start..key_end];
@@ -695,6 +780,7 @@ pub fn parse_entry(bytes: &[u8]) -> Result<Entry<'_>, EntryError> {
             shard: first.shard,
             version: first.version,
             request,
+            expires_at_ms,
             key,
             value: Cow::Borrowed(&payload0[key_end..]),
             encoded_len: offset,
@@ -739,6 +825,7 @@ pub fn parse_entry(bytes: &[u8]) -> Result<Entry<'_>, EntryError> {
         shard: first.shard,
         version: first.version,
         request,
+        expires_at_ms,
         key,
         value: Cow::Owned(value),
         encoded_len: offset,
@@ -771,6 +858,8 @@ pub struct AssembledEntry {
     pub version: Version,
     /// The request record, if the entry carries one.
     pub request: Option<RequestRecord>,
+    /// A PUT's expiry time, Unix milliseconds, if it has one.
+    pub expires_at_ms: Option<u64>,
     pub key: Vec<u8>,
     pub value: Vec<u8>,
 }
@@ -783,6 +872,7 @@ impl AssembledEntry {
             self.key.len(),
             self.value.len(),
             self.request.is_some(),
+            self.expires_at_ms.is_some(),
             mtu_bytes,
         )
     }
@@ -895,6 +985,7 @@ impl Assembler {
                 shard: header.shard,
                 version: header.version,
                 request,
+                expires_at_ms: decode_expiry(&header, payload),
                 key: payload[key_start..key_end].to_vec(),
                 value: payload[key_end..].to_vec(),
             }));
@@ -973,6 +1064,7 @@ impl Assembler {
             shard: header.shard,
             version: header.version,
             request,
+            expires_at_ms: decode_expiry(&header, &first),
             key: first[key_start..key_end].to_vec(),
             value,
         }))

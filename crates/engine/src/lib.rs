@@ -26,7 +26,7 @@ pub mod segment;
 
 pub use blog::{register_data_area, BackupLog, BackupLogConfig, ControlReport};
 pub use engine::{
-    hash_key, CleanReport, Engine, EngineConfig, InstallReport, RecoveryReport, Written,
+    hash_key, CleanReport, Engine, EngineConfig, InstallReport, RecoveryReport, Stored, Written,
     WORKERS_MAX,
 };
 pub use identity::{read_identity, write_identity, Identity};

@@ -1,16 +1,18 @@
 //! Fuzzing of the log-entry decoders (`rowankv_engine::entry`) with proptest: they
 //! take bytes from PM and the network, so they must never panic, and a damaged entry
 //! must never decode to content other than what was written. Entries with and
-//! without a request record (format version 2, format byte 3) are generated; an entry without one
-//! is byte-identical to a format version 1 entry, and a malformed record is refused
-//! with a typed error.
+//! without a request record (format version 2, format byte 3) and with and without
+//! an expiry time (format version 3, format bit 4) are generated; an entry without
+//! either is byte-identical to a format version 1 entry, a malformed record is
+//! refused with a typed error, and so is every byte that is no format.
 
 use proptest::prelude::*;
 use proptest::test_runner::Config;
 use rowankv_engine::entry::{
-    decode_request, encode, encode_with_request, encoded_len, encoded_len_for, parse_block,
-    parse_entry, read_key, Assembler, BlockHeader, EntryError, Kind, FORMAT_REQUEST, FORMAT_V1,
-    HEADER_BYTES, MTU_BYTES_MIN, REQUEST_RECORD_BYTES, STRIDE_BYTES,
+    decode_request, encode, encode_inner, encode_with_request, encoded_len, encoded_len_for,
+    parse_block, parse_entry, read_key, Assembler, BlockHeader, EntryError, Kind,
+    FORMAT_EXPIRY_BIT, FORMAT_REQUEST, FORMAT_V1, HEADER_BYTES, MTU_BYTES_MIN,
+    REQUEST_RECORD_BYTES, STRIDE_BYTES,
 };
 use rowankv_types::{RequestId, RequestRecord, ShardId, Version};
 
@@ -35,6 +37,8 @@ struct Spec {
     value: Vec<u8>,
     /// Only on a Put or Del.
     request: Option<RequestRecord>,
+    /// Only on a Put.
+    expires_at_ms: Option<u64>,
     mtu_bytes: usize,
 }
 
@@ -42,6 +46,17 @@ impl Spec {
     fn encode(&self) -> Vec<u8> {
         let mut out = Vec::new();
         let cnt = match self.request {
+            _ if self.expires_at_ms.is_some() => encode_inner(
+                &mut out,
+                self.kind,
+                self.shard,
+                self.version,
+                &self.key,
+                &self.value,
+                self.request,
+                self.expires_at_ms,
+                self.mtu_bytes,
+            ),
             None => encode(
                 &mut out,
                 self.kind,
@@ -71,7 +86,7 @@ impl Spec {
 /// Format version 1, written from `docs/format/log-entry.md` independently of the
 /// engine's encoder: what every entry without a request record must still be.
 fn v1_reference_encode(spec: &Spec) -> Vec<u8> {
-    assert!(spec.request.is_none());
+    assert!(spec.request.is_none() && spec.expires_at_ms.is_none());
     let capacity = spec.mtu_bytes - HEADER_BYTES;
     let stream: Vec<u8> = spec.key.iter().chain(&spec.value).copied().collect();
     let chunks: Vec<&[u8]> = if stream.is_empty() {
@@ -139,19 +154,34 @@ fn spec_strategy() -> impl Strategy<Value = Spec> {
         any::<u8>(),
         mtu_strategy(),
         proptest::option::weighted(0.5, request_strategy()),
+        proptest::option::weighted(0.3, any::<u64>()),
     )
         .prop_map(
-            |(kind, shard, version, mut key, value_len, seed, mtu_bytes, mut request)| {
+            |(
+                kind,
+                shard,
+                version,
+                mut key,
+                value_len,
+                seed,
+                mtu_bytes,
+                mut request,
+                mut expires_at_ms,
+            )| {
                 let mut value: Vec<u8> = (0..value_len)
                     .map(|i| (i as u8).wrapping_mul(151).wrapping_add(seed))
                     .collect();
                 match kind {
                     Kind::Put => {}
-                    Kind::Del => value.clear(),
+                    Kind::Del => {
+                        value.clear();
+                        expires_at_ms = None;
+                    }
                     Kind::Commit => {
                         key.clear();
                         value.clear();
                         request = None;
+                        expires_at_ms = None;
                     }
                 }
                 Spec {
@@ -161,6 +191,7 @@ fn spec_strategy() -> impl Strategy<Value = Spec> {
                     key,
                     value,
                     request,
+                    expires_at_ms,
                     mtu_bytes,
                 }
             },
@@ -285,17 +316,19 @@ proptest! {
     fn valid_entries_round_trip(spec in spec_strategy(), order_seed in any::<u64>()) {
         let bytes = spec.encode();
         let has_request = spec.request.is_some();
+        let has_expiry = spec.expires_at_ms.is_some();
         prop_assert_eq!(
             bytes.len(),
-            encoded_len_for(spec.key.len(), spec.value.len(), has_request, spec.mtu_bytes)
+            encoded_len_for(spec.key.len(), spec.value.len(), has_request, has_expiry, spec.mtu_bytes)
         );
-        if !has_request {
+        if !has_request && !has_expiry {
             prop_assert_eq!(bytes.len(), encoded_len(spec.key.len(), spec.value.len(), spec.mtu_bytes));
         }
         prop_assert_eq!(bytes.len() % STRIDE_BYTES, 0);
         let e = parse_entry(&bytes).expect("round trip");
         prop_assert_eq!((e.kind, e.shard, e.version), (spec.kind, spec.shard, spec.version));
         prop_assert_eq!(e.request, spec.request.map(|r| r.as_logged()));
+        prop_assert_eq!(e.expires_at_ms, spec.expires_at_ms);
         prop_assert_eq!(e.key, &spec.key[..]);
         prop_assert_eq!(&e.value[..], &spec.value[..]);
         prop_assert_eq!(e.encoded_len, bytes.len());
@@ -310,7 +343,9 @@ proptest! {
         for (i, (b, _)) in all.iter().enumerate() {
             prop_assert_eq!(b.seq as usize, i);
             prop_assert_eq!(b.has_request, has_request);
-            let format = if has_request { FORMAT_REQUEST } else { FORMAT_V1 };
+            prop_assert_eq!(b.has_expiry, has_expiry);
+            let format = if has_request { FORMAT_REQUEST } else { FORMAT_V1 }
+                | if has_expiry { FORMAT_EXPIRY_BIT } else { 0 };
             prop_assert_eq!(bytes[offset + 1], format);
             prop_assert!(b.padded_len() <= spec.mtu_bytes);
             if i + 1 < all.len() {
@@ -339,6 +374,7 @@ proptest! {
         let done = done.expect("complete");
         prop_assert_eq!((done.kind, done.shard, done.version), (spec.kind, spec.shard, spec.version));
         prop_assert_eq!(done.request, spec.request.map(|r| r.as_logged()));
+        prop_assert_eq!(done.expires_at_ms, spec.expires_at_ms);
         prop_assert_eq!(done.encoded_len(spec.mtu_bytes), bytes.len());
         prop_assert_eq!(&done.key, &spec.key);
         prop_assert_eq!(&done.value, &spec.value);
@@ -362,6 +398,7 @@ proptest! {
         if let Ok(e) = parse_entry(&bytes) {
             prop_assert_eq!((e.kind, e.shard, e.version), (spec.kind, spec.shard, spec.version));
             prop_assert_eq!(e.request, spec.request.map(|r| r.as_logged()));
+            prop_assert_eq!(e.expires_at_ms, spec.expires_at_ms);
             prop_assert_eq!(e.key, &spec.key[..]);
             prop_assert_eq!(&e.value[..], &spec.value[..]);
             prop_assert_eq!(e.encoded_len, original.len());
@@ -421,6 +458,7 @@ proptest! {
                     value_len,
                     payload_len,
                     has_request,
+                    has_expiry: seq & 0x80 != 0,
                 },
                 vec![0xA5; len],
             ));
@@ -446,7 +484,7 @@ proptest! {
 
     #[test]
     fn entries_without_a_record_are_format_1_bytes(spec in spec_strategy()) {
-        let spec = Spec { request: None, ..spec };
+        let spec = Spec { request: None, expires_at_ms: None, ..spec };
         prop_assert_eq!(spec.encode(), v1_reference_encode(&spec));
     }
 
@@ -463,6 +501,7 @@ proptest! {
         let spec = Spec {
             kind: if spec.kind == Kind::Commit { Kind::Put } else { spec.kind },
             request: Some(request),
+            expires_at_ms: None,
             ..spec
         };
         let mut bytes = spec.encode();
@@ -528,17 +567,52 @@ proptest! {
     }
 
     #[test]
-    fn the_pre_release_format_byte_2_is_refused(spec in spec_strategy()) {
-        // Byte 2 was a 24 B-record layout that was never released: a block that
-        // carries it is refused, never misread, even with a valid checksum.
+    fn bytes_that_are_no_format_are_refused(
+        spec in spec_strategy(),
+        format in prop_oneof![Just(2u8), Just(0u8), Just(4u8), Just(6u8), 8u8..],
+    ) {
+        // Byte 2 was a 24 B-record layout that was never released; 0, 4, 6 and
+        // everything above 7 are no format (formats are 1 plus flag bits 2 and
+        // 4). A block that carries one is refused, never misread, even with a
+        // valid checksum.
         let mut bytes = spec.encode();
-        bytes[1] = 2;
+        bytes[1] = format;
         let (h, _) = blocks(&spec.encode())[0].clone();
         let covered_end = HEADER_BYTES + h.payload_len as usize;
         bytes[4..8].fill(0);
         let crc = crc32c::crc32c(&bytes[..covered_end]);
         bytes[4..8].copy_from_slice(&crc.to_le_bytes());
-        prop_assert_eq!(parse_block(&bytes).map(|_| ()), Err(EntryError::BadFormat(2)));
-        prop_assert_eq!(parse_entry(&bytes).map(|_| ()), Err(EntryError::BadFormat(2)));
+        prop_assert_eq!(parse_block(&bytes).map(|_| ()), Err(EntryError::BadFormat(format)));
+        prop_assert_eq!(parse_entry(&bytes).map(|_| ()), Err(EntryError::BadFormat(format)));
+    }
+
+    #[test]
+    fn an_expiry_time_on_a_del_or_commit_is_refused(
+        spec in spec_strategy(),
+        expires_at_ms in any::<u64>(),
+    ) {
+        // Neither the encoder writes one nor a decoder accepts one (a resealed
+        // block claiming the flag).
+        let kind = if spec.kind == Kind::Put { Kind::Del } else { spec.kind };
+        let (key, request) = if kind == Kind::Commit {
+            (Vec::new(), None)
+        } else {
+            (spec.key.clone(), spec.request)
+        };
+        let mut out = Vec::new();
+        let refused = encode_inner(
+            &mut out, kind, spec.shard, spec.version, &key, &[], request,
+            Some(expires_at_ms), spec.mtu_bytes,
+        );
+        prop_assert!(matches!(refused, Err(EntryError::BadLength(_))), "{:?}", refused);
+        let plain = Spec { kind, key, value: Vec::new(), request, expires_at_ms: None, ..spec };
+        let mut bytes = plain.encode();
+        bytes[1] |= FORMAT_EXPIRY_BIT;
+        let (h, _) = blocks(&plain.encode())[0].clone();
+        let covered_end = HEADER_BYTES + h.payload_len as usize;
+        bytes[4..8].fill(0);
+        let crc = crc32c::crc32c(&bytes[..covered_end]);
+        bytes[4..8].copy_from_slice(&crc.to_le_bytes());
+        prop_assert!(parse_block(&bytes).is_err());
     }
 }

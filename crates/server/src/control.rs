@@ -525,6 +525,7 @@ impl<N: Nic> ControlTask<N> {
                     Response::Value {
                         version: term.0,
                         value: &json,
+                        expires_at_ms: None,
                     },
                 );
             }

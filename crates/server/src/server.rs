@@ -43,10 +43,10 @@ use crate::version::VersionBook;
 pub use rowankv_wire::frame::KV_BYTES_MAX;
 
 // The wire's bound fits the entry format's: a key and value the wire accepts,
-// with the request record, fit one block of one RPC frame (the wire's record is
+// with the request record and an expiry time, fit one block of one RPC frame (the wire's record is
 // the wider one: u64 fields, narrowed by the entry's 40-bit seq check).
 const _: () = assert!(
-    KV_BYTES_MAX + entry::HEADER_BYTES + entry::REQUEST_RECORD_BYTES
+    KV_BYTES_MAX + entry::HEADER_BYTES + entry::RECORD_BYTES_MAX
         <= (frame::FRAME_BYTES_MAX_DEFAULT - HEADER_BYTES) / entry::STRIDE_BYTES
             * entry::STRIDE_BYTES
 );

@@ -49,12 +49,14 @@ use crate::runtime::{Step, Task};
 use crate::server::{ServerShared, KV_BYTES_MAX};
 use crate::version::Refusal;
 
-/// A write as a request gives it: kind, key, value, request record, condition.
+/// A write as a request gives it: kind, key, value, request record, expiry
+/// time, condition.
 type WriteArgs<'a> = (
     Kind,
     &'a [u8],
     &'a [u8],
     Option<RequestRecord>,
+    Option<u64>,
     Option<Expect>,
 );
 
@@ -366,21 +368,23 @@ impl<N: Nic> Worker<N> {
                 key,
                 value,
                 request,
+                expires_at_ms,
             } => {
-                let w = (Kind::Put, key, value, request, None);
+                let w = (Kind::Put, key, value, request, expires_at_ms, None);
                 self.handle_write(peer, h.request_id, w, now_ns)
             }
             Body::Del { key, request } => {
-                let w = (Kind::Del, key, &[][..], request, None);
+                let w = (Kind::Del, key, &[][..], request, None, None);
                 self.handle_write(peer, h.request_id, w, now_ns)
             }
             Body::PutIf {
                 key,
                 value,
                 request,
+                expires_at_ms,
                 expect,
             } => {
-                let w = (Kind::Put, key, value, request, Some(expect));
+                let w = (Kind::Put, key, value, request, expires_at_ms, Some(expect));
                 self.handle_write(peer, h.request_id, w, now_ns)
             }
             Body::DelIf {
@@ -388,7 +392,7 @@ impl<N: Nic> Worker<N> {
                 request,
                 expect,
             } => {
-                let w = (Kind::Del, key, &[][..], request, Some(expect));
+                let w = (Kind::Del, key, &[][..], request, None, Some(expect));
                 self.handle_write(peer, h.request_id, w, now_ns)
             }
             Body::Scan {
@@ -482,7 +486,8 @@ impl<N: Nic> Worker<N> {
         };
         self.shared.stats.gets.fetch_add(1, Ordering::Relaxed);
         let mut value = std::mem::take(&mut self.value_buf);
-        let read = self.shared.engine.get_into(shard, key, &mut value);
+        // An expired value reads as absent here, the primary, on its clock.
+        let read = self.shared.engine.get_stored_into(shard, key, &mut value);
         // The value was read under a lease only if the lease (and its margin)
         // still holds now, after the read: checked on the clock right before
         // answering, so no delay since admission goes unaccounted.
@@ -492,7 +497,7 @@ impl<N: Nic> Worker<N> {
             return;
         }
         match read {
-            Ok(Some(version)) => {
+            Ok(Some(stored)) => {
                 if value.len() > frame::value_response_bytes_max(self.ep.config().frame_bytes_max) {
                     self.reject(
                         peer,
@@ -505,8 +510,9 @@ impl<N: Nic> Worker<N> {
                         peer,
                         request_id,
                         Response::Value {
-                            version: version.0,
+                            version: stored.version.0,
                             value: &value,
+                            expires_at_ms: stored.expires_at_ms,
                         },
                     );
                 }
@@ -519,7 +525,7 @@ impl<N: Nic> Worker<N> {
 
     /// A PUT or DEL (`w`: kind, key, value, request record, condition).
     fn handle_write(&mut self, peer: PeerId, request_id: u64, w: WriteArgs<'_>, now_ns: u64) {
-        let (kind, key, value, request, expect) = w;
+        let (kind, key, value, request, expires_at_ms, expect) = w;
         let Some(shard) = self.primary_shard(peer, request_id, key) else {
             return;
         };
@@ -631,19 +637,17 @@ impl<N: Nic> Worker<N> {
             }
         };
         let mtu = self.shared.engine.config().mtu_bytes;
-        let encoded = match request {
-            Some(r) => entry::encode_with_request(
-                &mut self.entry_buf,
-                kind,
-                shard,
-                version,
-                key,
-                value,
-                r,
-                mtu,
-            ),
-            None => entry::encode(&mut self.entry_buf, kind, shard, version, key, value, mtu),
-        };
+        let encoded = entry::encode_inner(
+            &mut self.entry_buf,
+            kind,
+            shard,
+            version,
+            key,
+            value,
+            request,
+            expires_at_ms,
+            mtu,
+        );
         if let Err(e) = encoded {
             let to = (peer, request_id);
             self.refuse_write(

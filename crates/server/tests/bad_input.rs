@@ -358,7 +358,8 @@ impl Probe {
             anchor,
             Ok(Output::Value {
                 value: ANCHOR_VALUE.to_vec(),
-                version: self.anchor_version
+                version: self.anchor_version,
+                expires_at_ms: None,
             }),
             "{who}: the anchor changed"
         );
@@ -487,6 +488,7 @@ fn malformed_and_truncated_frames_get_a_malformed_error() {
     let good_put = encode(
         &put_env,
         &Body::Put {
+            expires_at_ms: None,
             key: b"victim",
             value: b"never stored",
             request: None,
@@ -639,6 +641,7 @@ fn oversized_keys_and_values_sent_raw_get_too_large() {
     let put = encode(
         &env,
         &Body::Put {
+            expires_at_ms: None,
             key: &key,
             value: &value,
             request: None,
@@ -671,6 +674,7 @@ fn oversized_keys_and_values_sent_raw_get_too_large() {
     let put = encode(
         &env,
         &Body::Put {
+            expires_at_ms: None,
             key: &key,
             value: &value,
             request: None,
@@ -726,6 +730,7 @@ fn stale_terms_and_other_clusters_are_refused() {
         let put = encode(
             &env,
             &Body::Put {
+                expires_at_ms: None,
                 key: &key,
                 value: b"from another term",
                 request: None,
@@ -781,6 +786,7 @@ fn stale_terms_and_other_clusters_are_refused() {
     let put = encode(
         &env,
         &Body::Put {
+            expires_at_ms: None,
             key: &key,
             value: b"from another cluster",
             request: None,
@@ -822,6 +828,7 @@ fn a_server_that_is_not_the_primary_refuses_with_not_primary() {
         let put = encode(
             &env,
             &Body::Put {
+                expires_at_ms: None,
                 key: &key,
                 value: b"misrouted",
                 request: None,
@@ -936,6 +943,7 @@ fn a_client_with_a_stale_configuration_is_fenced_and_rerouted() {
     let put = encode(
         &env,
         &Body::Put {
+            expires_at_ms: None,
             key: &key,
             value: b"from term 1",
             request: None,
@@ -1235,6 +1243,7 @@ fn put_behind(
     let submitted_at = Instant::now();
     let id = c
         .submit(Op::Put {
+            expires_at_ms: None,
             key: key.to_vec(),
             value: value.to_vec(),
         })

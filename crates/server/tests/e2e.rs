@@ -188,6 +188,7 @@ fn check_read(result: Result<Output, ClientError>, key: &[u8], model: &Model, ct
             Ok(Output::Value {
                 value: v,
                 version: n,
+                expires_at_ms: None,
             }),
         ) => {
             assert!(
@@ -304,6 +305,7 @@ fn pipelined_client(c: &mut Client<LoopbackNic>, seed: u64, who: &str) -> Model 
             };
             let op = match rng.gen_range(0..100) {
                 0..45 => Op::Put {
+                    expires_at_ms: None,
                     key: key.clone(),
                     value: random_value(&mut rng, MODEL_VALUE_BYTES_MAX),
                 },
@@ -336,7 +338,7 @@ fn pipelined_client(c: &mut Client<LoopbackNic>, seed: u64, who: &str) -> Model 
             let ctx = format!("{who} (seed {seed:#x}) completion #{completed}");
             completed += 1;
             match (op, done.result) {
-                (Op::Put { key, value }, Ok(Output::Written { version })) => {
+                (Op::Put { key, value, .. }, Ok(Output::Written { version })) => {
                     record_write(&mut model, key, Latest::Value { value, version }, &ctx)
                 }
                 (Op::Del { key }, Ok(Output::Written { version })) => {

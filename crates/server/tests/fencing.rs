@@ -625,6 +625,7 @@ fn a_response_from_a_node_not_asked_is_dropped_by_the_client() {
                 sender,
             };
             let body = Body::Response(Response::Value {
+                expires_at_ms: None,
                 version: version + 1000,
                 value: b"forged",
             });
@@ -647,7 +648,8 @@ fn a_response_from_a_node_not_asked_is_dropped_by_the_client() {
         result,
         Ok(Output::Value {
             value: b"the real value".to_vec(),
-            version
+            version,
+            expires_at_ms: None,
         }),
         "the client took another node's answer"
     );

@@ -82,6 +82,10 @@ impl Clock for HookClock {
         }
         self.now_ns.load(Ordering::SeqCst)
     }
+
+    fn unix_ms(&self) -> u64 {
+        rowankv_types::MANUAL_CLOCK_UNIX_MS_ORIGIN + self.now_ns.load(Ordering::SeqCst) / 1_000_000
+    }
 }
 
 /// Every role of a cluster, each behind a lock, so that a hook running inside
@@ -349,6 +353,7 @@ fn a_copy_taken_while_a_write_of_the_old_term_is_mid_step_waits_for_it() {
     let key = key_of(&c1, shard, "mid-step");
     let id = client
         .submit(Op::Put {
+            expires_at_ms: None,
             key: before_key.clone(),
             value: b"before".to_vec(),
         })
@@ -373,6 +378,7 @@ fn a_copy_taken_while_a_write_of_the_old_term_is_mid_step_waits_for_it() {
     let puts_before = p.stats.puts.load(Ordering::Relaxed);
     let id = client
         .submit(Op::Put {
+            expires_at_ms: None,
             key: key.clone(),
             value: b"mid-step".to_vec(),
         })
@@ -665,6 +671,7 @@ fn a_write_is_refused_when_the_lease_comes_within_the_margin_after_the_workers_s
     let blocked = p.stats.rejected_blocked.load(Ordering::Relaxed);
     client
         .submit(Op::Put {
+            expires_at_ms: None,
             key: key_of(&config, shard, "late"),
             value: b"late".to_vec(),
         })
@@ -715,6 +722,7 @@ fn a_get_is_refused_when_the_lease_comes_within_the_margin_while_it_is_read() {
     let key = key_of(&config, shard, "read");
     let id = client
         .submit(Op::Put {
+            expires_at_ms: None,
             key: key.clone(),
             value: b"v".to_vec(),
         })

@@ -143,6 +143,7 @@ fn held(cluster: &Cluster, n: NodeId, shard: ShardId, key: &[u8]) -> Option<Stri
 
 fn put(key: &[u8], value: &str) -> Op {
     Op::Put {
+        expires_at_ms: None,
         key: key.to_vec(),
         value: value.as_bytes().to_vec(),
     }

@@ -300,6 +300,12 @@ impl Clock for SimClock {
         }
         self.time_ns()
     }
+
+    /// The simulated time on [`rowankv_types::ManualClock`]'s calendar. No
+    /// preemption here: only expiry reads it.
+    fn unix_ms(&self) -> u64 {
+        rowankv_types::MANUAL_CLOCK_UNIX_MS_ORIGIN + self.time_ns() / 1_000_000
+    }
 }
 
 /// A preemption that fired: its length, its draws, and an interjection's
@@ -317,6 +323,10 @@ struct PlainView(Arc<SimClock>);
 impl Clock for PlainView {
     fn now_ns(&self) -> u64 {
         self.0.time_ns()
+    }
+
+    fn unix_ms(&self) -> u64 {
+        self.0.unix_ms()
     }
 }
 

@@ -607,6 +607,7 @@ impl World {
                     (
                         OpKind::Put,
                         Op::Put {
+                            expires_at_ms: None,
                             key: key.clone().into_bytes(),
                             value: v.clone().into_bytes(),
                         },
@@ -663,6 +664,7 @@ impl World {
         self.retired.push(old);
         let client_op = match op.op {
             OpKind::Put => Op::Put {
+                expires_at_ms: None,
                 key: op.key.clone().into_bytes(),
                 value: op.value.clone().unwrap_or_default().into_bytes(),
             },
@@ -1203,6 +1205,7 @@ impl World {
                 let value = (kind == OpKind::Put).then(|| format!("final-{attempt}"));
                 let op = match &value {
                     Some(v) => Op::Put {
+                        expires_at_ms: None,
                         key: key.clone().into_bytes(),
                         value: v.clone().into_bytes(),
                     },

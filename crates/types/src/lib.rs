@@ -193,7 +193,16 @@ impl fmt::Debug for RequestRecord {
 pub trait Clock: Send + Sync + fmt::Debug {
     /// Nanoseconds since an arbitrary fixed origin; never goes backwards.
     fn now_ns(&self) -> u64;
+
+    /// Calendar time, milliseconds since the Unix epoch: what expiry times
+    /// (Redis's EX, PX, EXAT, PXAT) are measured against. Unlike `now_ns` it
+    /// may jump (the host's clock is set); nothing but expiry reads it.
+    fn unix_ms(&self) -> u64;
 }
+
+/// The calendar time a [`ManualClock`] reads at its origin (2026-01-01T00:00Z):
+/// expiry times in tests and in the simulator look like real ones.
+pub const MANUAL_CLOCK_UNIX_MS_ORIGIN: u64 = 1_767_225_600_000;
 
 /// Wall-clock time from `std::time::Instant`.
 #[derive(Debug)]
@@ -212,6 +221,12 @@ impl SystemClock {
 impl Clock for SystemClock {
     fn now_ns(&self) -> u64 {
         self.origin.elapsed().as_nanos() as u64
+    }
+
+    fn unix_ms(&self) -> u64 {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64)
     }
 }
 
@@ -234,6 +249,11 @@ impl ManualClock {
 impl Clock for ManualClock {
     fn now_ns(&self) -> u64 {
         self.now_ns.load(Ordering::SeqCst)
+    }
+
+    /// [`MANUAL_CLOCK_UNIX_MS_ORIGIN`] plus the time advanced.
+    fn unix_ms(&self) -> u64 {
+        MANUAL_CLOCK_UNIX_MS_ORIGIN + self.now_ns() / 1_000_000
     }
 }
 

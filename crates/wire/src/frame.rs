@@ -12,7 +12,7 @@
 //! | bytes    | field        | type  | meaning                                              |
 //! | -------- | ------------ | ----- | ---------------------------------------------------- |
 //! | 0..2     | `magic`      | [u8;2]| `"RK"`                                               |
-//! | 2        | `version`    | u8    | [`WIRE_VERSION`] (3)                                 |
+//! | 2        | `version`    | u8    | [`WIRE_VERSION`] (4)                                 |
 //! | 3        | `msg_type`   | u8    | a [`MsgType`]                                        |
 //! | 4..8     | `body_len`   | u32   | bytes after the header; must equal what follows      |
 //! | 8..16    | `cluster_id` | u64   | the cluster the sender believes it belongs to        |
@@ -26,7 +26,7 @@
 //! | type                | code | body                                                                  |
 //! | ------------------- | ---- | --------------------------------------------------------------------- |
 //! | `Get`               | 1    | `key_len u16, key`                                                    |
-//! | `Put`               | 2    | `request` (24 B, below), `key_len u16, value_len u32, key, value`     |
+//! | `Put`               | 2    | `request` (24 B, below), `expiry` (9 B, below), `key_len u16, value_len u32, key, value` |
 //! | `Del`               | 3    | `request` (24 B), `key_len u16, key`                                  |
 //! | `Replicate`         | 4    | encoded log entries: the whole body, non-empty, a multiple of 64 B    |
 //! | `GrantSegment`      | 5    | `log u32` (the id the backup gave the path's log), `has_sealed u8 (0 or 1), sealed u32 (0 when has_sealed = 0)` |
@@ -47,7 +47,7 @@
 //! | status | response   | rest of the body                                                    |
 //! | ------ | ---------- | ------------------------------------------------------------------- |
 //! | 0      | `Ok`       | `version u64`                                                       |
-//! | 1      | `Value`    | `version u64, value_len u32, value`                                 |
+//! | 1      | `Value`    | `version u64, expiry (9 B), value_len u32, value`                   |
 //! | 2      | `NotFound` | nothing                                                             |
 //! | 3      | `Segment`  | `segment u32, offset u64, len_bytes u64`                            |
 //! | 4      | `Error`    | `code u8, term u64 (the server's term), detail_len u16, detail (UTF-8)` |
@@ -60,6 +60,11 @@
 //! write is executed each time it arrives). Otherwise `client` is not 0,
 //! `seq < 2^40` (what a log entry stores) and `first_incomplete ≤ seq`; the server stores the record in the write's log entry
 //! and answers a request it already executed with that execution's outcome.
+//!
+//! A PUT's `expiry` is `tag u8, at u64`: tag 0 with 0, the value does not
+//! expire; tag 1, it expires at `at`, Unix time in milliseconds (the key reads
+//! as absent from then on, on the primary's clock; the time is stored in the
+//! value's log entry). A `Value` answer carries the value's expiry the same way.
 //!
 //! A conditional write's `expect` is `tag u8, version u64`: tag 1, the key has no
 //! live value (version 0); tag 2, the key's live value has exactly `version`. The
@@ -90,6 +95,7 @@
 //!   or a fixed id for `share`; error code 14 (`UnknownLog`) refuses a log the
 //!   backup has ended. (Codes 13 and types 15–17 came with the RESP front end
 //!   within version 2.)
+//! - 4: `Put` and `PutIf` carry an `expiry`, and so does a `Value` answer.
 
 use std::fmt;
 
@@ -98,7 +104,7 @@ use rowankv_types::{NodeId, RequestId, RequestRecord, ShardId, Term};
 /// The first two bytes of every frame.
 pub const MAGIC: [u8; 2] = *b"RK";
 /// The frame format this build reads and writes.
-pub const WIRE_VERSION: u8 = 3;
+pub const WIRE_VERSION: u8 = 4;
 /// Size of the fixed header.
 pub const HEADER_BYTES: usize = 40;
 /// Default bound on a whole frame (header and body): the RPC receive buffer size.
@@ -115,14 +121,18 @@ pub const KV_BYTES_MAX: usize =
 /// Bytes of a write's request record, on the wire and in its log entry.
 pub const REQUEST_BYTES: usize = 24;
 
-/// Fixed bytes of a Put body before the key: request, key_len u16, value_len u32.
-const PUT_FIXED_BYTES: usize = REQUEST_BYTES + 2 + 4;
+/// Bytes of a PUT's or a value's expiry field: tag u8, at u64.
+pub const EXPIRY_BYTES: usize = 9;
+/// Fixed bytes of a Put body before the key: request, expiry, key_len u16,
+/// value_len u32.
+const PUT_FIXED_BYTES: usize = REQUEST_BYTES + EXPIRY_BYTES + 2 + 4;
 /// Fixed bytes of a Get or Del body before the key: key_len u16.
 const KEY_FIXED_BYTES: usize = 2;
 /// Fixed bytes of a GrantSegment body: log u32, has_sealed u8, sealed u32.
 const GRANT_SEGMENT_BYTES: usize = 4 + 1 + 4;
-/// Fixed bytes of a Value response before the value: status u8, version u64, value_len u32.
-const VALUE_RESPONSE_FIXED_BYTES: usize = 1 + 8 + 4;
+/// Fixed bytes of a Value response before the value: status u8, version u64,
+/// expiry, value_len u32.
+const VALUE_RESPONSE_FIXED_BYTES: usize = 1 + 8 + EXPIRY_BYTES + 4;
 /// Fixed bytes of an Error response before the detail: status, code, term, detail_len.
 const ERROR_RESPONSE_FIXED_BYTES: usize = 1 + 1 + 8 + 2;
 /// Replicated log entries are 64 B-aligned (the stride of a Rowan buffer).
@@ -243,6 +253,8 @@ pub enum Body<'a> {
         value: &'a [u8],
         /// The client's request record; `None`: executed each time it arrives.
         request: Option<RequestRecord>,
+        /// Unix time in milliseconds from which the value reads as absent.
+        expires_at_ms: Option<u64>,
     },
     Del {
         key: &'a [u8],
@@ -253,6 +265,7 @@ pub enum Body<'a> {
         key: &'a [u8],
         value: &'a [u8],
         request: Option<RequestRecord>,
+        expires_at_ms: Option<u64>,
         expect: Expect,
     },
     /// A `Del` executed only if `expect` holds for the key.
@@ -376,6 +389,7 @@ impl Body<'_> {
                 key,
                 value,
                 request,
+                ..
             } => {
                 check_request(request)?;
                 check_key(key)?;
@@ -387,6 +401,7 @@ impl Body<'_> {
                 value,
                 request,
                 expect,
+                ..
             } => {
                 check_expect(expect)?;
                 check_request(request)?;
@@ -465,8 +480,12 @@ fn check_entries(entries: &[u8], what: &str) -> Result<usize, FrameError> {
 pub enum Response<'a> {
     /// A PUT or DEL is durable on every replica at this shard version.
     Ok { version: u64 },
-    /// A GET found the key.
-    Value { version: u64, value: &'a [u8] },
+    /// A GET found the key: its value, version and expiry time (Unix ms).
+    Value {
+        version: u64,
+        value: &'a [u8],
+        expires_at_ms: Option<u64>,
+    },
     /// A GET did not find the key (or found its tombstone).
     NotFound,
     /// A segment granted to a GrantSegment: where the sender may write.
@@ -688,8 +707,10 @@ pub fn encode(
             key,
             value,
             request,
+            expires_at_ms,
         } => {
             put_request(out, request);
+            put_expiry(out, *expires_at_ms);
             put_u16(out, key.len());
             put_u32(out, value.len());
             out.extend_from_slice(key);
@@ -699,10 +720,12 @@ pub fn encode(
             key,
             value,
             request,
+            expires_at_ms,
             expect,
         } => {
             put_expect(out, expect);
             put_request(out, request);
+            put_expiry(out, *expires_at_ms);
             put_u16(out, key.len());
             put_u32(out, value.len());
             out.extend_from_slice(key);
@@ -755,9 +778,14 @@ pub fn encode(
                 out.push(STATUS_OK);
                 out.extend_from_slice(&version.to_le_bytes());
             }
-            Response::Value { version, value } => {
+            Response::Value {
+                version,
+                value,
+                expires_at_ms,
+            } => {
                 out.push(STATUS_VALUE);
                 out.extend_from_slice(&version.to_le_bytes());
+                put_expiry(out, *expires_at_ms);
                 put_u32(out, value.len());
                 out.extend_from_slice(value);
             }
@@ -888,21 +916,23 @@ fn decode_body(msg_type: MsgType, bytes: &[u8]) -> Result<Body<'_>, FrameError> 
             Body::Del { key, request }
         }
         MsgType::Put => {
-            let (request, key, value) = Reader::new(bytes, "put").put_fields()?;
+            let (request, expires_at_ms, key, value) = Reader::new(bytes, "put").put_fields()?;
             Body::Put {
                 key,
                 value,
                 request,
+                expires_at_ms,
             }
         }
         MsgType::PutIf => {
             let mut r = Reader::new(bytes, "put-if");
             let expect = r.expect()?;
-            let (request, key, value) = r.put_fields()?;
+            let (request, expires_at_ms, key, value) = r.put_fields()?;
             Body::PutIf {
                 key,
                 value,
                 request,
+                expires_at_ms,
                 expect,
             }
         }
@@ -1018,9 +1048,14 @@ fn decode_response(bytes: &[u8]) -> Result<Response<'_>, FrameError> {
         },
         STATUS_VALUE => {
             let version = r.u64("version")?;
+            let expires_at_ms = r.expiry()?;
             let value_len = r.u32("value_len")? as usize;
             let value = r.take(value_len, "value")?;
-            Response::Value { version, value }
+            Response::Value {
+                version,
+                value,
+                expires_at_ms,
+            }
         }
         STATUS_NOT_FOUND => Response::NotFound,
         STATUS_CONFIG => {
@@ -1151,6 +1186,15 @@ fn check_expect(expect: &Expect) -> Result<(), FrameError> {
     }
 }
 
+/// A PUT's fields after its condition: request, expiry, key, value.
+type PutFields<'a> = (Option<RequestRecord>, Option<u64>, &'a [u8], &'a [u8]);
+
+/// An expiry as the wire carries it: tag 0 and 0 for none.
+fn put_expiry(out: &mut Vec<u8>, expires_at_ms: Option<u64>) {
+    out.push(u8::from(expires_at_ms.is_some()));
+    out.extend_from_slice(&expires_at_ms.unwrap_or(0).to_le_bytes());
+}
+
 fn put_expect(out: &mut Vec<u8>, expect: &Expect) {
     let (tag, v) = match *expect {
         Expect::Absent => (1u8, 0u64),
@@ -1229,14 +1273,28 @@ impl<'a> Reader<'a> {
     /// The rest of a `Put` body (of a `PutIf` after its condition): request
     /// record, lengths, key and value, and nothing after them.
     #[allow(clippy::type_complexity)]
-    fn put_fields(mut self) -> Result<(Option<RequestRecord>, &'a [u8], &'a [u8]), FrameError> {
+    fn put_fields(mut self) -> Result<PutFields<'a>, FrameError> {
         let request = self.request()?;
+        let expires_at_ms = self.expiry()?;
         let key_len = self.key_len()?;
         let value_len = self.u32("value_len")? as usize;
         let key = self.take(key_len, "key")?;
         let value = self.take(value_len, "value")?;
         self.finish()?;
-        Ok((request, key, value))
+        Ok((request, expires_at_ms, key, value))
+    }
+
+    /// A PUT's or a value's expiry time.
+    fn expiry(&mut self) -> Result<Option<u64>, FrameError> {
+        let tag = self.u8("expiry tag")?;
+        let at = self.u64("expiry time")?;
+        match (tag, at) {
+            (0, 0) => Ok(None),
+            (1, at) => Ok(Some(at)),
+            _ => Err(FrameError::FieldLength(format!(
+                "an expiry of tag {tag} and time {at} (0 with 0: none; 1 with a time)"
+            ))),
+        }
     }
 
     /// A conditional write's condition.

@@ -71,11 +71,13 @@ fn samples(entries: &[u8]) -> Vec<Body<'_>> {
         Body::Get { key: b"user:42" },
         Body::Get { key: b"" },
         Body::Put {
+            expires_at_ms: None,
             key: b"user:42",
             value: b"hello, world",
             request: None,
         },
         Body::Put {
+            expires_at_ms: None,
             key: b"",
             value: b"",
             request: None,
@@ -85,6 +87,7 @@ fn samples(entries: &[u8]) -> Vec<Body<'_>> {
             request: None,
         },
         Body::Put {
+            expires_at_ms: None,
             key: b"user:42",
             value: b"once",
             request: Some(RequestRecord {
@@ -119,12 +122,27 @@ fn samples(entries: &[u8]) -> Vec<Body<'_>> {
             sealed: Some(0),
         },
         Body::PutIf {
+            expires_at_ms: None,
             key: b"counter",
             value: b"41",
             request: None,
             expect: Expect::Version(7),
         },
         Body::PutIf {
+            expires_at_ms: Some(0),
+            key: b"lock",
+            value: b"me",
+            request: None,
+            expect: Expect::Absent,
+        },
+        Body::Put {
+            expires_at_ms: Some(u64::MAX),
+            key: b"session:9",
+            value: b"token",
+            request: None,
+        },
+        Body::PutIf {
+            expires_at_ms: None,
             key: b"k",
             value: b"",
             request: None,
@@ -177,10 +195,17 @@ fn samples(entries: &[u8]) -> Vec<Body<'_>> {
         }),
         Body::Response(Response::Ok { version: 1 << 40 }),
         Body::Response(Response::Value {
+            expires_at_ms: None,
             version: 12,
             value: b"payload",
         }),
         Body::Response(Response::Value {
+            expires_at_ms: Some(1_767_225_600_000),
+            version: 13,
+            value: b"until new year",
+        }),
+        Body::Response(Response::Value {
+            expires_at_ms: None,
             version: 0,
             value: b"",
         }),
@@ -271,6 +296,7 @@ fn msg_types_map_to_their_bytes() {
 #[test]
 fn put_frame_has_the_documented_layout() {
     let bytes = encoded(&Body::Put {
+        expires_at_ms: None,
         key: b"ab",
         value: b"xyz",
         request: None,
@@ -279,13 +305,14 @@ fn put_frame_has_the_documented_layout() {
     expected.extend_from_slice(&MAGIC);
     expected.push(WIRE_VERSION);
     expected.push(2);
-    expected.extend_from_slice(&35u32.to_le_bytes()); // 24 + 2 + 4 + 2 + 3
+    expected.extend_from_slice(&44u32.to_le_bytes()); // 24 + 9 + 2 + 4 + 2 + 3
     expected.extend_from_slice(&0xC1A5_7E20_0000_0001u64.to_le_bytes());
     expected.extend_from_slice(&7u64.to_le_bytes());
     expected.extend_from_slice(&0x0102_0304_0506_0708u64.to_le_bytes());
     expected.extend_from_slice(&3u32.to_le_bytes());
     expected.extend_from_slice(&[0; 4]);
     expected.extend_from_slice(&[0; 24]); // no request record
+    expected.extend_from_slice(&[0; 9]); // no expiry
     expected.extend_from_slice(&2u16.to_le_bytes());
     expected.extend_from_slice(&3u32.to_le_bytes());
     expected.extend_from_slice(b"ab");
@@ -346,6 +373,7 @@ fn encode_reuses_the_buffer_it_is_given() {
         &mut out,
         &env(),
         &Body::Put {
+            expires_at_ms: None,
             key: b"12345678",
             value: &value,
             request: None,
@@ -564,6 +592,7 @@ fn oversized_key_is_rejected_on_both_sides() {
             request: None,
         },
         Body::Put {
+            expires_at_ms: None,
             key: &key,
             value: b"",
             request: None,
@@ -720,6 +749,7 @@ fn too_large_frames_are_refused_by_encode() {
             &mut out,
             &env(),
             &Body::Put {
+                expires_at_ms: None,
                 key: b"k",
                 value: &value,
                 request: None,
@@ -727,7 +757,7 @@ fn too_large_frames_are_refused_by_encode() {
             MAX
         ),
         Err(FrameError::TooLarge {
-            len: HEADER_BYTES + 30 + 1 + MAX,
+            len: HEADER_BYTES + 39 + 1 + MAX,
             max: MAX
         })
     );
@@ -760,6 +790,7 @@ fn put_value_bytes_max_is_an_exact_boundary() {
             let value = vec![b'v'; max + 1];
             let mut out = Vec::new();
             let fits = Body::Put {
+                expires_at_ms: None,
                 key: &key,
                 value: &value[..max],
                 request: None,
@@ -770,6 +801,7 @@ fn put_value_bytes_max_is_an_exact_boundary() {
             );
             assert_eq!(decode(&out).unwrap().body, fits);
             let one_more = Body::Put {
+                expires_at_ms: None,
                 key: &key,
                 value: &value,
                 request: None,
@@ -793,11 +825,13 @@ fn value_response_bytes_max_is_an_exact_boundary() {
     let value = vec![1u8; max + 1];
     let mut out = Vec::new();
     let fits = Body::Response(Response::Value {
+        expires_at_ms: None,
         version: 5,
         value: &value[..max],
     });
     assert_eq!(encode(&mut out, &env(), &fits, MAX), Ok(MAX));
     let one_more = Body::Response(Response::Value {
+        expires_at_ms: None,
         version: 5,
         value: &value,
     });
@@ -919,7 +953,7 @@ proptest! {
     fn put_get_del_round_trip(env in envelope(), (key, value) in key_and_value()) {
         let mut out = Vec::new();
         for body in [
-            Body::Put { key: &key, value: &value, request: None },
+            Body::Put { key: &key, value: &value, request: None, expires_at_ms: None },
             Body::Get { key: &key },
             Body::Del { key: &key, request: None },
         ] {
@@ -949,7 +983,7 @@ proptest! {
         let mut out = Vec::new();
         for response in [
             Response::Ok { version },
-            Response::Value { version, value: &value },
+            Response::Value { version, value: &value, expires_at_ms: None },
             Response::NotFound,
             Response::Segment { segment, offset, len_bytes },
             Response::Error { code, term: Term(term), detail: &detail },
@@ -1017,7 +1051,7 @@ proptest! {
         cut in any::<prop::sample::Index>(),
     ) {
         let mut out = Vec::new();
-        encode(&mut out, &env, &Body::Put { key: &key, value: &value, request: None }, MAX).unwrap();
+        encode(&mut out, &env, &Body::Put { key: &key, value: &value, request: None, expires_at_ms: None }, MAX).unwrap();
         let len = cut.index(out.len());
         prop_assert!(decode(&out[..len]).is_err());
     }
@@ -1028,7 +1062,7 @@ proptest! {
         flips in proptest::collection::vec((any::<prop::sample::Index>(), any::<u8>()), 1..8),
     ) {
         let mut out = Vec::new();
-        encode(&mut out, &env(), &Body::Put { key: &key, value: &value, request: None }, MAX).unwrap();
+        encode(&mut out, &env(), &Body::Put { key: &key, value: &value, request: None, expires_at_ms: None }, MAX).unwrap();
         for (at, byte) in flips {
             let i = at.index(out.len());
             out[i] = byte;
@@ -1063,6 +1097,7 @@ fn failover_bodies_refuse_bad_lengths_and_flags() {
 #[test]
 fn a_malformed_request_record_is_refused() {
     let good = Body::Put {
+        expires_at_ms: None,
         key: b"k",
         value: b"v",
         request: Some(RequestRecord {
@@ -1097,6 +1132,7 @@ fn a_malformed_request_record_is_refused() {
             "record ({client}, {seq}, {first})"
         );
         let body = Body::Put {
+            expires_at_ms: None,
             key: b"k",
             value: b"v",
             request: Some(RequestRecord {
@@ -1108,5 +1144,33 @@ fn a_malformed_request_record_is_refused() {
             encode(&mut out.clone(), &env(), &body, MAX),
             Err(FrameError::BadRequest { .. })
         ));
+    }
+}
+
+#[test]
+fn an_expiry_field_that_is_neither_none_nor_a_time_is_refused() {
+    // Tag 0 with a time, and tags above 1, are not canonical: refused, with
+    // the field named, never read as some expiry.
+    let good = encoded(&Body::Put {
+        expires_at_ms: Some(5),
+        key: b"k",
+        value: b"v",
+        request: None,
+    });
+    let at = HEADER_BYTES + 24;
+    assert_eq!(good[at], 1);
+    for (tag, time) in [(0u8, 5u64), (2, 5), (255, 0)] {
+        let mut bad = good.clone();
+        bad[at] = tag;
+        bad[at + 1..at + 9].copy_from_slice(&time.to_le_bytes());
+        let err = decode(&bad).expect_err("a bad expiry");
+        assert!(err.to_string().contains("expiry"), "{err}");
+    }
+    let mut none = good.clone();
+    none[at] = 0;
+    none[at + 1..at + 9].fill(0);
+    match decode(&none).expect("no expiry").body {
+        Body::Put { expires_at_ms, .. } => assert_eq!(expires_at_ms, None),
+        other => panic!("{other:?}"),
     }
 }

@@ -305,6 +305,7 @@ impl<N: Nic> LoadClient<N> {
                 self.fill_value(value_len);
                 (
                     ClientOp::Put {
+                        expires_at_ms: None,
                         key: self.key.clone(),
                         value: self.value.clone(),
                     },
