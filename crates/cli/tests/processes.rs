@@ -869,6 +869,30 @@ fn redis_clients_use_every_server_and_bad_input_loses_nothing() {
         Value::Array(vec![Value::bulk("counter")])
     );
 
+    // Fuzzing the connection loop: seeded hostile inputs, each on its own
+    // connection — random bytes, valid pipelines cut anywhere, byte flips,
+    // huge and negative lengths, deep nesting, junk around valid frames. The
+    // front ends answer or close and never crash; a SET cut short is never
+    // half-written (`fz` holds its whole value or nothing); the keys written
+    // before are untouched.
+    resp_fuzz(&ports, 0x5eed_f022, 300);
+    for &port in &ports {
+        assert_eq!(
+            Redis::connect(port).call(&["PING"]),
+            Value::SimpleString(b"PONG".to_vec())
+        );
+    }
+    let got = r.call(&["GET", "fz"]);
+    assert!(
+        got == Value::Null || got == Value::bulk(FUZZ_VALUE),
+        "a SET cut short was half-written: {got:?}"
+    );
+    assert_eq!(r.call(&["GET", "k"]), Value::bulk("v"));
+    assert_eq!(
+        r.call(&["GET", "counter"]),
+        Value::bulk((2 * EACH).to_string())
+    );
+
     // Server 0 killed: the others' front ends go on serving every key. An
     // INCR that fails meanwhile may still have been applied (its outcome is
     // unknown), so the counter is at least one more than before and at most
@@ -895,6 +919,106 @@ fn redis_clients_use_every_server_and_bad_input_loses_nothing() {
             "no service after the kill: GET answered {got:?}, INCR {incr:?}"
         );
         std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// The value every fuzzed `SET fz` carries whole.
+const FUZZ_VALUE: &str = "the-whole-fuzz-value-0123456789";
+
+/// `count` hostile inputs from `seed` to the front ends at `ports`, one
+/// connection each: written (the server may close before it has read all),
+/// then read until the server closes or stays silent for 300 ms.
+fn resp_fuzz(ports: &[u16], seed: u64, count: usize) {
+    use std::io::{Read, Write};
+    let mut state = seed | 1;
+    let mut next = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state
+    };
+    let mut valid = Vec::new();
+    rowankv_resp::encode_request(&["SET", "fz", FUZZ_VALUE], &mut valid);
+    rowankv_resp::encode_request(&["GET", "fz"], &mut valid);
+    rowankv_resp::encode_request(&["MSET", "fz:a", "1", "fz:b", "2"], &mut valid);
+    rowankv_resp::encode_request(&["INCR", "fz:n"], &mut valid);
+    for i in 0..count {
+        let mut input: Vec<u8> = match next() % 7 {
+            // Random bytes.
+            0 => (0..next() % 2048).map(|_| next() as u8).collect(),
+            // A valid pipeline cut anywhere.
+            1 => valid[..(next() as usize % valid.len())].to_vec(),
+            // Byte flips in a valid pipeline (SET fz:flip: only liveness is
+            // checked for what a flip may turn it into).
+            2 => {
+                let mut b = Vec::new();
+                rowankv_resp::encode_request(&["SET", "fz:flip", "x"], &mut b);
+                b.extend_from_slice(&valid[valid.len() / 2..]);
+                for _ in 0..1 + next() % 4 {
+                    let at = next() as usize % b.len();
+                    b[at] = next() as u8;
+                }
+                b
+            }
+            // Huge, negative and malformed lengths.
+            3 => [
+                &b"*1\r\n$2147483648\r\n"[..],
+                b"*-5\r\n",
+                b"*99999999999999999999\r\n",
+                b"*2\r\n$3\r\nGET\r\n$-7\r\n",
+                b"$5\r\nhello\r\n",
+                b"*1\r\n$3x\r\nGET\r\n",
+            ][next() as usize % 6]
+                .to_vec(),
+            // Deep nesting.
+            4 => b"*1\r\n".repeat(1 + next() as usize % 5000),
+            // Junk before a valid frame.
+            5 => {
+                let mut b: Vec<u8> = (0..next() % 64).map(|_| next() as u8).collect();
+                b.extend_from_slice(&valid);
+                b
+            }
+            // An inline command line of random printable bytes.
+            _ => {
+                let mut b: Vec<u8> = (0..next() % 200)
+                    .map(|_| b' ' + (next() % 95) as u8)
+                    .collect();
+                b.extend_from_slice(b"\r\n");
+                b
+            }
+        };
+        if input.is_empty() {
+            input.push(b'\n');
+        }
+        let port = ports[i % ports.len()];
+        let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+        stream
+            .set_read_timeout(Some(Duration::from_millis(300)))
+            .unwrap();
+        // The server may answer and close before it has read everything.
+        let _ = stream.write_all(&input);
+        let _ = stream.shutdown(std::net::Shutdown::Write);
+        let mut sink = [0u8; 4096];
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            match stream.read(&mut sink) {
+                Ok(0) => break,
+                Ok(_) => {}
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                    ) =>
+                {
+                    break
+                }
+                Err(_) => break,
+            }
+            assert!(
+                Instant::now() < deadline,
+                "input {i} kept the server talking"
+            );
+        }
     }
 }
 

@@ -1379,6 +1379,7 @@ impl Engine {
         Ok((at as u64, sealed))
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn write(
         &self,
         worker: usize,

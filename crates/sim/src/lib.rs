@@ -6,4 +6,4 @@ pub mod history;
 pub mod preempt;
 pub mod sim;
 
-pub use sim::{run, FaultCounts, PlantedBug, RunResult, SimConfig};
+pub use sim::{expiry_of_value, run, FaultCounts, PlantedBug, RunResult, SimConfig};

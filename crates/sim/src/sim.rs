@@ -139,6 +139,25 @@ pub struct SimConfig {
     pub planted: Option<PlantedBug>,
     /// The replication strategy; `None`: drawn from the seed (all five in turn).
     pub strategy: Option<Strategy>,
+    /// About a third of PUTs carry an expiry time ([`expiry_of_value`]), far
+    /// past the run's end: values never expire, but entries with a request
+    /// record and an expiry time (log entry format 7) travel every path —
+    /// replication, digest, cleaning, failover, recovery and the index's key
+    /// check. Off in [`SimConfig::new`], so that runs pinned to a seed replay
+    /// as they were found; `rowankv sim` turns it on.
+    pub expiring_puts: bool,
+}
+
+/// The expiry time a simulated PUT of `value` carries when
+/// [`SimConfig::expiring_puts`] is on: ten years past the simulated clock's
+/// origin for about a third of values, chosen by the value alone so that a
+/// write sent again carries the same time.
+pub fn expiry_of_value(value: &str) -> Option<u64> {
+    const TEN_YEARS_MS: u64 = 10 * 365 * 24 * 3600 * 1000;
+    let h = value
+        .bytes()
+        .fold(0u32, |a, b| a.wrapping_mul(31).wrapping_add(b as u32));
+    (h % 3 == 0).then_some(rowankv_types::MANUAL_CLOCK_UNIX_MS_ORIGIN + TEN_YEARS_MS)
 }
 
 impl SimConfig {
@@ -154,6 +173,7 @@ impl SimConfig {
             preempt: true,
             planted: None,
             strategy: None,
+            expiring_puts: false,
         }
     }
 
@@ -374,6 +394,8 @@ struct World {
     /// Values padded to up to this many bytes, so that logs fill segments fast
     /// (the small-pool profile); 0: short values.
     value_pad_max: usize,
+    /// [`SimConfig::expiring_puts`].
+    expiring_puts: bool,
 }
 
 impl World {
@@ -426,6 +448,7 @@ impl World {
             pending_move: None,
             move_outcome: Arc::default(),
             value_pad_max: if sim.small_segments() { 2400 } else { 0 },
+            expiring_puts: sim.expiring_puts,
         };
         let now = w.clock.now_ns();
         for s in &w.parts.servers {
@@ -600,6 +623,7 @@ impl World {
                     0 => 0,
                     max => self.rng.gen_range(0..max),
                 };
+                let expiring = self.expiring_puts;
                 let sc = &mut self.clients[ci];
                 let (kind, client_op, value) = if roll < 45 {
                     sc.next_value += 1;
@@ -607,7 +631,7 @@ impl World {
                     (
                         OpKind::Put,
                         Op::Put {
-                            expires_at_ms: None,
+                            expires_at_ms: expiring.then(|| expiry_of_value(&v)).flatten(),
                             key: key.clone().into_bytes(),
                             value: v.clone().into_bytes(),
                         },
@@ -664,7 +688,11 @@ impl World {
         self.retired.push(old);
         let client_op = match op.op {
             OpKind::Put => Op::Put {
-                expires_at_ms: None,
+                expires_at_ms: op
+                    .value
+                    .as_deref()
+                    .filter(|_| self.expiring_puts)
+                    .and_then(expiry_of_value),
                 key: op.key.clone().into_bytes(),
                 value: op.value.clone().unwrap_or_default().into_bytes(),
             },

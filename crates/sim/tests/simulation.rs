@@ -6,7 +6,7 @@
 use rowankv_server::Strategy;
 use rowankv_sim::check::ViolationKind;
 use rowankv_sim::history::History;
-use rowankv_sim::{run, PlantedBug, SimConfig};
+use rowankv_sim::{expiry_of_value, run, PlantedBug, SimConfig};
 
 const OPS: usize = 2000;
 /// Seeds CI runs (`rowankv sim --seeds 300 --ops 2000` in `.ci/run`).
@@ -82,8 +82,20 @@ fn a_copy_that_misses_a_write_mid_step_is_caught_within_the_ci_budget() {
 fn seeds_with_faults_pass_every_check() {
     let mut faults = 0;
     let mut ops = 0;
+    let mut expiring = 0;
     for seed in 1..=12 {
-        let r = run(&SimConfig::new(seed, OPS));
+        // As `rowankv sim` runs them: some PUTs carry expiry times.
+        let r = run(&SimConfig {
+            expiring_puts: true,
+            ..SimConfig::new(seed, OPS)
+        });
+        expiring += r
+            .history
+            .ops
+            .iter()
+            .filter_map(|o| o.value.as_deref())
+            .filter(|v| expiry_of_value(v).is_some())
+            .count();
         assert!(
             r.report.violations.is_empty(),
             "seed {seed}: {:?}\nfaults: {:#?}\nreplay: rowankv sim --seed {seed} --ops {OPS} --verbose",
@@ -100,6 +112,10 @@ fn seeds_with_faults_pass_every_check() {
     }
     assert!(faults >= 12 * 5, "too few faults injected: {faults}");
     assert!(ops >= 12 * OPS);
+    assert!(
+        expiring >= 12 * 100,
+        "too few PUTs with an expiry time: {expiring}"
+    );
 }
 
 #[test]

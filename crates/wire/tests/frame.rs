@@ -41,7 +41,7 @@ fn write_body(rest: &[u8]) -> Vec<u8> {
 fn raw_frame(msg_type: u8, body: &[u8]) -> Vec<u8> {
     let mut f = Vec::new();
     f.extend_from_slice(b"RK");
-    f.push(3); // version
+    f.push(4); // version
     f.push(msg_type);
     f.extend_from_slice(&(body.len() as u32).to_le_bytes());
     f.extend_from_slice(&11u64.to_le_bytes()); // cluster_id
@@ -420,9 +420,10 @@ fn bad_magic_is_rejected() {
 #[test]
 fn bad_version_is_rejected() {
     let mut bytes = encoded(&Body::Ping);
-    // Version 1 (writes without request records) and 2 (grant requests
-    // naming a worker's log) are no longer spoken.
-    for old in [1, 2, 4] {
+    // Version 1 (writes without request records), 2 (grant requests naming a
+    // worker's log) and 3 (writes without expiry times) are no longer spoken;
+    // 5 is not yet.
+    for old in [1, 2, 3, 5] {
         bytes[2] = old;
         assert_eq!(decode(&bytes), Err(FrameError::BadVersion(old)));
     }
@@ -514,7 +515,8 @@ fn trailing_bytes_in_a_body_are_rejected() {
     };
     let e = encode(&mut Vec::new(), &env(), &zero, MAX).unwrap_err();
     assert!(e.to_string().contains("version 0"), "{e}");
-    let mut put = write_body(&[1, 0, 1, 0, 0, 0, b'k', b'v']);
+    // No request record (the 24 B write_body puts first), no expiry, key, value.
+    let mut put = write_body(&[0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 1, 0, 0, 0, b'k', b'v']);
     put.extend_from_slice(b"extra");
     assert_eq!(
         decode(&raw_frame(2, &put)),
