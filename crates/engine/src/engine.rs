@@ -1873,7 +1873,8 @@ impl Engine {
                 continue;
             };
             let hash = hash_key(e.key);
-            if shard.index.get(hash, |a| self.key_at(a, e.key)) != Some(old) {
+            let indexed = shard.index.get(hash, |a| self.key_at(a, e.key));
+            if indexed != Some(old) {
                 // Dead: a newer entry (or a newer copy) is indexed. Its request
                 // record may still be the only answer to a retry of its request:
                 // the table is rebuilt from the log at a restart, so while the
@@ -1893,18 +1894,26 @@ impl Engine {
                     if table.kept_at(r.id).is_some_and(|at| at != old) {
                         report.records_dropped += 1;
                     } else if matches!(table.outcome(r.id), RequestOutcome::Done(_)) {
+                        // Where a newer version of the key is indexed, only the
+                        // record is kept, not the value: the copy is a
+                        // value-less Del of the entry's version, which the
+                        // newer one shadows here and after a restart — a few
+                        // dozen bytes where the dead value may take kilobytes.
+                        // A dead copy of the indexed version itself (the entry
+                        // seen twice) is copied whole: a Del of that version
+                        // would tie with the live entry at a restart.
+                        let shadowed = indexed.is_some_and(|a| self.version_at(a) > e.version.0);
+                        let (kind, value, expires) = if shadowed {
+                            (Kind::Del, &[][..], None)
+                        } else {
+                            (e.kind, &e.value[..], e.expires_at_ms)
+                        };
                         let new = self.append_copy(
-                            cleaner,
-                            e.kind,
-                            e.shard,
-                            e.version,
-                            e.key,
-                            &e.value,
-                            e.request,
-                            e.expires_at_ms,
+                            cleaner, kind, e.shard, e.version, e.key, value, e.request, expires,
                         )?;
-                        self.account_live(new, len as u64, true);
-                        table.keep(r.id, new, len as u64);
+                        let new_len = self.entry_len_at(new);
+                        self.account_live(new, new_len, true);
+                        table.keep(r.id, new, new_len);
                         report.records_kept += 1;
                     } else {
                         table.unkeep(r.id, old);

@@ -439,6 +439,138 @@ fn cleaning_keeps_one_copy_of_a_record_seen_twice() {
     assert_eq!(outcome(&e, S0, 51, 1), Done(Version(1)), "after a restart");
 }
 
+/// An entry received twice whose version is the key's latest: one copy is
+/// indexed, the other is dead, and the cleaner keeps the dead one whole (its
+/// record with its value). Kept as a value-less Del, it would tie with the live
+/// Put at a restart, and the key would read as deleted (the simulator found
+/// this, seeds 82 and 208, in a first version of the value-less copies).
+#[test]
+fn a_dead_copy_of_the_latest_version_keeps_its_value_through_a_restart() {
+    let e = Arc::new(Engine::create(pool(), config()).unwrap());
+    let blog = passive_blog(&e);
+    let r = rec(52, 1, 1);
+    let latest = enc(Kind::Put, S0, 1, b"latest", &[5; 900], Some(r), MTU);
+    let mut version = 10;
+    let mut filled = Vec::new();
+    for worker in 0..2 {
+        e.append_backup(worker, &latest).unwrap();
+        loop {
+            let filler = enc(Kind::Put, S1, version, b"fill", &[7; 1000], None, MTU);
+            version += 1;
+            if let Some(seg) = e.append_backup(worker, &filler).unwrap() {
+                filled.push(seg);
+                break;
+            }
+        }
+    }
+    for (shard, v) in [(S0, 1), (S1, version - 1)] {
+        e.append_backup(0, &enc(Kind::Commit, shard, v, b"", b"", None, MTU))
+            .unwrap();
+    }
+    for &seg in &filled {
+        blog.enqueue_used(seg);
+    }
+    for seg in e.backup_log_heads() {
+        blog.digest_now(seg).unwrap();
+    }
+    for d in 0..BackupLogConfig::default().digest_count {
+        blog.digest_step(d).unwrap();
+    }
+    assert_eq!(blog.try_commit(), 2, "the filled segments commit");
+    churn_and_clean(&e);
+    assert_eq!(e.get(S0, b"latest").unwrap().unwrap().0, vec![5; 900]);
+    // Every copy carrying the record is the Put, whole: none a Del of its
+    // version, whichever a restart would install first.
+    let mut copies = Vec::new();
+    for_each_entry(&e, |x| {
+        if x.request.is_some_and(|k| k.id == r.id) {
+            copies.push((x.kind, x.value.len()));
+        }
+    });
+    assert!(!copies.is_empty());
+    assert!(
+        copies.iter().all(|&c| c == (Kind::Put, 900)),
+        "copies of the latest version: {copies:?}"
+    );
+    let pool = e.pool().clone();
+    drop(blog);
+    drop(e);
+    let (e, _) = Engine::open_replica(pool, config()).unwrap();
+    assert_eq!(
+        e.get(S0, b"latest")
+            .unwrap()
+            .map(|(v, version)| (v, version)),
+        Some((vec![5; 900], Version(1))),
+        "after a restart"
+    );
+    assert_eq!(outcome(&e, S0, 52, 1), Done(Version(1)));
+}
+
+/// A dead entry kept for its request record, where a newer version of its key
+/// is indexed, is kept as a value-less Del of its version: the record costs a
+/// block, not the value's kilobytes, and the newer value still wins after a
+/// restart.
+#[test]
+fn a_record_kept_for_a_superseded_value_does_not_keep_the_value() {
+    let e = Engine::create(pool(), config()).unwrap();
+    let r = rec(53, 1, 1);
+    e.put_with_request(0, ShardId(3), b"big", &[9; 3000], r)
+        .unwrap();
+    let newer = e.put(0, ShardId(3), b"big", b"small now").unwrap();
+    churn_and_clean(&e);
+    assert_eq!(outcome(&e, ShardId(3), 53, 1), Done(Version(1)));
+    let mut kept = Vec::new();
+    for_each_entry(&e, |x| {
+        if x.request.is_some_and(|k| k.id == r.id) {
+            kept.push((x.kind, x.version, x.value.len()));
+        }
+    });
+    assert_eq!(
+        kept,
+        vec![(Kind::Del, Version(1), 0)],
+        "the record alone is kept"
+    );
+    let pool = e.pool().clone();
+    drop(e);
+    let (e, _) = Engine::open(pool, config()).unwrap();
+    assert_eq!(
+        e.get(ShardId(3), b"big").unwrap(),
+        Some((b"small now".to_vec(), newer.version))
+    );
+    assert_eq!(outcome(&e, ShardId(3), 53, 1), Done(Version(1)));
+}
+
+/// Every whole entry in the engine's used segments, by `f`.
+fn for_each_entry(e: &Engine, mut f: impl FnMut(&entry::Entry<'_>)) {
+    use rowankv_engine::segment::{Owner, SegmentState};
+    let owners = [Owner::Worker, Owner::Control, Owner::Cleaner, Owner::Backup];
+    let states = [
+        SegmentState::Using,
+        SegmentState::Used,
+        SegmentState::Committed,
+    ];
+    let size = e.config().segment_size_bytes;
+    for seg in e.segments_in(&owners, &states) {
+        let mut bytes = vec![0u8; size];
+        e.pool().read(e.layout().segment_offset(seg), &mut bytes);
+        let mut at = 0;
+        while at < size {
+            let header = match entry::parse_block(&bytes[at..]) {
+                Ok((h, _)) => h,
+                Err(EntryError::End) => break,
+                Err(_) => {
+                    at += entry::STRIDE_BYTES;
+                    continue;
+                }
+            };
+            if let Ok(x) = entry::parse_entry(&bytes[at..]) {
+                f(&x);
+            }
+            at += header.padded_len();
+        }
+    }
+}
+
 #[test]
 fn a_backup_rebuilds_the_table_by_digest() {
     let e = Arc::new(Engine::create(pool(), config()).unwrap());
