@@ -346,34 +346,10 @@ fn cleaning_keeps_the_records_a_retry_may_still_need() {
 /// The entries in `e`'s pool that carry request `id`'s record, in segments
 /// not free (what a restart would read).
 fn copies_of(e: &Engine, id: RequestId) -> usize {
-    use rowankv_engine::segment::{Owner, SegmentState};
-    let owners = [Owner::Worker, Owner::Control, Owner::Cleaner, Owner::Backup];
-    let states = [
-        SegmentState::Using,
-        SegmentState::Used,
-        SegmentState::Committed,
-    ];
-    let size = e.config().segment_size_bytes;
     let mut found = 0;
-    for seg in e.segments_in(&owners, &states) {
-        let mut bytes = vec![0u8; size];
-        e.pool().read(e.layout().segment_offset(seg), &mut bytes);
-        let mut at = 0;
-        while at < size {
-            let header = match entry::parse_block(&bytes[at..]) {
-                Ok((h, _)) => h,
-                Err(EntryError::End) => break,
-                Err(_) => {
-                    at += entry::STRIDE_BYTES;
-                    continue;
-                }
-            };
-            if let Ok(x) = entry::parse_entry(&bytes[at..]) {
-                found += usize::from(x.request.is_some_and(|r| r.id == id));
-            }
-            at += header.padded_len();
-        }
-    }
+    for_each_entry(e, |x| {
+        found += usize::from(x.request.is_some_and(|r| r.id == id))
+    });
     found
 }
 
@@ -389,37 +365,7 @@ fn cleaning_keeps_one_copy_of_a_record_seen_twice() {
     let r = rec(51, 1, 1);
     let first = enc(Kind::Put, S0, 1, b"twice", b"one", Some(r), MTU);
     let newer = enc(Kind::Put, S0, 2, b"twice", b"newer", None, MTU);
-    // Once in each per-thread b-log, each segment then filled (with writes
-    // of one key of another shard, each superseding the last), digested and
-    // committed, so that the cleaner may clean both.
-    let mut version = 10;
-    let mut filled = Vec::new();
-    for worker in 0..2 {
-        e.append_backup(worker, &first).unwrap();
-        loop {
-            let filler = enc(Kind::Put, S1, version, b"fill", &[7; 1000], None, MTU);
-            version += 1;
-            if let Some(seg) = e.append_backup(worker, &filler).unwrap() {
-                filled.push(seg);
-                break;
-            }
-        }
-    }
-    e.append_backup(0, &newer).unwrap();
-    for (shard, v) in [(S0, 2), (S1, version - 1)] {
-        e.append_backup(0, &enc(Kind::Commit, shard, v, b"", b"", None, MTU))
-            .unwrap();
-    }
-    for &seg in &filled {
-        blog.enqueue_used(seg);
-    }
-    for seg in e.backup_log_heads() {
-        blog.digest_now(seg).unwrap();
-    }
-    for d in 0..BackupLogConfig::default().digest_count {
-        blog.digest_step(d).unwrap();
-    }
-    assert_eq!(blog.try_commit(), 2, "the filled segments commit");
+    received_twice(&e, &blog, &first, Some(&newer));
     assert_eq!(outcome(&e, S0, 51, 1), Done(Version(1)));
     assert_eq!(copies_of(&e, r.id), 2, "received twice");
     let mut dropped = 0;
@@ -439,21 +385,20 @@ fn cleaning_keeps_one_copy_of_a_record_seen_twice() {
     assert_eq!(outcome(&e, S0, 51, 1), Done(Version(1)), "after a restart");
 }
 
-/// An entry received twice whose version is the key's latest: one copy is
-/// indexed, the other is dead, and the cleaner keeps the dead one whole (its
-/// record with its value). Kept as a value-less Del, it would tie with the live
-/// Put at a restart, and the key would read as deleted (the simulator found
-/// this, seeds 82 and 208, in a first version of the value-less copies).
-#[test]
-fn a_dead_copy_of_the_latest_version_keeps_its_value_through_a_restart() {
-    let e = Arc::new(Engine::create(pool(), config()).unwrap());
-    let blog = passive_blog(&e);
-    let r = rec(52, 1, 1);
-    let latest = enc(Kind::Put, S0, 1, b"latest", &[5; 900], Some(r), MTU);
+/// `entry` (of shard 0, version 1) received by a backup twice, once in each
+/// per-thread b-log, then `then` (of shard 0, version 2) if given; each segment
+/// filled (with writes of one key of shard 1, each superseding the last),
+/// digested and committed, so that the cleaner may clean both.
+fn received_twice(
+    e: &Engine,
+    blog: &BackupLog<rowankv_fabric::LoopbackNic>,
+    entry: &[u8],
+    then: Option<&[u8]>,
+) {
     let mut version = 10;
     let mut filled = Vec::new();
     for worker in 0..2 {
-        e.append_backup(worker, &latest).unwrap();
+        e.append_backup(worker, entry).unwrap();
         loop {
             let filler = enc(Kind::Put, S1, version, b"fill", &[7; 1000], None, MTU);
             version += 1;
@@ -463,7 +408,11 @@ fn a_dead_copy_of_the_latest_version_keeps_its_value_through_a_restart() {
             }
         }
     }
-    for (shard, v) in [(S0, 1), (S1, version - 1)] {
+    if let Some(then) = then {
+        e.append_backup(0, then).unwrap();
+    }
+    let s0 = if then.is_some() { 2 } else { 1 };
+    for (shard, v) in [(S0, s0), (S1, version - 1)] {
         e.append_backup(0, &enc(Kind::Commit, shard, v, b"", b"", None, MTU))
             .unwrap();
     }
@@ -477,6 +426,20 @@ fn a_dead_copy_of_the_latest_version_keeps_its_value_through_a_restart() {
         blog.digest_step(d).unwrap();
     }
     assert_eq!(blog.try_commit(), 2, "the filled segments commit");
+}
+
+/// An entry received twice whose version is the key's latest: one copy is
+/// indexed, the other is dead, and the cleaner keeps the dead one whole (its
+/// record with its value). Kept as a value-less Del, it would tie with the live
+/// Put at a restart, and the key would read as deleted (the simulator found
+/// this, seeds 82 and 208, in a first version of the value-less copies).
+#[test]
+fn a_dead_copy_of_the_latest_version_keeps_its_value_through_a_restart() {
+    let e = Arc::new(Engine::create(pool(), config()).unwrap());
+    let blog = passive_blog(&e);
+    let r = rec(52, 1, 1);
+    let latest = enc(Kind::Put, S0, 1, b"latest", &[5; 900], Some(r), MTU);
+    received_twice(&e, &blog, &latest, None);
     churn_and_clean(&e);
     assert_eq!(e.get(S0, b"latest").unwrap().unwrap().0, vec![5; 900]);
     // Every copy carrying the record is the Put, whole: none a Del of its
