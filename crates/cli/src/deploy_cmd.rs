@@ -18,6 +18,10 @@ pub struct ProcessArgs {
     /// The TOML file (reference: docs/deployment.md).
     #[arg(long, value_name = "FILE")]
     config: PathBuf,
+    /// Serve Prometheus metrics (`GET /metrics`) on this port of the host the
+    /// process listens on; overrides the file's `[metrics] listen`.
+    #[arg(long, value_name = "PORT")]
+    metrics_port: Option<u16>,
 }
 
 /// Stop on SIGTERM or SIGINT.
@@ -30,13 +34,19 @@ fn stop_flag() -> Result<Arc<AtomicBool>> {
 }
 
 pub fn server(args: ProcessArgs) -> Result<()> {
-    let dep = ServerDeployment::load(&args.config)?;
+    let mut dep = ServerDeployment::load(&args.config)?;
+    if let Some(port) = args.metrics_port {
+        dep.set_metrics_port(port);
+    }
     rowankv_deploy::server::run(&dep, stop_flag()?)?;
     Ok(())
 }
 
 pub fn cm(args: ProcessArgs) -> Result<()> {
-    let dep = CmDeployment::load(&args.config)?;
+    let mut dep = CmDeployment::load(&args.config)?;
+    if let Some(port) = args.metrics_port {
+        dep.set_metrics_port(port);
+    }
     rowankv_deploy::cm::run(&dep, stop_flag()?)?;
     Ok(())
 }

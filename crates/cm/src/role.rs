@@ -41,7 +41,7 @@
 //! round of the stored term commits.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use rowankv_fabric::Nic;
@@ -77,6 +77,48 @@ struct Probe {
     sent_ns: u64,
     /// Its connection failed: no answer can come.
     failed: bool,
+}
+
+/// Counters and gauges of one CM, for its metrics endpoint: read at scrape
+/// time, written by the CM's role (relaxed atomics, no lock).
+#[derive(Debug, Default)]
+pub struct CmStats {
+    /// 1 while this CM holds the CM lease (the active one), else 0.
+    pub active: AtomicU64,
+    /// Times this CM became the active one.
+    pub activations: AtomicU64,
+    /// The term of the configuration the CM holds, and the highest it knows
+    /// committed.
+    pub term: AtomicU64,
+    pub committed_term: AtomicU64,
+    /// Members of that configuration, and joining backups (shard, backup) in it.
+    pub members: AtomicU64,
+    pub joining_backups: AtomicU64,
+    /// Server leases granted.
+    pub leases_granted: AtomicU64,
+    /// Servers declared failed (lease expired, probe unanswered).
+    pub servers_failed: AtomicU64,
+    /// Failovers: configurations stored to remove failed servers (their
+    /// shards' backups promoted).
+    pub failovers: AtomicU64,
+    /// Joining backups made full backups once their copy was reported.
+    pub backups_promoted: AtomicU64,
+    /// Servers added as members, and removed on request (`rowankv leave`).
+    pub joins: AtomicU64,
+    pub leaves: AtomicU64,
+    /// Configurations stored, and committed (prepare/commit rounds finished).
+    pub configs_stored: AtomicU64,
+    pub configs_committed: AtomicU64,
+}
+
+impl CmStats {
+    pub fn get(c: &AtomicU64) -> u64 {
+        c.load(Ordering::Relaxed)
+    }
+
+    fn add(c: &AtomicU64, n: u64) {
+        c.fetch_add(n, Ordering::Relaxed);
+    }
 }
 
 /// One configuration manager.
@@ -129,6 +171,8 @@ pub struct CmTask<N: Nic> {
     leaves: Leaves,
     /// When the store is next read for servers recorded as having left.
     next_leave_scan_ns: u64,
+    /// What the metrics show ([`CmTask::with_stats`]).
+    stats: Arc<CmStats>,
 }
 
 /// How often the active CM reads the store for servers recorded as having left.
@@ -146,6 +190,12 @@ impl<N: Nic> CmTask<N> {
     /// member and a joining backup of the shards short of replicas.
     pub fn with_joins(mut self, joins: Joins) -> Self {
         self.joins = joins;
+        self
+    }
+
+    /// Count into `stats` (a CM process's metrics endpoint reads them).
+    pub fn with_stats(mut self, stats: Arc<CmStats>) -> Self {
+        self.stats = stats;
         self
     }
 
@@ -196,6 +246,7 @@ impl<N: Nic> CmTask<N> {
         let Some(term) = self.store_next(next, not_before.max(now_ns), now_ns, "a leave") else {
             return false;
         };
+        CmStats::add(&self.stats.leaves, 1);
         tracing::info!(cm = %self.name, server = %node, %term, "a server leaves the configuration");
         true
     }
@@ -238,6 +289,7 @@ impl<N: Nic> CmTask<N> {
         let Some(term) = self.store_next(next, now_ns, now_ns, "a join") else {
             return false;
         };
+        CmStats::add(&self.stats.joins, 1);
         tracing::info!(cm = %self.name, server = %node, %term, "a server joined the configuration");
         self.failed.remove(&node);
         self.rescued.remove(&node);
@@ -258,6 +310,7 @@ impl<N: Nic> CmTask<N> {
         let active = self.active.as_ref()?;
         match self.manager.commit_as(active, next) {
             Ok(c) => {
+                CmStats::add(&self.stats.configs_stored, 1);
                 self.events
                     .record(now_ns, EventKind::ConfigStored { term: c.term });
                 self.start_round(c.term, not_before_ns);
@@ -319,6 +372,7 @@ impl<N: Nic> CmTask<N> {
             joins: Joins::default(),
             leaves: Leaves::default(),
             next_leave_scan_ns: 0,
+            stats: Arc::default(),
         }
     }
 
@@ -380,6 +434,7 @@ impl<N: Nic> CmTask<N> {
         self.failed.clear();
         self.suspects.clear();
         self.rescued.clear();
+        CmStats::add(&self.stats.activations, 1);
         self.events.record(
             now_ns,
             EventKind::CmActive {
@@ -538,6 +593,7 @@ impl<N: Nic> CmTask<N> {
                 .get(&d)
                 .map(|&t| now_ns.saturating_sub(t) as f64 / 1e6);
             tracing::warn!(cm = %self.name, server = %d, ?since_ms, "lease expired: declaring the server failed");
+            CmStats::add(&self.stats.servers_failed, 1);
             self.events
                 .record(now_ns, EventKind::ServerFailed { node: d });
             self.failed.insert(d);
@@ -549,8 +605,13 @@ impl<N: Nic> CmTask<N> {
             .max()
             .unwrap_or(now_ns)
             .max(self.round.as_ref().map_or(0, |r| r.not_before_ns));
-        self.store_next(next, not_before, now_ns, "the next configuration")
-            .is_some()
+        let stored = self
+            .store_next(next, not_before, now_ns, "the next configuration")
+            .is_some();
+        if stored {
+            CmStats::add(&self.stats.failovers, 1);
+        }
+        stored
     }
 
     /// A configuration an operator stored (a term beyond what this CM committed)
@@ -586,9 +647,13 @@ impl<N: Nic> CmTask<N> {
             let Some(next) = plan_ready(&config, shard, node) else {
                 continue;
             };
-            return self
+            let stored = self
                 .store_next(next, now_ns, now_ns, "a ready backup")
                 .is_some();
+            if stored {
+                CmStats::add(&self.stats.backups_promoted, 1);
+            }
+            return stored;
         }
         false
     }
@@ -649,6 +714,7 @@ impl<N: Nic> CmTask<N> {
                 }
             }
             self.committed = self.committed.max(term);
+            CmStats::add(&self.stats.configs_committed, 1);
             self.events
                 .record(now_ns, EventKind::ConfigCommitted { term });
             self.round = None;
@@ -723,6 +789,7 @@ impl<N: Nic> CmTask<N> {
                 }
                 self.granted.insert(h.sender, now);
                 self.rescued.remove(&h.sender);
+                CmStats::add(&self.stats.leases_granted, 1);
                 let committed = self.committed.0;
                 self.respond(peer, h.request_id, Response::Ok { version: committed });
             }
@@ -846,6 +913,21 @@ impl<N: Nic> CmTask<N> {
     }
 }
 
+impl<N: Nic> CmTask<N> {
+    /// The gauges of [`CmStats`], as of the end of this step.
+    fn publish_gauges(&self) {
+        let config = self.manager.current();
+        let st = &self.stats;
+        let set = |g: &AtomicU64, v: u64| g.store(v, Ordering::Relaxed);
+        set(&st.active, u64::from(self.active.is_some()));
+        set(&st.term, config.term.0);
+        set(&st.committed_term, self.committed.0);
+        set(&st.members, config.members.len() as u64);
+        let joining: usize = config.shards.iter().map(|s| s.joining.len()).sum();
+        set(&st.joining_backups, joining as u64);
+    }
+}
+
 impl<N: Nic> Task for CmTask<N> {
     fn name(&self) -> &str {
         &self.name
@@ -857,6 +939,7 @@ impl<N: Nic> Task for CmTask<N> {
 
     fn step(&mut self, now_ns: u64) -> Step {
         if self.crashed.load(Ordering::Acquire) {
+            self.stats.active.store(0, Ordering::Relaxed);
             return Step::Done;
         }
         self.discount_stall(now_ns);
@@ -896,6 +979,7 @@ impl<N: Nic> Task for CmTask<N> {
             did |= self.admit_leaves(now_ns);
             did |= self.watch_store(now_ns);
         }
+        self.publish_gauges();
         if did {
             Step::Worked
         } else {

@@ -34,7 +34,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use parking_lot::RwLock;
-use rowankv_cm::role::{CmTask, Joins, Leaves};
+use rowankv_cm::role::{CmStats, CmTask, Joins, Leaves};
 use rowankv_cm::{
     allocate_node, node_record, update_node_record, CmError, ConfigManager, CoordStore,
     EmbeddedStore, EtcdConfig, EtcdStore, NodeRecord,
@@ -49,6 +49,7 @@ use rowankv_types::{Clock, NodeId, QpNum, SystemClock};
 use rowankv_wire::config::{Config, Member};
 
 use crate::join::{JoinAnswer, JoinRequest, LeaveRequest, JOIN_SERVICE, LEAVE_SERVICE, LEFT};
+use crate::metrics::CmMetrics;
 use crate::{any_port, attach, host_of, perr, ProcessError};
 
 /// The failover settings of a cluster whose server lease is `lease_ms`: renewed
@@ -247,6 +248,11 @@ impl JoinDesk {
 /// Run a CM until `stop` is set.
 pub fn run(dep: &CmDeployment, stop: Arc<AtomicBool>) -> Result<(), ProcessError> {
     let clock: Arc<dyn Clock> = SystemClock::new();
+    let stats = Arc::new(CmStats::default());
+    let _endpoint = dep
+        .metrics
+        .map(|listen| crate::metrics::start(listen, CmMetrics::registry(stats.clone()), "cm"))
+        .transpose()?;
     let store = open_store(&dep.store, clock.clone())?;
     // The store may come up after the CM (etcd started alongside): wait for it.
     let record = NodeRecord {
@@ -356,7 +362,8 @@ pub fn run(dep: &CmDeployment, stop: Arc<AtomicBool>) -> Result<(), ProcessError
                 clock.clone(),
             )
             .with_joins(desk.joins.clone())
-            .with_leaves(desk.leaves.clone());
+            .with_leaves(desk.leaves.clone())
+            .with_stats(stats.clone());
             let mut ex = Executor::new(Placement::Dedicated, clock.clone());
             ex.spawn(Box::new(task));
             executor = Some(ex);

@@ -13,6 +13,8 @@
 //!   configuration from the CMs, recovers its engine when it is still a member,
 //!   and runs the server's roles; its replication paths are connected on demand.
 //! - [`client`]: a client that knows only the CMs' addresses.
+//! - [`metrics`]: the Prometheus endpoint of a server or CM process
+//!   (`[metrics] listen`), read from the roles' counters at scrape time.
 //! - [`cluster`]: the in-process cluster — servers, the CMs and the embedded
 //!   coordination store on one `LoopbackFabric`, run by one executor. It is the
 //!   embedded default (`rowankv demo`), the vehicle of the end-to-end tests and
@@ -29,6 +31,7 @@ pub mod cluster;
 pub mod cm;
 pub mod join;
 pub mod local;
+pub mod metrics;
 pub mod resp;
 pub mod server;
 

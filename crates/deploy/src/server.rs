@@ -20,6 +20,9 @@
 //! 5. Run the server's roles (`rowankv_server::node`), replication paths
 //!    connected on demand, until stopped (SIGTERM): then every role stops and
 //!    the pool is closed.
+//!
+//! With `[metrics] listen`, the process serves its metrics from the start
+//! (`crate::metrics`): `rowankv_server_up 0` until the server runs its roles.
 
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -40,6 +43,7 @@ use rowankv_wire::config::{Config, ConfigSource};
 
 use crate::cm::failover_settings;
 use crate::join::{join, refused_as_left, JoinRequest};
+use crate::metrics::ServerMetrics;
 use crate::{alias_cms, any_port, attach, host_of, perr, ProcessError};
 
 /// How long a server waits for a CM to answer its join.
@@ -80,9 +84,15 @@ enum Ended {
 /// A server removed on purpose (`rowankv leave`) is refused when it joins
 /// again, and ends without an error.
 pub fn run(dep: &ServerDeployment, stop: Arc<AtomicBool>) -> Result<(), ProcessError> {
+    // One endpoint for the process: it shows each incarnation's server.
+    let metrics = ServerMetrics::<TcpNic>::new(dep.pool_path.display().to_string());
+    let _endpoint = dep
+        .metrics
+        .map(|listen| crate::metrics::start(listen, metrics.registry(), "server"))
+        .transpose()?;
     let mut evicted = false;
     loop {
-        match run_once(dep, &stop) {
+        match run_once(dep, &stop, &metrics) {
             Ok(Ended::Stopped) => return Ok(()),
             Ok(Ended::Evicted) => {
                 tracing::warn!("removed from the configuration by the CM: joining again");
@@ -98,7 +108,11 @@ pub fn run(dep: &ServerDeployment, stop: Arc<AtomicBool>) -> Result<(), ProcessE
     }
 }
 
-fn run_once(dep: &ServerDeployment, stop: &Arc<AtomicBool>) -> Result<Ended, ProcessError> {
+fn run_once(
+    dep: &ServerDeployment,
+    stop: &Arc<AtomicBool>,
+    metrics: &ServerMetrics<TcpNic>,
+) -> Result<Ended, ProcessError> {
     let clock: Arc<dyn Clock> = SystemClock::new();
     let (pool, created) = open_pool(dep)?;
     let recorded = if created {
@@ -266,6 +280,7 @@ fn run_once(dep: &ServerDeployment, stop: &Arc<AtomicBool>) -> Result<Ended, Pro
     .map_err(perr("assembling the server"))?;
     let shared = assembled.shared.clone();
     let _ = server.set(Arc::downgrade(&shared));
+    metrics.show(&shared);
     let tasks =
         roles_on_demand(assembled, &net.directory, &cms).map_err(perr("the server's roles"))?;
     // No lease until the CM grants one: the server serves nothing before.

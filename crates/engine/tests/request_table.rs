@@ -460,9 +460,7 @@ fn a_dead_copy_of_the_latest_version_keeps_its_value_through_a_restart() {
     drop(e);
     let (e, _) = Engine::open_replica(pool, config()).unwrap();
     assert_eq!(
-        e.get(S0, b"latest")
-            .unwrap()
-            .map(|(v, version)| (v, version)),
+        e.get(S0, b"latest").unwrap(),
         Some((vec![5; 900], Version(1))),
         "after a restart"
     );

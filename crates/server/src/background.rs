@@ -79,7 +79,11 @@ impl<N: Nic> Task for CleanTask<N> {
         if !self.period.due(now_ns) || self.shared.buggify("clean.skip-step") {
             return Step::Idle;
         }
-        match self.shared.engine.clean_as(self.c) {
+        let cleaned = self.shared.engine.clean_as(self.c);
+        if let Ok(r) = &cleaned {
+            self.shared.stats.count_clean(r);
+        }
+        match cleaned {
             Ok(r) if r.segments_cleaned > 0 || r.segments_freed > 0 => Step::Worked,
             Ok(_) => Step::Idle,
             Err(e) => {

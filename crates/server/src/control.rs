@@ -1000,6 +1000,10 @@ impl<N: Nic> ControlTask<N> {
                     let top = self.shared.engine.highest_version(shard).unwrap_or(0);
                     self.shared.versions.raise(shard, top + 1);
                     self.shared.set_shard_ready(shard);
+                    self.shared
+                        .stats
+                        .shards_served
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     self.shared.events.record(
                         now_ns,
                         EventKind::ShardServed {
@@ -1114,6 +1118,13 @@ impl<N: Nic> ControlTask<N> {
                 continue;
             }
             if c.ready_sent_ns.is_none() {
+                let stats = &self.shared.stats;
+                stats
+                    .copies_done
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                stats
+                    .copy_entries_done
+                    .fetch_add(c.entries, std::sync::atomic::Ordering::Relaxed);
                 self.shared.events.record(
                     now_ns,
                     EventKind::ReplicaCopied {
@@ -1226,6 +1237,21 @@ impl<N: Nic> Task for ControlTask<N> {
             did |= self.run_recoveries(now_ns);
             did |= self.run_copies(now_ns);
         }
+        // Gauges of the metrics: recoveries and copies under way.
+        let stats = &self.shared.stats;
+        let relaxed = std::sync::atomic::Ordering::Relaxed;
+        stats
+            .recoveries_in_progress
+            .store(self.recoveries.len() as u64, relaxed);
+        let copying = self.copies.values().filter(|c| c.ready_sent_ns.is_none());
+        let (copies, pages) = copying.fold((0u64, 0u64), |(n, p), c| {
+            let left = c.pages.as_ref().map_or(0, |pages| {
+                pages.len().saturating_sub(c.target.next_page) as u64
+            });
+            (n + 1, p + left)
+        });
+        stats.copies_in_progress.store(copies, relaxed);
+        stats.copy_pages_remaining.store(pages, relaxed);
         if did {
             Step::Worked
         } else {

@@ -111,6 +111,17 @@ pub struct ServerFile {
     /// The Redis protocol front end (absent: none).
     #[serde(default)]
     pub resp: Option<RespFile>,
+    /// The Prometheus metrics endpoint (absent: none).
+    #[serde(default)]
+    pub metrics: Option<MetricsFile>,
+}
+
+/// `[metrics]`: the Prometheus text endpoint of a server or CM (`GET /metrics`).
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MetricsFile {
+    /// Where the endpoint listens (`host:port`).
+    pub listen: String,
 }
 
 /// `[resp]`: the server's Redis protocol (RESP2/RESP3) front end.
@@ -189,6 +200,9 @@ pub struct CmFile {
     /// Server lease, milliseconds (default 200).
     #[serde(default = "default_lease_ms")]
     pub lease_ms: u64,
+    /// The Prometheus metrics endpoint (absent: none).
+    #[serde(default)]
+    pub metrics: Option<MetricsFile>,
 }
 
 fn default_lease_ms() -> u64 {
@@ -239,6 +253,8 @@ pub struct ServerDeployment {
     pub segment_bytes: u64,
     pub workers: u16,
     pub resp: Option<RespDeployment>,
+    /// Where the metrics endpoint listens (`[metrics] listen`), if anywhere.
+    pub metrics: Option<SocketAddr>,
 }
 
 /// A checked `[resp]` section.
@@ -264,6 +280,8 @@ pub struct CmDeployment {
     pub strategy: Strategy,
     pub store: StoreFile,
     pub lease_ms: u64,
+    /// Where the metrics endpoint listens (`[metrics] listen`), if anywhere.
+    pub metrics: Option<SocketAddr>,
 }
 
 fn read(path: &Path) -> Result<String, DeployConfigError> {
@@ -403,6 +421,11 @@ impl Checker<'_> {
         })
     }
 
+    fn metrics(&self, m: Option<&MetricsFile>) -> Result<Option<SocketAddr>, DeployConfigError> {
+        m.map(|m| self.listen("metrics.listen", &m.listen))
+            .transpose()
+    }
+
     fn cluster_id(&self, id: u64) -> Result<(), DeployConfigError> {
         if id == 0 {
             return Err(self.bad("cluster_id", "0 is not a cluster id"));
@@ -482,9 +505,16 @@ impl ServerDeployment {
             medium,
             segment_bytes: segment,
             workers: f.workers,
+            metrics: c.metrics(f.metrics.as_ref())?,
             resp: f.resp.map(|r| c.resp(path, r, &advertise)).transpose()?,
             advertise,
         })
+    }
+
+    /// Serve the metrics on `port` of the host of `listen` (a `--metrics-port`
+    /// flag: it overrides `[metrics] listen`).
+    pub fn set_metrics_port(&mut self, port: u16) {
+        self.metrics = Some(SocketAddr::new(self.listen.ip(), port));
     }
 }
 
@@ -577,6 +607,63 @@ impl CmDeployment {
             bootstrap: f.bootstrap,
             store,
             lease_ms: f.lease_ms,
+            metrics: c.metrics(f.metrics.as_ref())?,
         })
+    }
+
+    /// Serve the metrics on `port` of the host of `listen` (a `--metrics-port`
+    /// flag: it overrides `[metrics] listen`).
+    pub fn set_metrics_port(&mut self, port: u16) {
+        self.metrics = Some(SocketAddr::new(self.listen.ip(), port));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn files() -> tempfile::TempDir {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("secret"), "a secret of sixteen bytes\n").unwrap();
+        dir
+    }
+
+    const SERVER: &str = "cluster_id = 7\nsecret_file = \"secret\"\ncms = [\"127.0.0.1:7000\"]\n\
+        listen = \"127.0.0.1:7100\"\nworkers = 1\n\
+        [pool]\npath = \"p\"\nbytes = \"64MiB\"\nmedium = \"emulated\"\n";
+    const CM: &str = "cluster_id = 7\nsecret_file = \"secret\"\nlisten = \"127.0.0.1:7000\"\n\
+        [bootstrap]\nservers = 1\nshards_per_server = 1\nreplication_factor = 1\nstrategy = \"rowan\"\n\
+        [store]\nkind = \"embedded\"\npath = \"s.json\"\n";
+
+    #[test]
+    fn a_metrics_table_gives_the_endpoint_its_address() {
+        let dir = files();
+        let path = dir.path().join("f.toml");
+        let s = ServerDeployment::from_text(&path, SERVER).unwrap();
+        assert_eq!(s.metrics, None);
+        let text = format!("{SERVER}[metrics]\nlisten = \"127.0.0.1:9464\"\n");
+        let mut s = ServerDeployment::from_text(&path, &text).unwrap();
+        assert_eq!(s.metrics, Some("127.0.0.1:9464".parse().unwrap()));
+        s.set_metrics_port(9500);
+        assert_eq!(s.metrics, Some("127.0.0.1:9500".parse().unwrap()));
+        let text = format!("{CM}[metrics]\nlisten = \"127.0.0.1:9465\"\n");
+        let c = CmDeployment::from_text(&path, &text).unwrap();
+        assert_eq!(c.metrics, Some("127.0.0.1:9465".parse().unwrap()));
+    }
+
+    #[test]
+    fn a_bad_metrics_table_is_refused_with_its_key() {
+        let dir = files();
+        let path = dir.path().join("f.toml");
+        let text = format!("{SERVER}[metrics]\nlisten = \"nowhere\"\n");
+        let e = ServerDeployment::from_text(&path, &text)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("metrics.listen"), "{e}");
+        let text = format!("{CM}[metrics]\nlisten = \"127.0.0.1:1\"\nport = 3\n");
+        let e = CmDeployment::from_text(&path, &text)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("port"), "{e}");
     }
 }

@@ -206,7 +206,73 @@ impl Default for ServerSettings {
     }
 }
 
-/// Counters of one server.
+/// Exponential latency buckets of [`LatencyHistogram`]: bucket `i` counts
+/// observations of at most `1 µs · 2^i` (1 µs to 8.4 s), the last one the rest.
+pub const LATENCY_BUCKETS: usize = 24;
+
+/// A latency histogram that the hot path fills with two relaxed atomic adds:
+/// no lock, no allocation (prometheus-client's `Histogram` takes a lock per
+/// observation). Read at scrape time; the count is the sum of the buckets.
+#[derive(Default, Debug)]
+pub struct LatencyHistogram {
+    /// Observations per bucket ([`LATENCY_BUCKETS`]), then those above the last bound.
+    buckets: [AtomicU64; LATENCY_BUCKETS + 1],
+    sum_ns: AtomicU64,
+}
+
+impl LatencyHistogram {
+    /// Record one observation of `ns` nanoseconds.
+    pub fn observe_ns(&self, ns: u64) {
+        self.buckets[Self::bucket_of(ns)].fetch_add(1, Ordering::Relaxed);
+        self.sum_ns.fetch_add(ns, Ordering::Relaxed);
+    }
+
+    /// The smallest `i` with `ns <= 1000 · 2^i`, or [`LATENCY_BUCKETS`].
+    pub fn bucket_of(ns: u64) -> usize {
+        let us = ns.div_ceil(1000);
+        let i = if us <= 1 {
+            0
+        } else {
+            (u64::BITS - (us - 1).leading_zeros()) as usize
+        };
+        i.min(LATENCY_BUCKETS)
+    }
+
+    /// The upper bound of bucket `i` in seconds (`+Inf` for the last).
+    pub fn bound_seconds(i: usize) -> f64 {
+        if i >= LATENCY_BUCKETS {
+            f64::INFINITY
+        } else {
+            1e-6 * (1u64 << i) as f64
+        }
+    }
+
+    /// (upper bound in seconds, observations in that bucket alone) for every
+    /// bucket, the last `+Inf`; and the sum of the observations in seconds.
+    pub fn snapshot(&self) -> (Vec<(f64, u64)>, f64) {
+        let buckets = (0..=LATENCY_BUCKETS)
+            .map(|i| {
+                (
+                    Self::bound_seconds(i),
+                    self.buckets[i].load(Ordering::Relaxed),
+                )
+            })
+            .collect();
+        (buckets, self.sum_ns.load(Ordering::Relaxed) as f64 / 1e9)
+    }
+
+    /// Observations so far.
+    pub fn count(&self) -> u64 {
+        self.buckets.iter().map(|b| b.load(Ordering::Relaxed)).sum()
+    }
+}
+
+/// Error codes counted per command: the wire's codes are below this (a code
+/// at or above it is counted in the last slot).
+pub const ERROR_CODE_SLOTS: usize = 32;
+
+/// Counters of one server. The per-command arrays are indexed by the
+/// `ServerStats::CMD_*` constants; their label names are [`ServerStats::COMMANDS`].
 #[derive(Default, Debug)]
 pub struct ServerStats {
     pub puts: AtomicU64,
@@ -224,11 +290,115 @@ pub struct ServerStats {
     pub rejected_blocked: AtomicU64,
     /// Entries installed by promotion, re-replication and cold start.
     pub installed: AtomicU64,
+    /// Requests a worker received, by command (decoded or not).
+    pub requests: [AtomicU64; ServerStats::COMMANDS.len()],
+    /// Error answers of the workers, by command and error code (`code as u8`).
+    pub errors: [[AtomicU64; ERROR_CODE_SLOTS]; ServerStats::COMMANDS.len()],
+    /// Client requests from their arrival at a worker (the start of the step
+    /// that read them) to their answer, by command; a write's answer comes
+    /// after its last replica's ACK. Only successful answers are timed.
+    pub latency: [LatencyHistogram; ServerStats::COMMANDS.len()],
+    /// From replicating a write to one backup to that backup's durable ACK.
+    pub replication_ack: LatencyHistogram,
+    /// Shards this server started to serve after a promotion or a cold start
+    /// (their replicas made to agree first).
+    pub shards_served: AtomicU64,
+    /// Promotions and cold starts of shards under way here (a gauge).
+    pub recoveries_in_progress: AtomicU64,
+    /// Re-replication to joining backups: copies under way (a gauge), their
+    /// pages still to be acknowledged (a gauge), copies finished and the
+    /// entries they carried.
+    pub copies_in_progress: AtomicU64,
+    pub copy_pages_remaining: AtomicU64,
+    pub copies_done: AtomicU64,
+    pub copy_entries_done: AtomicU64,
+    /// The cleaners' passes: segments cleaned, entries and bytes moved, and
+    /// segments freed (the bytes freed are these times the segment size).
+    pub cleaner_segments_cleaned: AtomicU64,
+    pub cleaner_entries_moved: AtomicU64,
+    pub cleaner_bytes_moved: AtomicU64,
+    pub cleaner_segments_freed: AtomicU64,
 }
 
 impl ServerStats {
+    /// Label values of the per-command counters, in index order.
+    pub const COMMANDS: [&'static str; 9] = [
+        "get",
+        "put",
+        "del",
+        "put_if",
+        "del_if",
+        "scan",
+        "replicate",
+        "grant",
+        "other",
+    ];
+    pub const CMD_GET: usize = 0;
+    pub const CMD_PUT: usize = 1;
+    pub const CMD_DEL: usize = 2;
+    pub const CMD_PUT_IF: usize = 3;
+    pub const CMD_DEL_IF: usize = 4;
+    pub const CMD_SCAN: usize = 5;
+    pub const CMD_REPLICATE: usize = 6;
+    pub const CMD_GRANT: usize = 7;
+    /// Ping, a frame that did not decode, a message for the control role.
+    pub const CMD_OTHER: usize = 8;
+
     pub fn get(c: &AtomicU64) -> u64 {
         c.load(Ordering::Relaxed)
+    }
+
+    /// The command index of a request of `msg_type` (a wire `MsgType` byte).
+    pub fn command_of(msg_type: frame::MsgType) -> usize {
+        use frame::MsgType as M;
+        match msg_type {
+            M::Get => Self::CMD_GET,
+            M::Put => Self::CMD_PUT,
+            M::Del => Self::CMD_DEL,
+            M::PutIf => Self::CMD_PUT_IF,
+            M::DelIf => Self::CMD_DEL_IF,
+            M::Scan => Self::CMD_SCAN,
+            M::Replicate => Self::CMD_REPLICATE,
+            M::GrantSegment => Self::CMD_GRANT,
+            _ => Self::CMD_OTHER,
+        }
+    }
+
+    /// Count a request of command `command`.
+    pub fn count_request(&self, command: usize) {
+        self.requests[command].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Count an error answer `code` to a request of command `command`.
+    pub fn count_error(&self, command: usize, code: ErrorCode) {
+        let slot = (code as usize).min(ERROR_CODE_SLOTS - 1);
+        self.errors[command][slot].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The label value of error code slot `slot` (snake case of the wire's
+    /// name), or `None` for a slot no code has.
+    pub fn error_code_name(slot: usize) -> Option<String> {
+        let code = ErrorCode::from_u8(u8::try_from(slot).ok()?)?;
+        let mut name = String::new();
+        for (i, ch) in format!("{code:?}").chars().enumerate() {
+            if ch.is_ascii_uppercase() && i > 0 {
+                name.push('_');
+            }
+            name.push(ch.to_ascii_lowercase());
+        }
+        Some(name)
+    }
+
+    /// Add up what one clean pass did.
+    pub fn count_clean(&self, r: &rowankv_engine::CleanReport) {
+        self.cleaner_segments_cleaned
+            .fetch_add(r.segments_cleaned as u64, Ordering::Relaxed);
+        self.cleaner_entries_moved
+            .fetch_add(r.entries_moved, Ordering::Relaxed);
+        self.cleaner_bytes_moved
+            .fetch_add(r.bytes_moved, Ordering::Relaxed);
+        self.cleaner_segments_freed
+            .fetch_add(r.segments_freed as u64, Ordering::Relaxed);
     }
 }
 
@@ -788,5 +958,50 @@ impl RemoteLogs {
         self.senders
             .get(&sender)
             .is_some_and(|s| s.logs.values().any(|&l| l == log))
+    }
+}
+
+#[cfg(test)]
+mod stats_tests {
+    use super::*;
+
+    #[test]
+    fn latencies_fall_in_the_smallest_bucket_that_holds_them() {
+        assert_eq!(LatencyHistogram::bucket_of(0), 0);
+        assert_eq!(LatencyHistogram::bucket_of(1000), 0);
+        assert_eq!(LatencyHistogram::bucket_of(1001), 1);
+        assert_eq!(LatencyHistogram::bucket_of(2000), 1);
+        assert_eq!(LatencyHistogram::bucket_of(2001), 2);
+        assert_eq!(LatencyHistogram::bucket_of(1_000_000), 10);
+        assert_eq!(LatencyHistogram::bucket_of(u64::MAX), LATENCY_BUCKETS);
+        for ns in [1u64, 999, 1500, 4096, 70_000, 3_000_000, 9_000_000_000] {
+            let i = LatencyHistogram::bucket_of(ns);
+            let s = ns as f64 / 1e9;
+            assert!(s <= LatencyHistogram::bound_seconds(i), "{ns} in {i}");
+            assert!(
+                i == 0 || s > LatencyHistogram::bound_seconds(i - 1),
+                "{ns} in {i}"
+            );
+        }
+        let h = LatencyHistogram::default();
+        h.observe_ns(1500);
+        h.observe_ns(u64::MAX / 2);
+        assert_eq!(h.count(), 2);
+        let (b, _) = h.snapshot();
+        assert_eq!(b.len(), LATENCY_BUCKETS + 1);
+        assert_eq!(b[1].1, 1);
+        assert_eq!(b[LATENCY_BUCKETS], (f64::INFINITY, 1));
+    }
+
+    #[test]
+    fn error_codes_have_snake_case_names() {
+        assert_eq!(
+            ServerStats::error_code_name(ErrorCode::StaleTerm as usize).as_deref(),
+            Some("stale_term")
+        );
+        assert_eq!(ServerStats::error_code_name(0), None);
+        let s = ServerStats::default();
+        s.count_error(ServerStats::CMD_PUT, ErrorCode::Busy);
+        assert_eq!(ServerStats::get(&s.errors[1][ErrorCode::Busy as usize]), 1);
     }
 }

@@ -46,7 +46,7 @@ use rowankv_wire::frame::{self, Body, Envelope, ErrorCode, Expect, Response};
 
 use crate::replication::{BackupSide, Outcomes, ReplCtx, Replicator};
 use crate::runtime::{Step, Task};
-use crate::server::{ServerShared, KV_BYTES_MAX};
+use crate::server::{ServerShared, ServerStats, KV_BYTES_MAX};
 use crate::version::Refusal;
 
 /// A write as a request gives it: kind, key, value, request record, expiry
@@ -123,6 +123,11 @@ struct PendingWrite {
     repairs: u32,
     /// The client has had its answer (an unknown outcome: replication failed).
     answered: bool,
+    /// Its command (`ServerStats::CMD_*`), when it arrived (the start of the
+    /// step that read it) and when it was last sent to its replicas: metrics.
+    command: usize,
+    arrived_ns: u64,
+    sent_ns: u64,
     /// Replication failed and is tried again at this time: the entry may be on
     /// some replicas only, so it stays in flight (CommitVer does not pass it, and
     /// a backup's segments holding it stay uncommitted, gathered by any promotion)
@@ -219,6 +224,10 @@ pub struct Worker<N: Nic> {
     /// The server's configuration as of `config_epoch` (refreshed once per step).
     config: Arc<Config>,
     config_epoch: u64,
+    /// The request being handled: its command (`ServerStats::CMD_*`, for the
+    /// error counters) and when it arrived (the start of the step that read it).
+    command: usize,
+    arrived_ns: u64,
 }
 
 impl<N: Nic> Worker<N> {
@@ -252,7 +261,15 @@ impl<N: Nic> Worker<N> {
             commit_sent: vec![0; shards],
             config_epoch,
             config,
+            command: ServerStats::CMD_OTHER,
+            arrived_ns: 0,
         }
+    }
+
+    /// The time for the metrics' latencies: the engine's view of the clock,
+    /// which never preempts the role in the simulator (not a decision point).
+    fn metrics_now_ns(&self) -> u64 {
+        self.shared.engine.config().clock.now_ns()
     }
 
     /// Take the server's configuration if it was replaced.
@@ -291,11 +308,14 @@ impl<N: Nic> Worker<N> {
             _ => &stats.rejected_other,
         };
         counter.fetch_add(1, Ordering::Relaxed);
+        stats.count_error(self.command, code);
         let term = self.config.term;
         self.respond(peer, request_id, Response::Error { code, term, detail });
     }
 
     fn handle_message(&mut self, peer: PeerId, bytes: &[u8], now_ns: u64) {
+        self.command = ServerStats::CMD_OTHER;
+        self.arrived_ns = now_ns;
         let f = match read_frame(&self.ep, peer, bytes) {
             Inbound::Frame(f) => f,
             Inbound::Refuse {
@@ -303,6 +323,7 @@ impl<N: Nic> Worker<N> {
                 code,
                 detail,
             } => {
+                self.shared.stats.count_request(ServerStats::CMD_OTHER);
                 self.reject(peer, request_id, code, &detail);
                 return;
             }
@@ -322,6 +343,8 @@ impl<N: Nic> Worker<N> {
                 .on_response(&mut cx, peer, h.request_id, &r, &mut self.outcomes);
             return;
         }
+        self.command = ServerStats::command_of(f.body.msg_type());
+        self.shared.stats.count_request(self.command);
         if h.cluster_id != self.config.cluster_id {
             let detail = format!(
                 "cluster {:#x}, this server belongs to {:#x}",
@@ -475,7 +498,11 @@ impl<N: Nic> Worker<N> {
                 frame::put_key(&mut keys, k)
             });
         match scanned {
-            Ok(next) => self.respond(peer, request_id, Response::Keys { next, keys: &keys }),
+            Ok(next) => {
+                let took_ns = self.metrics_now_ns().saturating_sub(self.arrived_ns);
+                self.shared.stats.latency[ServerStats::CMD_SCAN].observe_ns(took_ns);
+                self.respond(peer, request_id, Response::Keys { next, keys: &keys })
+            }
             Err(e) => self.reject(peer, request_id, ErrorCode::Internal, &e.to_string()),
         }
     }
@@ -491,11 +518,13 @@ impl<N: Nic> Worker<N> {
         // The value was read under a lease only if the lease (and its margin)
         // still holds now, after the read: checked on the clock right before
         // answering, so no delay since admission goes unaccounted.
-        if let Some((code, why)) = self.shared.lease_refusal(self.shared.now_ns()) {
+        let answer_ns = self.shared.now_ns();
+        if let Some((code, why)) = self.shared.lease_refusal(answer_ns) {
             self.value_buf = value;
             self.reject(peer, request_id, code, why);
             return;
         }
+        let took_ns = answer_ns.saturating_sub(self.arrived_ns);
         match read {
             Ok(Some(stored)) => {
                 if value.len() > frame::value_response_bytes_max(self.ep.config().frame_bytes_max) {
@@ -506,6 +535,7 @@ impl<N: Nic> Worker<N> {
                         "value larger than a response",
                     );
                 } else {
+                    self.shared.stats.latency[ServerStats::CMD_GET].observe_ns(took_ns);
                     self.respond(
                         peer,
                         request_id,
@@ -517,7 +547,10 @@ impl<N: Nic> Worker<N> {
                     );
                 }
             }
-            Ok(None) => self.respond(peer, request_id, Response::NotFound),
+            Ok(None) => {
+                self.shared.stats.latency[ServerStats::CMD_GET].observe_ns(took_ns);
+                self.respond(peer, request_id, Response::NotFound)
+            }
             Err(e) => self.reject(peer, request_id, ErrorCode::Internal, &e.to_string()),
         }
         self.value_buf = value;
@@ -691,6 +724,7 @@ impl<N: Nic> Worker<N> {
             }
         };
         let generation = self.slots[slot as usize].generation;
+        let sent_ns = self.metrics_now_ns();
         let mut targets = [NodeId(0); TARGETS_MAX];
         let target_count = assignment.write_target_count();
         assert!(
@@ -718,6 +752,9 @@ impl<N: Nic> Worker<N> {
             repairs: 0,
             answered: false,
             retry_at_ns: None,
+            command: self.command,
+            arrived_ns: self.arrived_ns,
+            sent_ns,
         });
         self.inflight += 1;
         if target_count == 0 {
@@ -767,7 +804,12 @@ impl<N: Nic> Worker<N> {
                     .fetch_add(1, Ordering::Relaxed);
                 w.failure.get_or_insert(why);
             }
-            None => w.acked |= 1 << target,
+            None => {
+                w.acked |= 1 << target;
+                let now = self.shared.engine.config().clock.now_ns();
+                let took_ns = now.saturating_sub(w.sent_ns);
+                self.shared.stats.replication_ack.observe_ns(took_ns);
+            }
         }
         assert!(
             w.acks_left > 0,
@@ -786,6 +828,7 @@ impl<N: Nic> Worker<N> {
             return;
         };
         assert_eq!(w.acks_left, 0, "finished with replications out");
+        self.command = w.command;
         if w.failure.is_some() && self.shared.settings.failover.unsafe_abandon_failed_writes {
             let w = self.drop_write(slot);
             let detail = format!("replication failed: {}", w.failure.unwrap_or_default());
@@ -825,13 +868,17 @@ impl<N: Nic> Worker<N> {
             return; // repaired: its client was told the outcome is unknown
         }
         match published {
-            Ok(_) => self.respond(
-                w.peer,
-                w.request_id,
-                Response::Ok {
-                    version: w.version.0,
-                },
-            ),
+            Ok(_) => {
+                let took_ns = self.metrics_now_ns().saturating_sub(w.arrived_ns);
+                self.shared.stats.latency[w.command].observe_ns(took_ns);
+                self.respond(
+                    w.peer,
+                    w.request_id,
+                    Response::Ok {
+                        version: w.version.0,
+                    },
+                )
+            }
             Err(e) => self.reject(w.peer, w.request_id, ErrorCode::Internal, &e.to_string()),
         }
     }
@@ -933,6 +980,7 @@ impl<N: Nic> Worker<N> {
             w.acks_left = missing.len();
             w.term = config.term.0;
             w.repairs += 1;
+            w.sent_ns = self.shared.engine.config().clock.now_ns();
             tracing::debug!(worker = %self.name, %shard, version = %w.version, ?missing, "replicating a failed write again");
             if missing.is_empty() {
                 self.finish(slot, now_ns);
