@@ -14,6 +14,9 @@
 //!   of a PUT-only run, cold start.
 //! - [`ycsb`]: seed 000 §6.3 — YCSB on an in-process cluster, the five replication
 //!   strategies side by side (throughput, latency, DLWA per server, CPU per op).
+//! - [`resp_load`]: RowanKV's RESP load generator (`rowankv bench resp`), the one
+//!   client driver of the comparison with Redis (`scripts/redis-compare`), with its
+//!   table, ratios and plot.
 //!
 //! [`plot`] draws the results of `dlwa`, `ycsb` and the failover run as PNG files
 //! (`--plot`), from the result records alone, with a font compiled in.
@@ -23,5 +26,6 @@ pub mod coldstart;
 pub mod dlwa;
 pub mod engine_bench;
 pub mod plot;
+pub mod resp_load;
 pub mod table;
 pub mod ycsb;

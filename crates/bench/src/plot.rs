@@ -35,7 +35,7 @@ use crate::ycsb::{YcsbResult, TIMELINE_STEP_NS};
 const FONT_TTF: &[u8] = include_bytes!("../assets/DejaVuSans.ttf");
 /// The family name the font is registered under: plotters' default for axis
 /// labels and legends, so every text of a chart finds it.
-const FONT_FAMILY: &str = "sans-serif";
+pub(crate) const FONT_FAMILY: &str = "sans-serif";
 
 const TITLE_PX: u32 = 26;
 const PANEL_TITLE_PX: u32 = 18;
@@ -137,7 +137,7 @@ pub fn check_target(path: &Path) -> Result<(), PlotError> {
 }
 
 /// Register the embedded font with plotters, once per process.
-fn register_font() -> Result<(), PlotError> {
+pub(crate) fn register_font() -> Result<(), PlotError> {
     static REGISTERED: OnceLock<bool> = OnceLock::new();
     let ok = *REGISTERED.get_or_init(|| {
         plotters::style::register_font(FONT_FAMILY, FontStyle::Normal, FONT_TTF).is_ok()

@@ -3,7 +3,8 @@
 //! Subcommands today: `demo` (the main job: a 3-server cluster, YCSB-A with Rowan and
 //! a comparison of the replication strategies), `sim` (the deterministic
 //! simulation with faults), `bench dlwa` (seed 000 Figures 2 and
-//! 8), `bench engine` (one server's engine) and `bench ycsb` (seed 000 §6.3). The command line only
+//! 8), `bench engine` (one server's engine), `bench ycsb` (seed 000 §6.3) and
+//! `bench resp` (the RESP load generator of the comparison with Redis). The command line only
 //! parses options, runs a library entry point and prints; all logic lives in the
 //! crates below it.
 #![forbid(unsafe_code)]
@@ -84,6 +85,73 @@ enum BenchCommand {
     /// Cold start: load, power failure of every server, recovery from what was
     /// persisted, every acknowledged write checked (seed 000 §4.7, §6.5).
     Coldstart(recovery_cmd::ColdStartArgs),
+    /// RESP load generator: N connections x pipeline depth of SET (or SET/GET)
+    /// against one RESP address (a RowanKV server's Redis port or a redis-server);
+    /// the driver of scripts/redis-compare. With --from: report saved records.
+    Resp(Box<RespArgs>),
+}
+
+#[derive(Args)]
+struct RespArgs {
+    /// host:port of the RESP server to load.
+    #[arg(long, required_unless_present = "from")]
+    addr: Option<String>,
+    /// Connections, one thread each.
+    #[arg(long, default_value_t = 50)]
+    connections: usize,
+    /// Requests sent per batch (one batch in flight per connection).
+    #[arg(long, default_value_t = 1)]
+    pipeline: usize,
+    #[arg(long, default_value_t = 100)]
+    value_bytes: usize,
+    /// Size of the key space (keys key:%012u).
+    #[arg(long, default_value_t = 100_000)]
+    keys: u64,
+    /// Key distribution: uniform, zipf (0.99) or zipf:THETA.
+    #[arg(long, default_value = "uniform")]
+    dist: String,
+    /// set (SET only) or setget (SET and GET, half each).
+    #[arg(long, default_value = "set")]
+    mix: String,
+    /// Send WAIT NUMREPLICAS TIMEOUT_MS (e.g. "2 0") after SETs.
+    #[arg(long, value_name = "\"NUMREPLICAS TIMEOUT_MS\"")]
+    wait: Option<String>,
+    /// request: a WAIT after every SET; batch: one after each batch holding a SET.
+    #[arg(long, default_value = "request")]
+    wait_per: String,
+    /// Measured seconds (default 10 unless --requests).
+    #[arg(long, conflicts_with = "requests")]
+    duration: Option<f64>,
+    /// Measured requests in all, instead of --duration.
+    #[arg(long)]
+    requests: Option<u64>,
+    /// Seconds of load before the measured phase.
+    #[arg(long, default_value_t = 2.0)]
+    warmup: f64,
+    /// Server processes whose CPU time is charged per operation, comma-separated.
+    #[arg(long, value_delimiter = ',')]
+    pids: Vec<u32>,
+    /// Name of the run in the table and the JSON.
+    #[arg(long, default_value = "run")]
+    label: String,
+    /// What an acknowledged SET means in this configuration (for the table).
+    #[arg(long, default_value = "")]
+    durability: String,
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Print the record as JSON (with --from: the ratios too).
+    #[arg(long)]
+    json: bool,
+    /// Instead of running: read records (a JSON array, or one object) from this
+    /// file and print their table, Markdown table (--markdown) and ratios.
+    #[arg(long, value_name = "FILE.json")]
+    from: Option<PathBuf>,
+    /// With --from: Markdown tables.
+    #[arg(long, requires = "from")]
+    markdown: bool,
+    /// Draw throughput and latency per record into this PNG file.
+    #[arg(long, value_name = "FILE.png")]
+    plot: Option<PathBuf>,
 }
 
 #[derive(Args)]
@@ -263,6 +331,9 @@ fn run() -> Result<()> {
         Command::Bench {
             which: BenchCommand::Coldstart(args),
         } => recovery_cmd::cold_start(args),
+        Command::Bench {
+            which: BenchCommand::Resp(args),
+        } => bench_resp(*args),
         Command::Demo(args) => demo::run(args),
         Command::Server(args) => deploy_cmd::server(args),
         Command::Cm(args) => deploy_cmd::cm(args),
@@ -364,6 +435,88 @@ fn bench_ycsb(args: YcsbArgs) -> Result<()> {
         print!("{}", ycsb::table(&results));
     }
     write_plot(args.plot.as_deref(), |p| plot::ycsb_compare(&results, p))
+}
+
+fn bench_resp(args: RespArgs) -> Result<()> {
+    use rowankv_bench::resp_load::{self, RespLoadOptions, RespLoadResult, Stop, Wait};
+    check_plot_target(args.plot.as_deref());
+    if let Some(file) = &args.from {
+        let text =
+            std::fs::read_to_string(file).with_context(|| format!("--from {}", file.display()))?;
+        let results: Vec<RespLoadResult> = match serde_json::from_str(&text) {
+            Ok(v) => v,
+            Err(_) => vec![serde_json::from_str(&text)
+                .with_context(|| format!("--from {}: not RESP load records", file.display()))?],
+        };
+        let ratios = resp_load::ratios(&results);
+        if args.json {
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&serde_json::json!({
+                    "results": results,
+                    "ratios": ratios,
+                }))?
+            );
+        } else if args.markdown {
+            print!("{}", resp_load::markdown(&results));
+            if !ratios.is_empty() {
+                println!();
+                print!("{}", resp_load::ratios_markdown(&ratios));
+            }
+        } else {
+            print!("{}", resp_load::table(&results));
+            if !ratios.is_empty() {
+                println!();
+                print!("{}", resp_load::ratios_markdown(&ratios));
+            }
+        }
+        return write_plot(args.plot.as_deref(), |p| resp_load::plot(&results, p));
+    }
+    let addr = args.addr.context("--addr is required")?;
+    let opts = RespLoadOptions {
+        connections: args.connections,
+        pipeline: args.pipeline,
+        value_bytes: args.value_bytes,
+        keys: args.keys,
+        dist: resp_load::parse_dist(&args.dist)?,
+        mix: args.mix.parse()?,
+        wait: args
+            .wait
+            .as_deref()
+            .map(|w| Wait::parse(w, args.wait_per.parse()?))
+            .transpose()?,
+        stop: match (args.duration, args.requests) {
+            (_, Some(n)) => Stop::Requests(n),
+            (d, None) => Stop::Seconds(d.unwrap_or(10.0)),
+        },
+        warmup_s: args.warmup,
+        pids: args.pids,
+        label: args.label,
+        durability: args.durability,
+        seed: args.seed,
+        ..RespLoadOptions::new(addr)
+    };
+    if args.wait.is_none() && args.wait_per != "request" {
+        bail!("--wait-per needs --wait");
+    }
+    let result = resp_load::run(&opts).context("RESP load")?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&result)?);
+    } else {
+        print!("{}", resp_load::table(std::slice::from_ref(&result)));
+    }
+    write_plot(args.plot.as_deref(), |p| {
+        resp_load::plot(std::slice::from_ref(&result), p)
+    })?;
+    if result.errors > 0 {
+        bail!(
+            "{}: {} replies were errors or not the expected answer (e.g. {:?})",
+            result.label,
+            result.errors,
+            result.error_samples
+        );
+    }
+    Ok(())
 }
 
 fn bench_dlwa(args: DlwaArgs) -> Result<()> {
