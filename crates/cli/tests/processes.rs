@@ -746,11 +746,14 @@ fn redis_clients_use_every_server_and_bad_input_loses_nothing() {
     let _serial = one_at_a_time();
     use rowankv_resp::Value;
     let dir = tempfile::tempdir().unwrap();
-    let mut c = Cluster::start(
+    let mut c = Cluster::start_with_resp(
         dir.path(),
         1,
         3,
         "kind = \"embedded\"\npath = \"data/cm.store\"",
+        200,
+        "rowan",
+        "flushall = true\n",
     );
     c.wait_ready(3);
     let ports = c.resp.clone();
@@ -920,6 +923,18 @@ fn redis_clients_use_every_server_and_bad_input_loses_nothing() {
         );
         std::thread::sleep(Duration::from_millis(100));
     }
+
+    // FLUSHALL (enabled here) empties every shard, through the new primaries.
+    for i in 0..40 {
+        assert_eq!(r1.call(&["SET", &format!("flush:{i}"), "x"]), Value::ok());
+    }
+    assert_eq!(r1.call(&["FLUSHALL"]), Value::ok());
+    let mut r2 = Redis::connect(ports[2]);
+    assert_eq!(r2.call(&["DBSIZE"]), Value::Integer(0));
+    assert_eq!(r2.call(&["GET", "k"]), Value::Null);
+    assert_eq!(r2.call(&["GET", "flush:7"]), Value::Null);
+    assert_eq!(r2.call(&["SET", "k", "again"]), Value::ok());
+    assert_eq!(r1.call(&["GET", "k"]), Value::bulk("again"));
 }
 
 /// The value every fuzzed `SET fz` carries whole.

@@ -45,7 +45,8 @@
 //! it as absent on its clock, and the cleaner keeps only its tombstone. Across
 //! hosts the clocks' skew shifts when a key expires by as much.
 //!
-//! Not served yet, answered with an error that says so: FLUSHALL.
+//! FLUSHALL (when `resp.flushall` enables it) deletes what a SCAN finds, key by
+//! key: not atomic with writes that race it.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -467,10 +468,23 @@ impl Keyspace for ClusterKeyspace<'_> {
         }
     }
 
+    /// Every key a SCAN of the node's part of the keyspace finds is deleted, one
+    /// replicated tombstone each: a cost in proportion to the keys, and not
+    /// atomic — a key written by another client while the flush runs may
+    /// survive it (Redis flushes in one step).
     fn flushall(&mut self) -> Result<(), KeyspaceError> {
-        Err(KeyspaceError::Other(
-            "RowanKV does not flush the cluster yet (FLUSHALL)".into(),
-        ))
+        let now = now_ms();
+        let mut cursor = 0;
+        loop {
+            let (next, keys) = self.scan(cursor, 1000, now)?;
+            for key in keys {
+                self.delete(&key, Expect::Any, now)?;
+            }
+            if next == 0 {
+                return Ok(());
+            }
+            cursor = next;
+        }
     }
 }
 

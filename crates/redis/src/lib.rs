@@ -93,6 +93,7 @@ mod table;
 pub mod conformance;
 
 pub use cmd::keys::{KEYS_SCANNED_MAX, SCAN_COUNT_MAX};
+pub use cmd::server::KEYSPACE_SAMPLE;
 pub use context::{
     ClusterNode, ClusterShard, Context, ServerInfo, SlotRange, Topology, TopologyError,
     NODE_ID_LEN, REDIS_COMPATIBLE_VERSION,

@@ -102,15 +102,100 @@ fn section(call: &mut Call<'_>, name: &str) -> Result<Vec<(String, String)>, Fai
         ],
         "cluster" => vec![line("cluster_enabled", &u8::from(ctx.cluster_mode()))],
         "keyspace" => {
-            let keys = call.keyspace.dbsize(ctx.now_ms)?;
-            if keys == 0 {
+            let stats = keyspace_stats(call, ctx.now_ms)?;
+            if stats.keys == 0 {
                 Vec::new()
             } else {
-                vec![line("db0", &format!("keys={keys},expires=0,avg_ttl=0"))]
+                vec![line(
+                    "db0",
+                    &format!(
+                        "keys={},expires={},avg_ttl={}",
+                        stats.keys, stats.expires, stats.avg_ttl_ms
+                    ),
+                )]
             }
         }
         "rowankv" => ctx.rowankv.clone(),
         other => unreachable!("INFO_SECTIONS has no {other}"),
+    })
+}
+
+/// Keys INFO keyspace reads whole (value and expiry) to estimate `expires` and
+/// `avg_ttl`; with no more keys than this both are exact.
+pub const KEYSPACE_SAMPLE: usize = 64;
+
+/// INFO keyspace's `db0` line.
+#[derive(Debug, PartialEq, Eq)]
+struct KeyspaceStats {
+    keys: u64,
+    expires: u64,
+    avg_ttl_ms: u64,
+}
+
+/// Counts the keys by a SCAN of the node's part of the keyspace (the cost of
+/// DBSIZE), and reads [`KEYSPACE_SAMPLE`] of them, chosen uniformly (a
+/// reservoir), for the share with an expiry and their mean remaining time. Redis
+/// counts `expires` exactly and estimates `avg_ttl` from a sample; here both
+/// come from the sample once there are more keys than it holds.
+fn keyspace_stats(call: &mut Call<'_>, now_ms: u64) -> Result<KeyspaceStats, Fail> {
+    let mut sample: Vec<Vec<u8>> = Vec::with_capacity(KEYSPACE_SAMPLE);
+    let (mut cursor, mut keys) = (0u64, 0u64);
+    // A fixed-seed xorshift: the sample need not be unpredictable, only spread.
+    let mut rng = 0x9e37_79b9_7f4a_7c15u64;
+    loop {
+        let (next, page) = call.keyspace.scan(cursor, 10_000, now_ms)?;
+        for key in page {
+            keys += 1;
+            if sample.len() < KEYSPACE_SAMPLE {
+                sample.push(key);
+            } else {
+                rng ^= rng << 13;
+                rng ^= rng >> 7;
+                rng ^= rng << 17;
+                let at = rng % keys;
+                if let Some(slot) = sample.get_mut(at as usize) {
+                    *slot = key;
+                }
+            }
+        }
+        if next == 0 {
+            break;
+        }
+        cursor = next;
+    }
+    let (mut read, mut with_ttl, mut ttl_sum) = (0u64, 0u64, 0u128);
+    for key in &sample {
+        // A key deleted or expired since the scan is left out of the sample.
+        let Some(record) = call.keyspace.get(key, now_ms)? else {
+            continue;
+        };
+        read += 1;
+        if let Some(at) = record.expires_at_ms {
+            with_ttl += 1;
+            ttl_sum += u128::from(at.saturating_sub(now_ms));
+        }
+    }
+    if read == 0 {
+        return Ok(KeyspaceStats {
+            keys,
+            expires: 0,
+            avg_ttl_ms: 0,
+        });
+    }
+    let expires = if read == keys {
+        with_ttl
+    } else {
+        ((u128::from(keys) * u128::from(with_ttl) + u128::from(read) / 2) / u128::from(read)) as u64
+    };
+    let avg_ttl_ms = if with_ttl == 0 {
+        0
+    } else {
+        (ttl_sum / u128::from(with_ttl)) as u64
+    };
+    Ok(KeyspaceStats {
+        keys,
+        expires,
+        avg_ttl_ms,
     })
 }
 

@@ -6,6 +6,56 @@ use rowankv_resp::{errors, Value};
 use crate::support::*;
 
 #[test]
+fn info_keyspace_counts_keys_with_an_expiry_and_their_mean_ttl() {
+    let mut h = Harness::new();
+    let keyspace = |h: &mut Harness| {
+        text(&h.run(&["INFO", "keyspace"]))
+            .lines()
+            .nth(1)
+            .unwrap_or_default()
+            .to_string()
+    };
+    assert_eq!(keyspace(&mut h), "");
+    h.run(&["SET", "a", "v"]);
+    h.run(&["SET", "b", "v", "PX", "10000"]);
+    h.run(&["SET", "c", "v", "PX", "20000"]);
+    // Few keys: every one read, the figures exact.
+    assert_eq!(keyspace(&mut h), "db0:keys=3,expires=2,avg_ttl=15000");
+    h.advance_ms(10_001);
+    assert_eq!(keyspace(&mut h), "db0:keys=2,expires=1,avg_ttl=9999");
+    h.run(&["PERSIST", "c"]);
+    assert_eq!(keyspace(&mut h), "db0:keys=2,expires=0,avg_ttl=0");
+
+    // More keys than the sample: a quarter of 2,000 carry 60 s; the share is
+    // estimated from KEYSPACE_SAMPLE of them, the TTL is exact (all equal).
+    let mut h = Harness::new();
+    for i in 0..2000 {
+        let key = format!("key:{i}");
+        if i % 4 == 0 {
+            h.run(&["SET", &key, "v", "PX", "60000"]);
+        } else {
+            h.run(&["SET", &key, "v"]);
+        }
+    }
+    let line = keyspace(&mut h);
+    let fields: Vec<u64> = line
+        .trim_start_matches("db0:")
+        .split(',')
+        .map(|f| f.split('=').nth(1).unwrap().parse().unwrap())
+        .collect();
+    assert_eq!(fields[0], 2000, "{line}");
+    // The binomial standard deviation of 64 draws at p = 1/4 is 3.5 keys of the
+    // sample (109 of 2,000); four of them either way is far beyond chance
+    // (and the sample's seed is fixed: the figure is the same every run).
+    assert!(
+        (500 - 4 * 109..=500 + 4 * 109).contains(&fields[1]),
+        "{line}"
+    );
+    assert_eq!(fields[2], 60_000, "{line}");
+    assert!(rowankv_redis::KEYSPACE_SAMPLE < 2000);
+}
+
+#[test]
 fn info_sections() {
     let mut h = Harness::new();
     h.ctx.rowankv = vec![
