@@ -335,6 +335,12 @@ pub enum RespLoadError {
     Cpu { pid: String, reason: String },
     #[error("connection thread {0} panicked")]
     Panicked(usize),
+    /// The measured phase ended with no request answered: a result of 0 ops/s
+    /// would say nothing about the server (warm up longer, or measure longer).
+    #[error(
+        "no request was answered in the {seconds:.1} s measured (after {warmup_s} s of warm-up)"
+    )]
+    NothingMeasured { seconds: f64, warmup_s: f64 },
 }
 
 /// The record of one run: what the table, the JSON and the plot show.
@@ -464,6 +470,15 @@ pub fn run(opts: &RespLoadOptions) -> Result<RespLoadResult, RespLoadError> {
         }
     }
     let seconds = end.saturating_duration_since(measure_start).as_secs_f64();
+    if total.ops == 0 {
+        return Err(RespLoadError::NothingMeasured {
+            seconds: match opts.stop {
+                Stop::Seconds(s) => s,
+                Stop::Requests(_) => seconds,
+            },
+            warmup_s: opts.warmup_s,
+        });
+    }
     let per_op_us = |ticks: u64| {
         (total.ops > 0).then(|| ticks as f64 / CLOCK_TICKS_PER_S * 1e6 / total.ops as f64)
     };
@@ -1156,6 +1171,8 @@ mod tests {
         set_error_every: Option<u64>,
         /// What `WAIT` answers.
         wait_reply: i64,
+        /// How long every answer is held back.
+        reply_delay: Duration,
     }
 
     /// A RESP server on a free local port: SET answers `+OK`, GET a bulk string,
@@ -1201,6 +1218,7 @@ mod tests {
                             }
                         }
                         if !out.is_empty() {
+                            std::thread::sleep(behaviour.reply_delay);
                             seen.writes.fetch_add(1, Ordering::SeqCst);
                             if conn.write_all(&out).is_err() {
                                 return;
@@ -1216,6 +1234,7 @@ mod tests {
     const HAPPY: Behaviour = Behaviour {
         set_error_every: None,
         wait_reply: 2,
+        reply_delay: Duration::ZERO,
     };
 
     fn opts(addr: &str, requests: u64) -> RespLoadOptions {
@@ -1307,7 +1326,7 @@ mod tests {
     fn error_replies_and_short_waits_are_counted() {
         let (addr, _) = server(Behaviour {
             set_error_every: Some(10),
-            wait_reply: 2,
+            ..HAPPY
         });
         let r = run(&RespLoadOptions {
             connections: 1,
@@ -1320,8 +1339,8 @@ mod tests {
         assert!(table(&[r]).contains("10 error replies"));
 
         let (addr, _) = server(Behaviour {
-            set_error_every: None,
             wait_reply: 1,
+            ..HAPPY
         });
         let r = run(&RespLoadOptions {
             wait: Some(Wait::parse("2 0", WaitPer::Request).unwrap()),
@@ -1351,6 +1370,24 @@ mod tests {
         assert!(r.seconds >= 0.3 && r.seconds < 5.0, "{}", r.seconds);
         assert!(r.server_cpu_us_per_op.is_some());
         assert_eq!(r.dist, "zipf");
+    }
+
+    #[test]
+    fn a_run_that_measures_nothing_is_an_error_not_zero_ops() {
+        // Every answer takes 1.5 s: the batches sent in the 0.5 s of warm-up are
+        // answered after the 0.2 s measured, and none is sent within them.
+        let (addr, _) = server(Behaviour {
+            reply_delay: Duration::from_millis(1500),
+            ..HAPPY
+        });
+        let o = RespLoadOptions {
+            stop: Stop::Seconds(0.2),
+            warmup_s: 0.5,
+            ..opts(&addr, 1)
+        };
+        let e = run(&o).unwrap_err();
+        assert!(matches!(e, RespLoadError::NothingMeasured { .. }), "{e:?}");
+        assert!(e.to_string().contains("no request was answered"), "{e}");
     }
 
     #[test]

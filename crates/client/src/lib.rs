@@ -249,6 +249,15 @@ pub struct Completed {
 }
 
 /// Unresolved writes (unknown outcome) whose sequence numbers a client keeps
+/// Polls [`Client::execute`] makes, yielding the core between them, before it
+/// sleeps between polls.
+pub const EXECUTE_SPINS: u32 = 32;
+/// [`Client::execute`]'s first sleep between polls; each next one doubles.
+pub const EXECUTE_SLEEP_MIN: Duration = Duration::from_micros(20);
+/// [`Client::execute`]'s longest sleep between polls: what it adds at most to
+/// an operation's latency.
+pub const EXECUTE_SLEEP_MAX: Duration = Duration::from_micros(200);
+
 /// below its floor, at most.
 pub const UNRESOLVED_MAX: usize = 1024;
 
@@ -1055,10 +1064,19 @@ impl<N: Nic> Client<N> {
         self.complete(p, result, term);
     }
 
-    /// Run one operation to completion.
+    /// Run one operation to completion, on the calling thread.
+    ///
+    /// The thread polls while the answer is near ([`EXECUTE_SPINS`] polls, each
+    /// yielding the core), then sleeps between polls, from
+    /// [`EXECUTE_SLEEP_MIN`] doubling up to [`EXECUTE_SLEEP_MAX`]: many blocked
+    /// callers (a Redis front end's connections) would otherwise keep the cores
+    /// busy yielding to each other and starve the servers that answer them. A
+    /// caller that needs every microsecond drives [`Client::submit`] and
+    /// [`Client::poll`] itself, as the benchmarks and the simulator do.
     pub fn execute(&mut self, op: Op) -> Result<Output, ClientError> {
         let id = self.submit(op)?;
         let mut out = Vec::new();
+        let mut idle = 0u32;
         loop {
             self.poll(&mut out);
             if let Some(i) = out.iter().position(|c| c.id == id) {
@@ -1067,7 +1085,13 @@ impl<N: Nic> Client<N> {
                 self.done.append(&mut out);
                 return c.result;
             }
-            std::thread::yield_now();
+            if idle < EXECUTE_SPINS {
+                std::thread::yield_now();
+            } else {
+                let doublings = (idle - EXECUTE_SPINS).min(16);
+                std::thread::sleep((EXECUTE_SLEEP_MIN * (1 << doublings)).min(EXECUTE_SLEEP_MAX));
+            }
+            idle = idle.saturating_add(1);
         }
     }
 
