@@ -76,6 +76,10 @@ macro_rules! conformance_suite {
             srq_buffers_max_bound,
             persist_write_persists_landed_bytes,
             persist_send_persists_landed_bytes,
+            flush_persists_earlier_writes_of_its_qp,
+            flush_global_visibility_moves_no_byte,
+            flush_needs_its_placement_right,
+            atomic_write_stores_eight_bytes_whole,
             cut_link_fails_only_that_link,
             heal_link_then_reset_recovers,
             delay_holds_request_until_deadline,
@@ -913,6 +917,8 @@ impl<N: Nic> Refusals<N> {
             Op::Read { .. } => WcOpcode::Read,
             Op::CompareSwap { .. } => WcOpcode::CompareSwap,
             Op::FetchAdd { .. } => WcOpcode::FetchAdd,
+            Op::Flush { .. } => WcOpcode::Flush,
+            Op::AtomicWrite { .. } => WcOpcode::AtomicWrite,
         };
         let target_before = snapshot(target);
         let local_before = snapshot(&self.local);
@@ -1062,6 +1068,21 @@ pub fn out_of_bounds_is_remote_access_error<B: Backend>(b: &B) {
     f.expect_refused(&target, "CAS at end", op);
     let op = f.faa(r.at(u64::MAX - 7));
     f.expect_refused(&target, "FAA offset+8 overflows", op);
+    let flush = |offset, len| Op::Flush {
+        remote: r.at(offset),
+        len,
+        placement: Placement::Persistence,
+    };
+    f.expect_refused(&target, "FLUSH past end by 1", flush(200, 57));
+    f.expect_refused(&target, "FLUSH offset+len overflows", flush(8, usize::MAX));
+    f.expect_refused(
+        &target,
+        "ATOMIC WRITE at end",
+        Op::AtomicWrite {
+            remote: r.at(256),
+            value: 1,
+        },
+    );
 }
 
 pub fn missing_right_is_remote_access_error<B: Backend>(b: &B) {
@@ -1093,6 +1114,15 @@ pub fn missing_right_is_remote_access_error<B: Backend>(b: &B) {
     f.expect_refused(&no_atomic, "CAS without ATOMIC", op);
     let op = f.faa(no_atomic.remote().at(8));
     f.expect_refused(&no_atomic, "FAA without ATOMIC", op);
+    let atomic_only = region(&nic, 64, Access::REMOTE_ATOMIC, 30);
+    f.expect_refused(
+        &atomic_only,
+        "ATOMIC WRITE without WRITE",
+        Op::AtomicWrite {
+            remote: atomic_only.remote().at(8),
+            value: 7,
+        },
+    );
 }
 
 pub fn misaligned_atomic_is_remote_access_error<B: Backend>(b: &B) {
@@ -1105,6 +1135,11 @@ pub fn misaligned_atomic_is_remote_access_error<B: Backend>(b: &B) {
         f.expect_refused(&target, &format!("CAS at offset {offset}"), op);
         let op = f.faa(r.at(offset));
         f.expect_refused(&target, &format!("FAA at offset {offset}"), op);
+        let op = Op::AtomicWrite {
+            remote: r.at(offset),
+            value: 3,
+        };
+        f.expect_refused(&target, &format!("ATOMIC WRITE at offset {offset}"), op);
     }
 }
 
@@ -1994,6 +2029,225 @@ pub fn persist_write_persists_landed_bytes<B: Backend>(b: &B) {
     );
     assert_eq!(union(mem.persists()), vec![912..922]);
     assert_eq!(mem.dirty(), vec![]);
+}
+
+fn flush(wr_id: u64, remote: RemoteAddr, len: usize, placement: Placement) -> WorkRequest<'static> {
+    WorkRequest::new(
+        wr_id,
+        Op::Flush {
+            remote,
+            len,
+            placement,
+        },
+    )
+}
+
+/// A FLUSH of the persistence placement posted behind plain WRITEs on the same
+/// queue pair, in one `post_send`: when it completes, the WRITEs' bytes in its
+/// range are persisted (it executed after they landed), and only its range is.
+pub fn flush_persists_earlier_writes_of_its_qp<B: Backend>(b: &B) {
+    let fabric = b.fabric();
+    let p = pair(&fabric, EndpointConfig::single(), 8);
+    let mem = Arc::new(RecordingMemory::new(4096));
+    // Region at memory offset 512: persisted ranges are memory offsets.
+    let target = recording_region(&p.b.nic, &mem, 512, 1024, Access::ALL);
+    mem.clear();
+    let data = pattern(61, 300);
+    post(
+        &p.qa,
+        &[
+            write(1, target.remote().at(100), &data[..37]).unsignaled(),
+            write(2, target.remote().at(140), &data[37..200]).unsignaled(),
+            write(3, target.remote().at(700), &data[200..]),
+            flush(4, target.remote().at(96), 300, Placement::Persistence),
+        ],
+    );
+    let wcs = wait_completions(&p.a.send_cq, 2, "WRITE then FLUSH");
+    assert_eq!(
+        wcs.iter()
+            .map(|c| (c.wr_id, c.status, c.opcode))
+            .collect::<Vec<_>>(),
+        vec![
+            (3, WcStatus::Success, WcOpcode::Write),
+            (4, WcStatus::Success, WcOpcode::Flush),
+        ],
+        "FLUSH completes after the WRITEs before it"
+    );
+    assert_eq!(
+        union(mem.persists()),
+        vec![608..908],
+        "the FLUSH persists its range, nothing else"
+    );
+    assert_eq!(
+        mem.dirty(),
+        vec![1212..1312],
+        "the WRITE outside the range stays unpersisted; those inside are durable"
+    );
+    assert_eq!(bytes(&target, 100, 37), data[..37]);
+    assert_eq!(bytes(&target, 140, 163), data[37..200]);
+    // A FLUSH of length 0 checks the address and moves nothing.
+    mem.clear();
+    post(
+        &p.qa,
+        &[flush(5, target.remote().at(0), 0, Placement::Persistence)],
+    );
+    expect_send_wc(
+        &p.a.send_cq,
+        &p.qa,
+        5,
+        WcStatus::Success,
+        WcOpcode::Flush,
+        "FLUSH of 0 bytes",
+    );
+    assert_eq!(mem.persists(), vec![]);
+}
+
+/// A FLUSH of the global-visibility placement completes in order and persists
+/// nothing: landed bytes are visible already.
+pub fn flush_global_visibility_moves_no_byte<B: Backend>(b: &B) {
+    let fabric = b.fabric();
+    let p = pair(&fabric, EndpointConfig::single(), 8);
+    let mem = Arc::new(RecordingMemory::new(2048));
+    let target = recording_region(&p.b.nic, &mem, 0, 1024, Access::ALL);
+    mem.clear();
+    let data = pattern(62, 64);
+    post(
+        &p.qa,
+        &[
+            write(1, target.remote().at(64), &data).unsignaled(),
+            flush(2, target.remote().at(0), 1024, Placement::GlobalVisibility),
+        ],
+    );
+    expect_send_wc(
+        &p.a.send_cq,
+        &p.qa,
+        2,
+        WcStatus::Success,
+        WcOpcode::Flush,
+        "FLUSH global visibility",
+    );
+    assert_eq!(bytes(&target, 64, 64), data, "the WRITE is visible");
+    assert_eq!(
+        mem.persists(),
+        vec![],
+        "a global-visibility FLUSH persists nothing"
+    );
+    assert_eq!(mem.dirty(), vec![64..128]);
+}
+
+/// Each placement needs its own right (`IBV_ACCESS_FLUSH_GLOBAL`,
+/// `IBV_ACCESS_FLUSH_PERSISTENT`); a refused FLUSH is a remote access error
+/// that moves the queue pair to the error state, as every refusal.
+pub fn flush_needs_its_placement_right<B: Backend>(b: &B) {
+    let fabric = b.fabric();
+    let f = Refusals::new(&fabric);
+    let nic = f.p.b.nic.clone();
+    let global_only = region(&nic, 64, Access::REMOTE_WRITE | Access::FLUSH_GLOBAL, 31);
+    let persistent_only = region(
+        &nic,
+        64,
+        Access::REMOTE_WRITE | Access::FLUSH_PERSISTENT,
+        32,
+    );
+    let write_only = region(&nic, 64, Access::REMOTE_WRITE, 33);
+    let op = |mr: &MemoryRegion, placement| Op::Flush {
+        remote: mr.remote().at(0),
+        len: 64,
+        placement,
+    };
+    f.expect_refused(
+        &global_only,
+        "persistent FLUSH with the global right only",
+        op(&global_only, Placement::Persistence),
+    );
+    f.expect_refused(
+        &persistent_only,
+        "global FLUSH with the persistent right only",
+        op(&persistent_only, Placement::GlobalVisibility),
+    );
+    f.expect_refused(
+        &write_only,
+        "FLUSH without a flush right",
+        op(&write_only, Placement::Persistence),
+    );
+    for (mr, placement, what) in [
+        (&global_only, Placement::GlobalVisibility, "global"),
+        (&persistent_only, Placement::Persistence, "persistent"),
+    ] {
+        let id = 7000 + what.len() as u64;
+        post(&f.p.qa, &[WorkRequest::new(id, op(mr, placement))]);
+        expect_send_wc(
+            &f.p.a.send_cq,
+            &f.p.qa,
+            id,
+            WcStatus::Success,
+            WcOpcode::Flush,
+            &format!("{what} FLUSH with its right"),
+        );
+    }
+}
+
+/// ATOMIC WRITE stores its 8 bytes and nothing else, completes as
+/// `AtomicWrite`, and with the persist option the 8 bytes are durable at the
+/// completion.
+pub fn atomic_write_stores_eight_bytes_whole<B: Backend>(b: &B) {
+    let fabric = b.fabric();
+    let p = pair(&fabric, EndpointConfig::single(), 8);
+    let mem = Arc::new(RecordingMemory::new(1024));
+    let target = recording_region(&p.b.nic, &mem, 256, 64, Access::REMOTE_WRITE);
+    let before = snapshot(&target);
+    mem.clear();
+    let value = 0x0123_4567_89ab_cdefu64;
+    post(
+        &p.qa,
+        &[WorkRequest::new(
+            1,
+            Op::AtomicWrite {
+                remote: target.remote().at(16),
+                value,
+            },
+        )],
+    );
+    expect_send_wc(
+        &p.a.send_cq,
+        &p.qa,
+        1,
+        WcStatus::Success,
+        WcOpcode::AtomicWrite,
+        "ATOMIC WRITE",
+    );
+    assert_eq!(
+        snapshot(&target),
+        overlay(&before, 16, &value.to_le_bytes())
+    );
+    assert_eq!(mem.persists(), vec![], "no persist without the option");
+    mem.clear();
+    post(
+        &p.qa,
+        &[WorkRequest::new(
+            2,
+            Op::AtomicWrite {
+                remote: target.remote().at(40),
+                value: u64::MAX,
+            },
+        )
+        .persisted()],
+    );
+    expect_send_wc(
+        &p.a.send_cq,
+        &p.qa,
+        2,
+        WcStatus::Success,
+        WcOpcode::AtomicWrite,
+        "persisted ATOMIC WRITE",
+    );
+    assert_eq!(target.read_u64(40), u64::MAX);
+    assert_eq!(union(mem.persists()), vec![296..304]);
+    assert_eq!(
+        mem.dirty(),
+        vec![],
+        "nothing left unpersisted at completion"
+    );
 }
 
 pub fn persist_send_persists_landed_bytes<B: Backend>(b: &B) {

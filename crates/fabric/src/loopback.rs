@@ -564,6 +564,15 @@ enum OwnedOp {
         add: u64,
         local: (MemoryRegion, usize),
     },
+    Flush {
+        remote: RemoteAddr,
+        len: usize,
+        placement: Placement,
+    },
+    AtomicWrite {
+        remote: RemoteAddr,
+        value: u64,
+    },
 }
 
 impl OwnedOp {
@@ -599,6 +608,16 @@ impl OwnedOp {
                 add,
                 local: (local.mr.clone(), local.offset),
             },
+            Op::Flush {
+                remote,
+                len,
+                placement,
+            } => OwnedOp::Flush {
+                remote,
+                len,
+                placement,
+            },
+            Op::AtomicWrite { remote, value } => OwnedOp::AtomicWrite { remote, value },
         }
     }
 
@@ -639,6 +658,19 @@ impl OwnedOp {
                     mr: &local.0,
                     offset: local.1,
                 },
+            },
+            OwnedOp::Flush {
+                remote,
+                len,
+                placement,
+            } => Op::Flush {
+                remote: *remote,
+                len: *len,
+                placement: *placement,
+            },
+            OwnedOp::AtomicWrite { remote, value } => Op::AtomicWrite {
+                remote: *remote,
+                value: *value,
             },
         }
     }
@@ -686,6 +718,8 @@ fn opcode_of(op: &Op<'_>) -> WcOpcode {
         Op::Read { .. } => WcOpcode::Read,
         Op::CompareSwap { .. } => WcOpcode::CompareSwap,
         Op::FetchAdd { .. } => WcOpcode::FetchAdd,
+        Op::Flush { .. } => WcOpcode::Flush,
+        Op::AtomicWrite { .. } => WcOpcode::AtomicWrite,
     }
 }
 
@@ -859,6 +893,34 @@ impl QpInner {
                 }
                 let old = mr.memory().dma_fetch_add(at, add);
                 local.mr.write(local.offset, &old.to_le_bytes());
+                WcStatus::Success
+            }
+            Op::Flush {
+                remote,
+                len,
+                placement,
+            } => {
+                // Requests of a queue pair execute in posting order here, so
+                // every earlier WRITE has landed; the FLUSH makes them reach
+                // the placement.
+                let Some((mr, at)) = check_remote(target, remote, len, placement.right(), false)
+                else {
+                    return WcStatus::RemoteAccessError;
+                };
+                if placement == Placement::Persistence && len > 0 {
+                    mr.memory().dma_persist(at, len);
+                }
+                WcStatus::Success
+            }
+            Op::AtomicWrite { remote, value } => {
+                let Some((mr, at)) = check_remote(target, remote, 8, Access::REMOTE_WRITE, true)
+                else {
+                    return WcStatus::RemoteAccessError;
+                };
+                mr.memory().dma_atomic_write(at, value);
+                if persist {
+                    mr.memory().dma_persist(at, 8);
+                }
                 WcStatus::Success
             }
         }

@@ -60,6 +60,22 @@ pub trait RegionMemory: Send + Sync + 'static {
     fn dma_compare_swap(&self, offset: usize, expect: u64, swap: u64) -> u64;
     /// 8-byte fetch-and-add at an 8-byte aligned offset; returns the old value.
     fn dma_fetch_add(&self, offset: usize, add: u64) -> u64;
+    /// An ATOMIC WRITE: `value` stored at 8-byte aligned `offset` in one piece,
+    /// atomic with respect to the other atomics. By default a compare-and-swap
+    /// loop over [`RegionMemory::dma_compare_swap`], so a memory that tracks its
+    /// atomics (the crash simulator's) sees it as one.
+    fn dma_atomic_write(&self, offset: usize, value: u64) {
+        let mut current = [0u8; 8];
+        self.dma_read(offset, &mut current);
+        let mut expect = u64::from_le_bytes(current);
+        loop {
+            let old = self.dma_compare_swap(offset, expect, value);
+            if old == expect {
+                return;
+            }
+            expect = old;
+        }
+    }
     /// The owning node lost power. Volatile memory loses everything; persistent
     /// memory loses its unpersisted lines as `policy` says.
     fn power_fail(&self, policy: PowerFailure);

@@ -20,7 +20,11 @@ impl Access {
     pub const REMOTE_READ: Access = Access(1);
     pub const REMOTE_WRITE: Access = Access(2);
     pub const REMOTE_ATOMIC: Access = Access(4);
-    pub const ALL: Access = Access(7);
+    /// FLUSH with the global-visibility placement type (`IBV_ACCESS_FLUSH_GLOBAL`).
+    pub const FLUSH_GLOBAL: Access = Access(8);
+    /// FLUSH with the persistence placement type (`IBV_ACCESS_FLUSH_PERSISTENT`).
+    pub const FLUSH_PERSISTENT: Access = Access(16);
+    pub const ALL: Access = Access(31);
 
     pub fn contains(self, other: Access) -> bool {
         self.0 & other.0 == other.0
@@ -205,6 +209,43 @@ pub enum Op<'a> {
         add: u64,
         local: LocalAddr<'a>,
     },
+    /// IBTA 1.5 FLUSH of `len` bytes at `remote`: once it completes, every WRITE
+    /// posted before it on this queue pair that landed in the range has reached
+    /// `placement` at the target. Needs the region's flush right of that
+    /// placement ([`Access::FLUSH_GLOBAL`], [`Access::FLUSH_PERSISTENT`]).
+    Flush {
+        remote: RemoteAddr,
+        len: usize,
+        placement: Placement,
+    },
+    /// IBTA 1.5 ATOMIC WRITE: 8 bytes stored at an 8-byte aligned `remote` as one
+    /// indivisible write (never torn, atomic with respect to the target's other
+    /// atomics). Needs [`Access::REMOTE_WRITE`]. With [`WorkRequest::persist`],
+    /// the completion means the 8 bytes are durable.
+    AtomicWrite {
+        remote: RemoteAddr,
+        value: u64,
+    },
+}
+
+/// Where a FLUSH makes earlier WRITEs reach (IBTA 1.5 placement types).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Placement {
+    /// Visible to every reader at the target, CPU included. A WRITE the fabric
+    /// has landed already is: the FLUSH orders and checks, and moves no byte.
+    GlobalVisibility,
+    /// In the target's persistence domain: survives a power failure.
+    Persistence,
+}
+
+impl Placement {
+    /// The access right a FLUSH of this placement needs at the target.
+    pub fn right(self) -> Access {
+        match self {
+            Placement::GlobalVisibility => Access::FLUSH_GLOBAL,
+            Placement::Persistence => Access::FLUSH_PERSISTENT,
+        }
+    }
 }
 
 /// A work request for a queue pair's send queue.
@@ -215,8 +256,10 @@ pub struct WorkRequest<'a> {
     pub op: Op<'a>,
     /// Generate a completion on success. Errors always complete.
     pub signaled: bool,
-    /// SEND/WRITE only: the completion means the bytes are durable at the target
-    /// (WRITE followed by READ on today's RNICs, seed 000 §2.2; IBTA FLUSH).
+    /// SEND, WRITE and ATOMIC WRITE only: the completion means the bytes are
+    /// durable at the target (WRITE followed by READ on today's RNICs, seed 000
+    /// §2.2; the shorthand of a WRITE followed by a FLUSH of
+    /// [`Placement::Persistence`] on the same queue pair).
     pub persist: bool,
 }
 
@@ -277,6 +320,8 @@ pub enum WcOpcode {
     Read,
     CompareSwap,
     FetchAdd,
+    Flush,
+    AtomicWrite,
     /// A message landed in a receive buffer.
     Recv,
     /// A WRITE-with-immediate's immediate arrived.

@@ -293,6 +293,25 @@ fn engine_survives_hostile_input_and_serves_a_good_peer() {
         let mut hr = Vec::new();
         wire::encode_request(&mut hr, &huge_read, &[]);
         v.push(("READ over the cap", hr));
+        let mut bad_placement = request(Opcode::Flush, 0, rkey, 0);
+        bad_placement.arg0 = 8;
+        bad_placement.arg1 = 3;
+        let mut bp = Vec::new();
+        wire::encode_request(&mut bp, &bad_placement, &[]);
+        v.push(("FLUSH of an unknown placement", bp));
+        let mut flush_payload = request(Opcode::Flush, 0, rkey, 0);
+        flush_payload.arg1 = wire::PLACEMENT_PERSISTENT;
+        let mut fp = Vec::new();
+        wire::encode_request(&mut fp, &flush_payload, &[7; 8]);
+        v.push(("FLUSH with a payload", fp));
+        let mut atomic_write_imm = Vec::new();
+        wire::encode_request(
+            &mut atomic_write_imm,
+            &request(Opcode::AtomicWrite, 0, rkey, 8),
+            &[],
+        );
+        atomic_write_imm[5] = 1;
+        v.push(("immediate flag on an ATOMIC WRITE", atomic_write_imm));
         let mut persist_read = Vec::new();
         wire::encode_request(&mut persist_read, &request(Opcode::Read, 0, rkey, 0), &[]);
         persist_read[5] = 2;
@@ -330,6 +349,16 @@ fn engine_survives_hostile_input_and_serves_a_good_peer() {
         cas_end.arg1 = u64::MAX;
         let mut faa_misaligned = request(Opcode::FetchAdd, 0, rkey, 4);
         faa_misaligned.arg0 = 1;
+        let mut flush_oob = request(Opcode::Flush, 0, rkey, 8);
+        flush_oob.arg0 = REGION_BYTES as u64;
+        flush_oob.arg1 = wire::PLACEMENT_PERSISTENT;
+        let mut flush_huge = request(Opcode::Flush, 0, rkey, 0);
+        flush_huge.arg0 = u64::MAX;
+        flush_huge.arg1 = wire::PLACEMENT_GLOBAL;
+        let mut atomic_write_misaligned = request(Opcode::AtomicWrite, 0, rkey, 12);
+        atomic_write_misaligned.arg0 = u64::MAX;
+        let mut atomic_write_end = request(Opcode::AtomicWrite, 0, rkey, REGION_BYTES as u64 - 4);
+        atomic_write_end.arg0 = u64::MAX;
         vec![
             ("WRITE past the end", w(REGION_BYTES as u64 - 4), vec![1; 8]),
             ("WRITE at the end", w(REGION_BYTES as u64), vec![1; 1]),
@@ -344,6 +373,10 @@ fn engine_survives_hostile_input_and_serves_a_good_peer() {
             ("READ offset wraps", read_wrap, vec![]),
             ("CAS at the end", cas_end, vec![]),
             ("FAA misaligned", faa_misaligned, vec![]),
+            ("FLUSH past the end", flush_oob, vec![]),
+            ("FLUSH of u64::MAX bytes", flush_huge, vec![]),
+            ("ATOMIC WRITE misaligned", atomic_write_misaligned, vec![]),
+            ("ATOMIC WRITE past the end", atomic_write_end, vec![]),
         ]
     };
     for (what, h, payload) in &refusals {

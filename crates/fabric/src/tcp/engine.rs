@@ -347,6 +347,38 @@ fn execute(
             };
             (Status::Success, mr.memory().dma_fetch_add(at, h.arg0))
         }
+        Opcode::Flush => {
+            // This connection's requests execute one after another in order, so
+            // every WRITE the initiator posted before the FLUSH has landed.
+            let placement = if h.arg1 == wire::PLACEMENT_PERSISTENT {
+                Placement::Persistence
+            } else {
+                Placement::GlobalVisibility
+            };
+            // A length past any region is refused by the bounds check below.
+            let len = usize::try_from(h.arg0).unwrap_or(usize::MAX);
+            let Some((mr, at)) =
+                check_remote(core, h.rkey, h.offset, len, placement.right(), false)
+            else {
+                return (Status::RemoteAccessError, 0);
+            };
+            if placement == Placement::Persistence && len > 0 {
+                mr.memory().dma_persist(at, len);
+            }
+            (Status::Success, 0)
+        }
+        Opcode::AtomicWrite => {
+            let Some((mr, at)) =
+                check_remote(core, h.rkey, h.offset, 8, Access::REMOTE_WRITE, true)
+            else {
+                return (Status::RemoteAccessError, 0);
+            };
+            mr.memory().dma_atomic_write(at, h.arg0);
+            if h.persist {
+                mr.memory().dma_persist(at, 8);
+            }
+            (Status::Success, 0)
+        }
     }
 }
 

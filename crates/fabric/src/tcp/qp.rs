@@ -65,6 +65,15 @@ enum OwnedOp {
         add: u64,
         local: (MemoryRegion, usize),
     },
+    Flush {
+        remote: RemoteAddr,
+        len: usize,
+        placement: Placement,
+    },
+    AtomicWrite {
+        remote: RemoteAddr,
+        value: u64,
+    },
 }
 
 impl OwnedOp {
@@ -100,6 +109,16 @@ impl OwnedOp {
                 add,
                 local: (local.mr.clone(), local.offset),
             },
+            Op::Flush {
+                remote,
+                len,
+                placement,
+            } => OwnedOp::Flush {
+                remote,
+                len,
+                placement,
+            },
+            Op::AtomicWrite { remote, value } => OwnedOp::AtomicWrite { remote, value },
         }
     }
 
@@ -110,6 +129,8 @@ impl OwnedOp {
             OwnedOp::Read { .. } => WcOpcode::Read,
             OwnedOp::CompareSwap { .. } => WcOpcode::CompareSwap,
             OwnedOp::FetchAdd { .. } => WcOpcode::FetchAdd,
+            OwnedOp::Flush { .. } => WcOpcode::Flush,
+            OwnedOp::AtomicWrite { .. } => WcOpcode::AtomicWrite,
         }
     }
 
@@ -166,6 +187,29 @@ impl OwnedOp {
                 h.rkey = remote.rkey.0;
                 h.offset = remote.offset;
                 h.arg0 = *add;
+                (h, &[])
+            }
+            OwnedOp::Flush {
+                remote,
+                len,
+                placement,
+            } => {
+                let mut h = RequestHeader::new(Opcode::Flush, req_id);
+                h.rkey = remote.rkey.0;
+                h.offset = remote.offset;
+                h.arg0 = *len as u64;
+                h.arg1 = match placement {
+                    Placement::GlobalVisibility => wire::PLACEMENT_GLOBAL,
+                    Placement::Persistence => wire::PLACEMENT_PERSISTENT,
+                };
+                (h, &[])
+            }
+            OwnedOp::AtomicWrite { remote, value } => {
+                let mut h = RequestHeader::new(Opcode::AtomicWrite, req_id);
+                h.persist = persist;
+                h.rkey = remote.rkey.0;
+                h.offset = remote.offset;
+                h.arg0 = *value;
                 (h, &[])
             }
         }
@@ -932,7 +976,11 @@ impl QueuePair for TcpQp {
                 deadline_ns,
                 wr_id: wr.wr_id,
                 signaled: wr.signaled,
-                persist: wr.persist && matches!(wr.op, Op::Send { .. } | Op::Write { .. }),
+                persist: wr.persist
+                    && matches!(
+                        wr.op,
+                        Op::Send { .. } | Op::Write { .. } | Op::AtomicWrite { .. }
+                    ),
                 op: OwnedOp::from_op(&wr.op),
             };
             // The sender thread lives as long as `self.tx`.

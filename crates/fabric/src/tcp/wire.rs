@@ -20,7 +20,7 @@ use crate::verbs::{QpAddr, WcStatus};
 /// First bytes of the challenge and of the hello.
 pub const MAGIC: [u8; 8] = *b"RKVTCPF1";
 /// Protocol version carried by the handshake.
-pub const VERSION: u16 = 1;
+pub const VERSION: u16 = 2;
 /// Largest payload of one frame: a SEND's or WRITE's data, a READ's length.
 pub const MAX_PAYLOAD: usize = 16 << 20;
 /// Bytes of a request frame after its length field, payload excluded.
@@ -84,7 +84,18 @@ pub enum Opcode {
     Read = 3,
     CompareSwap = 4,
     FetchAdd = 5,
+    /// IBTA 1.5 FLUSH: `arg0` the length, `arg1` the placement
+    /// ([`PLACEMENT_GLOBAL`] or [`PLACEMENT_PERSISTENT`]). Since version 2.
+    Flush = 6,
+    /// IBTA 1.5 ATOMIC WRITE: `arg0` the 8 bytes (little-endian); may carry the
+    /// persist flag. Since version 2.
+    AtomicWrite = 7,
 }
+
+/// A FLUSH's `arg1`: the global-visibility placement.
+pub const PLACEMENT_GLOBAL: u64 = 1;
+/// A FLUSH's `arg1`: the persistence placement.
+pub const PLACEMENT_PERSISTENT: u64 = 2;
 
 impl Opcode {
     fn from_u8(b: u8) -> Result<Opcode, WireError> {
@@ -94,6 +105,8 @@ impl Opcode {
             3 => Opcode::Read,
             4 => Opcode::CompareSwap,
             5 => Opcode::FetchAdd,
+            6 => Opcode::Flush,
+            7 => Opcode::AtomicWrite,
             _ => return Err(WireError::UnknownOpcode(b)),
         })
     }
@@ -108,9 +121,10 @@ pub struct RequestHeader {
     pub req_id: u64,
     pub rkey: u32,
     pub offset: u64,
-    /// READ: length; COMPARE_SWAP: expected value; FETCH_ADD: addend.
+    /// READ and FLUSH: length; COMPARE_SWAP: expected value; FETCH_ADD: addend;
+    /// ATOMIC_WRITE: the value.
     pub arg0: u64,
-    /// COMPARE_SWAP: the value swapped in.
+    /// COMPARE_SWAP: the value swapped in; FLUSH: the placement.
     pub arg1: u64,
 }
 
@@ -195,7 +209,8 @@ pub fn read_request(
     let flags = b[1];
     let allowed = match opcode {
         Opcode::Send | Opcode::Write => FLAG_IMM | FLAG_PERSIST,
-        Opcode::Read | Opcode::CompareSwap | Opcode::FetchAdd => 0,
+        Opcode::AtomicWrite => FLAG_PERSIST,
+        Opcode::Read | Opcode::CompareSwap | Opcode::FetchAdd | Opcode::Flush => 0,
     };
     if flags & !allowed != 0 {
         return Err(WireError::BadFlags { opcode, flags });
@@ -223,14 +238,21 @@ pub fn read_request(
     let unused_zero = match opcode {
         Opcode::Send => h.rkey == 0 && h.offset == 0 && h.arg0 == 0 && h.arg1 == 0,
         Opcode::Write => h.arg0 == 0 && h.arg1 == 0,
-        Opcode::Read | Opcode::FetchAdd => h.arg1 == 0,
+        Opcode::Read | Opcode::FetchAdd | Opcode::AtomicWrite => h.arg1 == 0,
+        Opcode::Flush => h.arg1 == PLACEMENT_GLOBAL || h.arg1 == PLACEMENT_PERSISTENT,
         Opcode::CompareSwap => true,
     } && (h.imm.is_some() || u32_at(&b, 12) == 0);
     if !unused_zero {
         return Err(WireError::NonZeroReserved);
     }
     match opcode {
-        Opcode::Read | Opcode::CompareSwap | Opcode::FetchAdd if payload_len != 0 => {
+        Opcode::Read
+        | Opcode::CompareSwap
+        | Opcode::FetchAdd
+        | Opcode::Flush
+        | Opcode::AtomicWrite
+            if payload_len != 0 =>
+        {
             return Err(WireError::UnexpectedPayload(opcode));
         }
         Opcode::Read if h.arg0 > MAX_PAYLOAD as u64 => {
@@ -662,6 +684,65 @@ mod tests {
         ));
         // Truncated.
         assert!(read_request(&mut &buf[..buf.len() - 1], 3, &mut payload).is_err());
+    }
+
+    #[test]
+    fn flush_and_atomic_write_frames_round_trip_and_are_checked() {
+        let mut payload = Vec::new();
+        let mut flush = RequestHeader::new(Opcode::Flush, 0);
+        flush.rkey = 5;
+        flush.offset = 64;
+        flush.arg0 = 4096;
+        flush.arg1 = PLACEMENT_PERSISTENT;
+        let mut buf = Vec::new();
+        encode_request(&mut buf, &flush, &[]);
+        assert_eq!(read_request(&mut &buf[..], 0, &mut payload).unwrap(), flush);
+        // A placement that is neither 1 nor 2 is refused.
+        for placement in [0u64, 3, u64::MAX] {
+            let mut bad = buf.clone();
+            bad[40..48].copy_from_slice(&placement.to_le_bytes());
+            assert!(
+                matches!(
+                    read_request(&mut &bad[..], 0, &mut payload),
+                    Err(WireError::NonZeroReserved)
+                ),
+                "placement {placement}"
+            );
+        }
+        // No flags on a FLUSH, no payload.
+        let mut bad = buf.clone();
+        bad[5] = 2;
+        assert!(matches!(
+            read_request(&mut &bad[..], 0, &mut payload),
+            Err(WireError::BadFlags { .. })
+        ));
+        let mut with_payload = Vec::new();
+        let mut h = flush;
+        h.arg1 = PLACEMENT_GLOBAL;
+        encode_request(&mut with_payload, &h, b"x");
+        assert!(matches!(
+            read_request(&mut &with_payload[..], 0, &mut payload),
+            Err(WireError::UnexpectedPayload(Opcode::Flush))
+        ));
+
+        let mut aw = RequestHeader::new(Opcode::AtomicWrite, 1);
+        aw.persist = true;
+        aw.rkey = 5;
+        aw.offset = 8;
+        aw.arg0 = u64::MAX;
+        let mut buf = Vec::new();
+        encode_request(&mut buf, &aw, &[]);
+        assert_eq!(read_request(&mut &buf[..], 1, &mut payload).unwrap(), aw);
+        // The immediate flag is not an ATOMIC WRITE's; arg1 must be 0.
+        let mut bad = buf.clone();
+        bad[5] |= 1;
+        assert!(read_request(&mut &bad[..], 1, &mut payload).is_err());
+        let mut bad = buf.clone();
+        bad[40] = 1;
+        assert!(matches!(
+            read_request(&mut &bad[..], 1, &mut payload),
+            Err(WireError::NonZeroReserved)
+        ));
     }
 
     #[test]
