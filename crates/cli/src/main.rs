@@ -16,6 +16,7 @@ use clap::{Args, Parser, Subcommand};
 use rowankv_bench::dlwa::{self, DlwaOptions, Mode};
 use rowankv_bench::plot::{self, PlotError};
 
+mod chaos_cmd;
 mod demo;
 mod deploy_cmd;
 mod recovery_cmd;
@@ -60,6 +61,10 @@ enum Command {
     /// A mixed load on a deployed cluster from this process, every write
     /// recorded and every read checked against it.
     Workload(deploy_cmd::WorkloadArgs),
+    /// Chaos run against real processes: etcd, two CMs and the servers (RF 3),
+    /// faults from a seed (kill -9, SIGSTOP past the lease, power cut), every
+    /// operation recorded and the history checked (`docs/chaos.md`).
+    Chaos(chaos_cmd::ChaosArgs),
     /// Run an experiment of the papers' evaluations.
     Bench {
         #[command(subcommand)]
@@ -297,7 +302,7 @@ fn run() -> Result<()> {
     // servers on purpose, thousands of times, and the demo narrates its own
     // failover: they log errors only.
     let default = match cli.command {
-        Command::Sim(_) | Command::Demo(_) => "error",
+        Command::Sim(_) | Command::Demo(_) | Command::Chaos(_) => "error",
         // A process's log tells what it did: joins, configurations, failovers.
         Command::Server(_) | Command::Cm(_) => "info,rowankv_fabric=warn,rowankv_rpc=warn",
         // A client command's output is its answer; what it retried is not news.
@@ -344,6 +349,7 @@ fn run() -> Result<()> {
         Command::Leave(args) => deploy_cmd::leave(args),
         Command::Workload(args) => deploy_cmd::workload(args),
         Command::Sim(args) => sim_cmd::run_cmd(args),
+        Command::Chaos(args) => chaos_cmd::run(args),
     }
 }
 

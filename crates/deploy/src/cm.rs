@@ -102,16 +102,27 @@ struct JoinDesk {
     joins: Joins,
     /// Servers to remove on purpose (the CM's role takes them).
     leaves: Leaves,
+    /// Whether this CM is the active one (`CmStats::active`, kept by its role).
+    stats: Arc<CmStats>,
 }
+
+/// How a standby CM's answer to a join into a running cluster begins: the
+/// server asks the next CM (only the active one adds servers to the
+/// configuration; a join the standby kept would never be carried out).
+pub const STANDBY: &str = "standby: join: ";
 
 impl JoinDesk {
     fn serve(&mut self, acceptor: &Acceptor, config: Option<&Config>) {
         acceptor.serve_pending(|_from, private| {
             let request: JoinRequest = serde_json::from_slice(private)
                 .map_err(|e| format!("refused: join: a malformed request: {e}"))?;
-            let node = self
-                .admit(&request, config)
-                .map_err(|e| format!("refused: join: {e}"))?;
+            let node = self.admit(&request, config).map_err(|e| {
+                if e.starts_with(STANDBY) {
+                    e
+                } else {
+                    format!("refused: join: {e}")
+                }
+            })?;
             let answer = JoinAnswer {
                 node: node.0,
                 ..self.answer.clone()
@@ -133,6 +144,21 @@ impl JoinDesk {
         }
         if let Some(resp) = &r.resp {
             rowankv_wire::config::check_host_port(resp)?;
+        }
+        // Joining a running cluster changes its configuration, which only the
+        // active CM does; a member coming back (its identity still in the
+        // configuration) and a join before the first configuration need no
+        // change and are answered by either CM.
+        if let Some(c) = config {
+            let member = r
+                .node
+                .is_some_and(|n| c.members.iter().any(|m| m.node.0 == n));
+            if !member && self.stats.active.load(Ordering::Relaxed) == 0 {
+                return Err(format!(
+                    "{STANDBY}this CM stands by; the active CM adds servers to the configuration of {}",
+                    c.term
+                ));
+            }
         }
         let record = NodeRecord {
             kind: "server".into(),
@@ -304,6 +330,7 @@ pub fn run(dep: &CmDeployment, stop: Arc<AtomicBool>) -> Result<(), ProcessError
         },
         joins: Joins::default(),
         leaves: Leaves::default(),
+        stats: stats.clone(),
     };
     let leaves = net.directory.register(me, LEAVE_SERVICE);
     let settings = ServerSettings {

@@ -106,7 +106,8 @@ pub fn join(
                     return serde_json::from_slice(&a.private)
                         .map_err(|e| ProcessError(format!("a malformed join answer: {e}")))
                 }
-                // A refusal with a reason (not "cannot connect") is final.
+                // A refusal with a reason (not "cannot connect") is final; a
+                // standby CM's answer sends the server to the next CM.
                 Err(why) if why.starts_with("refused: join") => {
                     return Err(ProcessError(format!("the CM refused the join: {why}")))
                 }

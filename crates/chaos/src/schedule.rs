@@ -1,0 +1,266 @@
+//! The fault schedule of a chaos run: a list of faults drawn from one seed.
+//!
+//! The schedule is a pure function of the seed and the run's shape (its
+//! length, its server count, the servers' lease): the same options always give
+//! the same faults, in the same order, with the same targets and hold times,
+//! planned at the same offsets. What a real cluster does in between is not
+//! deterministic (the kernel schedules real processes), so a replay repeats the
+//! faults, not the history.
+//!
+//! Coverage is built in: the first [`FaultKind::ALL`]`.len()` faults are every
+//! kind once, in an order drawn from the seed; the rest are drawn with weights.
+//! A run of `seconds` plans one fault per [`FAULT_PERIOD_MS`], and never fewer
+//! than one of each kind.
+
+use std::fmt;
+
+use rand::seq::SliceRandom;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+/// One fault is planned per this much of the run.
+pub const FAULT_PERIOD_MS: u64 = 5_000;
+
+/// The most faults one schedule holds (a bound on the run, whatever its length).
+pub const FAULTS_MAX: usize = 10_000;
+
+/// What a fault does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum FaultKind {
+    /// `kill -9` of one server, restarted on its pool after the hold time (it
+    /// must rejoin: as a member if its lease had not run out, else as a new
+    /// joining backup).
+    KillServer,
+    /// `kill -9` of the CM that holds the active lease in etcd, restarted after
+    /// the hold time; the standby takes over meanwhile.
+    KillActiveCm,
+    /// SIGSTOP of one server for longer than its lease, then SIGCONT: it is
+    /// evicted while stopped and must join again.
+    PauseServer,
+    /// Every CM and server killed at once (etcd and the pools kept), everything
+    /// restarted after the hold time: a cold start.
+    PowerCut,
+}
+
+impl FaultKind {
+    /// Every kind, in the order of the summary.
+    pub const ALL: [FaultKind; 4] = [
+        FaultKind::KillServer,
+        FaultKind::KillActiveCm,
+        FaultKind::PauseServer,
+        FaultKind::PowerCut,
+    ];
+
+    /// The name in `faults.log` and `summary.json`.
+    pub fn name(self) -> &'static str {
+        match self {
+            FaultKind::KillServer => "kill-server",
+            FaultKind::KillActiveCm => "kill-active-cm",
+            FaultKind::PauseServer => "pause-server",
+            FaultKind::PowerCut => "power-cut",
+        }
+    }
+
+    /// Relative weight among the faults drawn after the first of each kind.
+    fn weight(self) -> u32 {
+        match self {
+            FaultKind::KillServer => 4,
+            FaultKind::KillActiveCm => 2,
+            FaultKind::PauseServer => 3,
+            FaultKind::PowerCut => 1,
+        }
+    }
+
+    /// Whether it targets one server.
+    pub fn targets_a_server(self) -> bool {
+        matches!(self, FaultKind::KillServer | FaultKind::PauseServer)
+    }
+}
+
+impl fmt::Display for FaultKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// One planned fault.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Fault {
+    /// Its position in the schedule, from 0.
+    pub index: usize,
+    /// When it is due, from the start of the load (it is injected at this
+    /// offset or, if the cluster is still recovering from the previous fault,
+    /// as soon as it is back to full replication).
+    pub at_ms: u64,
+    pub kind: FaultKind,
+    /// The server (index among the run's servers) for the kinds that target one.
+    pub server: Option<usize>,
+    /// How long the fault lasts before it is healed (restart, SIGCONT).
+    pub hold_ms: u64,
+}
+
+impl fmt::Display for Fault {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "#{} {}", self.index, self.kind)?;
+        if let Some(s) = self.server {
+            write!(f, " server-{s}")?;
+        }
+        write!(f, " for {} ms (due at {} ms)", self.hold_ms, self.at_ms)
+    }
+}
+
+/// The shape of a run, which with the seed fixes its schedule.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ScheduleShape {
+    /// Planned length of the load.
+    pub seconds_ms: u64,
+    /// Servers of the cluster (targets are drawn among them).
+    pub servers: usize,
+    /// The servers' lease: pauses last longer, kills last from a fraction of
+    /// it (restarted within it) to several (failed over first).
+    pub lease_ms: u64,
+}
+
+/// The faults of one run, from `seed`.
+pub fn generate(seed: u64, shape: ScheduleShape) -> Vec<Fault> {
+    assert!(shape.servers > 0, "a schedule needs servers to target");
+    assert!(shape.lease_ms > 0, "a lease has a length");
+    let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0xc4a0_5eed_0000_0000);
+    let count =
+        ((shape.seconds_ms / FAULT_PERIOD_MS) as usize).clamp(FaultKind::ALL.len(), FAULTS_MAX);
+    let mut kinds = FaultKind::ALL.to_vec();
+    kinds.shuffle(&mut rng);
+    let total_weight: u32 = FaultKind::ALL.iter().map(|k| k.weight()).sum();
+    while kinds.len() < count {
+        let mut pick = rng.gen_range(0..total_weight);
+        let kind = FaultKind::ALL
+            .into_iter()
+            .find(|k| {
+                if pick < k.weight() {
+                    true
+                } else {
+                    pick -= k.weight();
+                    false
+                }
+            })
+            .expect("the weights cover the range");
+        kinds.push(kind);
+    }
+    // Faults are spread evenly over the run, each a little early or late.
+    let slot_ms = (shape.seconds_ms / (count as u64 + 1)).max(1);
+    let lease = shape.lease_ms;
+    kinds
+        .into_iter()
+        .enumerate()
+        .map(|(index, kind)| {
+            let jitter = rng.gen_range(0..=slot_ms / 2);
+            let at_ms = slot_ms * (index as u64 + 1) - slot_ms / 4 + jitter;
+            let server = kind
+                .targets_a_server()
+                .then(|| rng.gen_range(0..shape.servers));
+            let hold_ms = match kind {
+                // From within the lease (the server is still a member when it
+                // comes back) to several leases (it was failed over).
+                FaultKind::KillServer => rng.gen_range(lease / 2..=4 * lease),
+                FaultKind::KillActiveCm => rng.gen_range(500..=3_000),
+                // Always past the lease, so the server is evicted.
+                FaultKind::PauseServer => rng.gen_range(2 * lease..=4 * lease),
+                FaultKind::PowerCut => rng.gen_range(200..=2_000),
+            };
+            Fault {
+                index,
+                at_ms,
+                kind,
+                server,
+                hold_ms,
+            }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shape(seconds: u64) -> ScheduleShape {
+        ScheduleShape {
+            seconds_ms: seconds * 1_000,
+            servers: 5,
+            lease_ms: 1_000,
+        }
+    }
+
+    #[test]
+    fn a_seed_gives_one_schedule_and_other_seeds_others() {
+        let a = generate(1, shape(60));
+        assert_eq!(a, generate(1, shape(60)), "the same seed, the same faults");
+        let distinct = (2..20u64).filter(|&s| generate(s, shape(60)) != a).count();
+        assert_eq!(distinct, 18, "every other seed gives another schedule");
+    }
+
+    #[test]
+    fn every_kind_comes_first_and_a_minute_holds_at_least_eight() {
+        for seed in 0..200 {
+            for seconds in [1, 20, 60, 300] {
+                let s = generate(seed, shape(seconds));
+                let first: std::collections::BTreeSet<FaultKind> = s
+                    .iter()
+                    .take(FaultKind::ALL.len())
+                    .map(|f| f.kind)
+                    .collect();
+                assert_eq!(first.len(), FaultKind::ALL.len(), "seed {seed}: {s:?}");
+                if seconds >= 60 {
+                    assert!(
+                        s.len() >= 8 * seconds as usize / 60,
+                        "seed {seed}: {} faults",
+                        s.len()
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn targets_hold_times_and_offsets_are_in_range() {
+        for seed in 0..200 {
+            let s = generate(seed, shape(300));
+            let mut last = 0;
+            for (i, f) in s.iter().enumerate() {
+                assert_eq!(f.index, i);
+                assert!(f.at_ms > last, "seed {seed}: offsets increase: {s:?}");
+                assert!(f.at_ms < 300_000);
+                last = f.at_ms;
+                assert_eq!(f.server.is_some(), f.kind.targets_a_server());
+                assert!(f.server.is_none_or(|t| t < 5));
+                match f.kind {
+                    FaultKind::PauseServer => {
+                        assert!(f.hold_ms > 1_000, "a pause outlasts the lease")
+                    }
+                    FaultKind::KillServer => assert!((500..=4_000).contains(&f.hold_ms)),
+                    FaultKind::KillActiveCm => assert!((500..=3_000).contains(&f.hold_ms)),
+                    FaultKind::PowerCut => assert!((200..=2_000).contains(&f.hold_ms)),
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn faults_after_the_first_of_each_kind_follow_the_weights() {
+        let mut drawn = std::collections::BTreeMap::<FaultKind, usize>::new();
+        for seed in 0..100 {
+            for f in generate(seed, shape(300)).iter().skip(FaultKind::ALL.len()) {
+                *drawn.entry(f.kind).or_default() += 1;
+            }
+        }
+        let total: usize = drawn.values().sum();
+        assert_eq!(total, 100 * (60 - FaultKind::ALL.len()));
+        for k in FaultKind::ALL {
+            let share = drawn[&k] as f64 / total as f64;
+            let want = f64::from(k.weight()) / 10.0;
+            assert!(
+                (share - want).abs() < 0.03,
+                "{k}: {share:.3} of the draws, weight {want}"
+            );
+        }
+    }
+}

@@ -1,0 +1,94 @@
+//! `rowankv chaos`: a chaos run against real processes of this binary
+//! (`rowankv_chaos`, `docs/chaos.md`). Parses the options, runs, prints the
+//! figures; exits non-zero on any violation, printing the command that replays
+//! the schedule.
+
+use std::path::PathBuf;
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use rowankv_chaos::ChaosOptions;
+
+#[derive(Args)]
+pub struct ChaosArgs {
+    /// Seconds of load (the run goes on until every scheduled fault was
+    /// injected and healed, then heals, reads back and checks).
+    #[arg(long, default_value_t = 60.0)]
+    seconds: f64,
+    /// Seed of the fault schedule and of the clients' choices.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// The run's directory (absent or empty): history.jsonl, faults.log,
+    /// summary.json, logs/, and the cluster's files.
+    #[arg(long, value_name = "D")]
+    dir: PathBuf,
+    /// Servers (replication factor 3).
+    #[arg(long, default_value_t = 5)]
+    servers: usize,
+    /// Client threads, each with its own RowanKV client.
+    #[arg(long, default_value_t = 8)]
+    clients: usize,
+    /// Keys, chosen Zipfian.
+    #[arg(long, default_value_t = 200)]
+    keys: usize,
+    /// Zipf exponent of the key choice.
+    #[arg(long, default_value_t = 0.99)]
+    zipf: f64,
+    /// The servers' lease (pauses outlast it; a CM that becomes active counts
+    /// no lease for ten of them).
+    #[arg(long, default_value_t = 500)]
+    lease_ms: u64,
+    /// How long the cluster may take to return to full replication after a
+    /// fault is healed.
+    #[arg(long, default_value_t = 60.0)]
+    recover_timeout_s: f64,
+    /// The etcd binary.
+    #[arg(long, default_value = "etcd")]
+    etcd: PathBuf,
+    /// Search steps per key of the linearizability check.
+    #[arg(long, default_value_t = 20_000_000)]
+    check_budget: u64,
+    /// The rowankv binary the processes run (default: this one).
+    #[arg(long)]
+    bin: Option<PathBuf>,
+}
+
+pub fn run(a: ChaosArgs) -> Result<()> {
+    let bin = match a.bin {
+        Some(b) => b,
+        None => std::env::current_exe().context("finding the rowankv binary")?,
+    };
+    let opts = ChaosOptions {
+        servers: a.servers,
+        clients: a.clients,
+        keys: a.keys,
+        zipf: a.zipf,
+        lease_ms: a.lease_ms,
+        recover_timeout_s: a.recover_timeout_s,
+        etcd: a.etcd,
+        check_budget: a.check_budget,
+        ..ChaosOptions::new(a.seconds, a.seed, a.dir, bin)
+    };
+    let summary = match rowankv_chaos::run(&opts) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("replay: {}", opts.replay_command());
+            return Err(e).context("chaos run");
+        }
+    };
+    println!("{}", serde_json::to_string_pretty(&summary)?);
+    if !summary.passed() {
+        eprintln!("{} violation(s):", summary.violations.len());
+        for v in &summary.violations {
+            eprintln!("- {v}");
+        }
+        eprintln!("replay: {}", summary.replay);
+        bail!(
+            "the chaos run found {} violation(s); files in {}",
+            summary.violations.len(),
+            opts.dir.display()
+        );
+    }
+    eprintln!("chaos run passed; files in {}", opts.dir.display());
+    Ok(())
+}
