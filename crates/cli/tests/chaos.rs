@@ -9,21 +9,29 @@ use rowankv_sim::history::{History, Status};
 
 const BIN: &str = env!("CARGO_BIN_EXE_rowankv");
 
-#[test]
-fn a_short_chaos_run_injects_every_kind_of_fault_and_passes() {
+/// `rowankv chaos ARGS --dir DIR`, run to its end; fails (never skips) when
+/// etcd is not installed.
+fn chaos(dir: &std::path::Path, args: &[&str]) -> std::process::Output {
     let etcd = Command::new("etcd").arg("--version").output();
     assert!(
         etcd.as_ref().is_ok_and(|o| o.status.success()),
         "this test runs a real etcd: install it (Debian: apt-get install etcd-server): {etcd:?}"
     );
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path().join("run");
-    let out = Command::new(BIN)
-        .args(["chaos", "--seconds", "20", "--seed", "7", "--dir"])
-        .arg(&dir)
+    Command::new(BIN)
+        .arg("chaos")
+        .args(args)
+        .arg("--dir")
+        .arg(dir)
         .env("RUST_LOG", "error")
         .output()
-        .unwrap();
+        .unwrap()
+}
+
+#[test]
+fn a_short_chaos_run_injects_every_kind_of_fault_and_passes() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("run");
+    let out = chaos(&dir, &["--seconds", "20", "--seed", "7"]);
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     if !out.status.success() {
@@ -163,27 +171,19 @@ fn bad_options_are_refused_with_the_reason() {
 /// before the fix (3 violations in the 60 s run: servers never back).
 #[test]
 fn a_server_rejoining_through_the_standby_cm_is_admitted_seed_1() {
-    let etcd = Command::new("etcd").arg("--version").output();
-    assert!(
-        etcd.as_ref().is_ok_and(|o| o.status.success()),
-        "this test runs a real etcd: install it (Debian: apt-get install etcd-server): {etcd:?}"
-    );
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("run");
-    let out = Command::new(BIN)
-        .args([
-            "chaos",
+    let out = chaos(
+        &dir,
+        &[
             "--seconds",
             "20",
             "--seed",
             "1",
             "--recover-timeout-s",
             "20",
-            "--dir",
-        ])
-        .arg(&dir)
-        .output()
-        .unwrap();
+        ],
+    );
     assert!(
         out.status.success(),
         "{}\n{}",

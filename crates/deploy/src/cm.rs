@@ -17,11 +17,14 @@
 //!    (`rowankv_cm::role::CmTask`: leases, failover, re-replication,
 //!    the configuration served to processes), on a thread of its own.
 //!
-//! Two CMs on one etcd: both answer joins (identities come from one counter in
-//! the store, so they never collide); whichever stores the first configuration
-//! first wins the bootstrap (the other finds it stored); one is active, the
-//! other stands by and takes over when the active one's lease in the store
-//! runs out.
+//! Two CMs on one etcd: both answer joins before the first configuration and
+//! a member's return (identities come from one counter in the store, so they
+//! never collide); whichever stores the first configuration first wins the
+//! bootstrap (the other finds it stored); one is active, the other stands by
+//! and takes over when the active one's lease in the store runs out. A join
+//! into a running cluster changes the configuration, so only the active CM
+//! takes it: the standby answers [`STANDBY`] and the server asks the next CM
+//! (a join kept in a standby's memory was never carried out).
 //!
 //! A server that joins a running cluster (a new server, or one restarted after
 //! the CM removed it) is handed to the CM's role, which adds it as a member

@@ -17,7 +17,9 @@
 //!
 //! A CM refuses an identity it never handed out (another cluster's pool, or a
 //! store that was reset), and one that left the cluster (below), with the
-//! reason.
+//! reason: final. A standby CM answers a join into a running cluster
+//! `standby: join: ...` (`crate::cm::STANDBY`): not final, the server asks the
+//! next CM, and so on until the active one answers.
 //!
 //! Leaving: `rowankv leave NODE` asks every CM it knows at [`LEAVE_SERVICE`],
 //! private data `{"node": u32}`, answered `{"node": u32}`. Each CM records in
