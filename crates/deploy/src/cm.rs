@@ -114,13 +114,35 @@ struct JoinDesk {
 /// configuration; a join the standby kept would never be carried out).
 pub const STANDBY: &str = "standby: join: ";
 
+/// How a CM's answer to a join begins when its coordination store failed: not
+/// final either (the server asks the next CM, and again).
+pub const UNAVAILABLE: &str = "unavailable: join: ";
+
+fn store_error(e: CmError) -> String {
+    format!("{UNAVAILABLE}the coordination store: {e}")
+}
+
+/// Whether a join of `node` (`None`: a new server) into the configuration a
+/// join desk holds (`None`: none stored yet) is one the active CM's role must
+/// carry out (hand it [`Joins`]): a running cluster's configuration that does
+/// not hold it. The desk's configuration may be older than the role's (it is
+/// read every 50 ms): a server removed a moment ago is answered as a member
+/// that rejoined, and finds itself outside the configuration it then reads;
+/// it asks again (`crate::join::MembershipWait`).
+pub fn adds_a_member(config: Option<&Config>, node: Option<NodeId>) -> bool {
+    match config {
+        None => false,
+        Some(c) => node.is_none_or(|n| c.member(n).is_none()),
+    }
+}
+
 impl JoinDesk {
     fn serve(&mut self, acceptor: &Acceptor, config: Option<&Config>) {
         acceptor.serve_pending(|_from, private| {
             let request: JoinRequest = serde_json::from_slice(private)
                 .map_err(|e| format!("refused: join: a malformed request: {e}"))?;
             let node = self.admit(&request, config).map_err(|e| {
-                if e.starts_with(STANDBY) {
+                if e.starts_with(STANDBY) || e.starts_with(UNAVAILABLE) {
                     e
                 } else {
                     format!("refused: join: {e}")
@@ -153,10 +175,8 @@ impl JoinDesk {
         // configuration) and a join before the first configuration need no
         // change and are answered by either CM.
         if let Some(c) = config {
-            let member = r
-                .node
-                .is_some_and(|n| c.members.iter().any(|m| m.node.0 == n));
-            if !member && self.stats.active.load(Ordering::Relaxed) == 0 {
+            let adds = adds_a_member(Some(c), r.node.map(NodeId));
+            if adds && self.stats.active.load(Ordering::Relaxed) == 0 {
                 return Err(format!(
                     "{STANDBY}this CM stands by; the active CM adds servers to the configuration of {}",
                     c.term
@@ -174,7 +194,7 @@ impl JoinDesk {
         let node = match r.node {
             Some(n) => {
                 let node = NodeId(n);
-                match node_record(store, node).map_err(|e| e.to_string())? {
+                match node_record(store, node).map_err(store_error)? {
                     None => {
                         return Err(format!(
                             "{node} was never handed out by this cluster's CMs \
@@ -188,7 +208,7 @@ impl JoinDesk {
                         ))
                     }
                     Some(old) if old.address != r.address || old.resp != r.resp => {
-                        update_node_record(store, node, &record).map_err(|e| e.to_string())?;
+                        update_node_record(store, node, &record).map_err(store_error)?;
                     }
                     Some(_) => {}
                 }
@@ -198,13 +218,13 @@ impl JoinDesk {
                 let above = config
                     .map(|c| c.members.iter().map(|m| m.node.0 + 1).max().unwrap_or(0))
                     .unwrap_or(0);
-                allocate_node(store, &record, above).map_err(|e| e.to_string())?
+                allocate_node(store, &record, above).map_err(store_error)?
             }
         };
         match config {
             // Its record, in the store, counts it for the first configuration.
             None => tracing::info!(%node, address = %r.address, "a server joined"),
-            Some(c) if c.members.iter().any(|m| m.node == node) => {
+            Some(c) if !adds_a_member(config, Some(node)) => {
                 tracing::info!(%node, term = %c.term, "a member rejoined");
             }
             Some(c) => {

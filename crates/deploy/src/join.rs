@@ -18,8 +18,11 @@
 //! A CM refuses an identity it never handed out (another cluster's pool, or a
 //! store that was reset), and one that left the cluster (below), with the
 //! reason: final. A standby CM answers a join into a running cluster
-//! `standby: join: ...` (`crate::cm::STANDBY`): not final, the server asks the
-//! next CM, and so on until the active one answers.
+//! `standby: join: ...` (`crate::cm::STANDBY`), and a CM whose coordination
+//! store failed `unavailable: join: ...` (`crate::cm::UNAVAILABLE`): not
+//! final, the server asks the next CM, and so on until one answers. An answer
+//! is not yet membership: a server the configuration does not hold a while
+//! later asks again (`crate::server::rejoin_after`).
 //!
 //! Leaving: `rowankv leave NODE` asks every CM it knows at [`LEAVE_SERVICE`],
 //! private data `{"node": u32}`, answered `{"node": u32}`. Each CM records in
@@ -33,6 +36,7 @@ use std::time::{Duration, Instant};
 use rowankv_fabric::QpAddr;
 use rowankv_rpc::directory::Directory;
 use rowankv_types::{NodeId, QpNum};
+use rowankv_wire::config::Config;
 use serde::{Deserialize, Serialize};
 
 use crate::ProcessError;
@@ -126,6 +130,61 @@ pub fn join(
             tracing::info!(why = %last, "waiting for a CM to answer the join");
         }
         std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// A joined server's wait to be a member of the configuration, with no I/O
+/// and no clock of its own (the server process drives it with real time, the
+/// simulator with its own): a join answered is not yet a join carried out, so
+/// a server still not a member `rejoin_after` after it last asked asks again.
+#[derive(Clone, Debug)]
+pub struct MembershipWait {
+    node: NodeId,
+    rejoin_after_ns: u64,
+    asked_ns: u64,
+    first_read: Option<bool>,
+}
+
+/// What a server waiting to be a member does after reading a configuration.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Awaited {
+    /// It is a member; `first_read`: the first configuration read held it too
+    /// (if not, and its pool recorded an identity, the CM removed it while it
+    /// was down: its pool's data is stale).
+    Member { first_read: bool },
+    /// Not yet: read again.
+    Wait,
+    /// Not yet, for `rejoin_after`: ask the CMs again, then [`MembershipWait::asked`].
+    AskAgain,
+}
+
+impl MembershipWait {
+    /// `node` was answered to a join at `now_ns`.
+    pub fn new(node: NodeId, rejoin_after: Duration, now_ns: u64) -> Self {
+        MembershipWait {
+            node,
+            rejoin_after_ns: rejoin_after.as_nanos() as u64,
+            asked_ns: now_ns,
+            first_read: None,
+        }
+    }
+
+    /// A configuration read at `now_ns`.
+    pub fn read(&mut self, config: &Config, now_ns: u64) -> Awaited {
+        let member = config.member(self.node).is_some();
+        let first_read = *self.first_read.get_or_insert(member);
+        if member {
+            Awaited::Member { first_read }
+        } else if now_ns.saturating_sub(self.asked_ns) >= self.rejoin_after_ns {
+            Awaited::AskAgain
+        } else {
+            Awaited::Wait
+        }
+    }
+
+    /// The CMs were asked again at `now_ns`.
+    pub fn asked(&mut self, now_ns: u64) {
+        self.asked_ns = now_ns;
     }
 }
 

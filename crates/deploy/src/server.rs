@@ -10,7 +10,9 @@
 //!    manager on `listen`; read the configuration from the CMs
 //!    (`rowankv_client::cm_source::CmSource`), waiting until this server is a
 //!    member (the CM commits the first configuration once enough servers have
-//!    joined).
+//!    joined). A join answered is not a join carried out (the CM that answered
+//!    may die before it stores the configuration that adds the server): a
+//!    server still not a member after [`rejoin_after`] asks the CMs again.
 //! 4. The engine: a pool that recorded an identity and whose server is still a
 //!    member is recovered (`Engine::open_replica`; the server then serves as
 //!    after a cold start, §4.7: each primary makes its shards' replicas agree
@@ -27,7 +29,7 @@
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use rowankv_client::cm_source::CmSource;
 use rowankv_engine::{read_identity, write_identity, Engine, EngineConfig, Identity};
@@ -42,12 +44,76 @@ use rowankv_types::{Clock, NodeId, SystemClock};
 use rowankv_wire::config::{Config, ConfigSource};
 
 use crate::cm::failover_settings;
-use crate::join::{join, refused_as_left, JoinRequest};
+use crate::join::{join, refused_as_left, Awaited, JoinRequest, MembershipWait};
 use crate::metrics::ServerMetrics;
 use crate::{alias_cms, any_port, attach, host_of, perr, ProcessError};
 
 /// How long a server waits for a CM to answer its join.
 pub const JOIN_PATIENCE: Duration = Duration::from_secs(120);
+
+/// How long a server that joined waits to be a member of the configuration
+/// before it asks the CMs again: four leases (the active CM's own lease in the
+/// store, after which a standby has taken over), at least two seconds.
+pub fn rejoin_after(lease_ms: u64) -> Duration {
+    Duration::from_millis((4 * lease_ms).max(2_000))
+}
+
+/// Read the configuration (`fetch`) until it holds `node`, and return it with
+/// whether the first one read did (`None` if `stopping` first).
+///
+/// A join answered is not yet a join carried out: the CM that answered may
+/// die, or lose its activity, before it stores the configuration that adds
+/// this server, or may have answered from a configuration older than the one
+/// that removed it (a server restarted as its lease ran out: the CM's join
+/// desk still saw it a member). While configurations that do not hold `node`
+/// are read for `rejoin_after`, the server asks the CMs again (`rejoin`, which
+/// answers the identity given); a final refusal ends the wait with its error.
+pub fn await_membership(
+    node: NodeId,
+    rejoin_after: Duration,
+    mut fetch: impl FnMut() -> Result<Arc<Config>, String>,
+    mut rejoin: impl FnMut() -> Result<u32, ProcessError>,
+    stopping: &dyn Fn() -> bool,
+) -> Result<Option<(Arc<Config>, bool)>, ProcessError> {
+    let start = Instant::now();
+    let now_ns = || start.elapsed().as_nanos() as u64;
+    let mut wait = MembershipWait::new(node, rejoin_after, now_ns());
+    let mut polls = 0u32;
+    loop {
+        polls += 1;
+        let say = polls % 50 == 1;
+        if stopping() {
+            return Ok(None);
+        }
+        match fetch() {
+            Ok(c) => match wait.read(&c, now_ns()) {
+                Awaited::Member { first_read } => return Ok(Some((c, first_read))),
+                Awaited::Wait => {
+                    if say {
+                        tracing::info!(term = %c.term, "not a member of the configuration yet; waiting");
+                    }
+                }
+                Awaited::AskAgain => {
+                    tracing::info!(term = %c.term, "still not a member: asking the CMs again");
+                    match rejoin() {
+                        Ok(n) if n != node.0 => {
+                            return Err(ProcessError(format!(
+                                "the CM answered n{n} to a server that joined as {node}"
+                            )))
+                        }
+                        Ok(_) => {}
+                        Err(e) if e.0.contains("refused: join") => return Err(e),
+                        Err(e) => tracing::info!(error = %e, "asking again: no answer"),
+                    }
+                    wait.asked(now_ns());
+                }
+            },
+            Err(e) if say => tracing::info!(error = %e, "waiting for the configuration"),
+            Err(_) => {}
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
 
 /// Open the pool at `path`, creating it when absent; whether it was created.
 fn open_pool(dep: &ServerDeployment) -> Result<(Arc<Pool>, bool), ProcessError> {
@@ -143,7 +209,6 @@ fn run_once(
     };
     let stopping = || stop.load(Ordering::Acquire);
     let answer = join(&joining, &cm_aliases, &request, JOIN_PATIENCE, &stopping)?;
-    drop(joining);
     let node = NodeId(answer.node);
     if let Some(id) = recorded {
         if id.node != node {
@@ -199,30 +264,32 @@ fn run_once(
     // Whether the first configuration read holds this server: if its pool
     // recorded an identity and it does not, the CM removed it while it was
     // down, and its pool's data is stale (it comes back as a new backup).
-    let mut first_read: Option<bool> = None;
-    let mut polls = 0u32;
-    let config = loop {
-        polls += 1;
-        let say = polls % 50 == 1;
-        if stopping() {
-            return Ok(Ended::Stopped);
-        }
-        match source.fetch() {
-            Ok(c) => {
-                *latest.write() = Some(c.clone());
-                let member = c.members.iter().any(|m| m.node == node);
-                first_read.get_or_insert(member);
-                if member {
-                    break c;
-                }
-                if say {
-                    tracing::info!(term = %c.term, "not a member of the configuration yet; waiting");
-                }
-            }
-            Err(e) if say => tracing::info!(error = %e, "waiting for the configuration"),
-            Err(_) => {}
-        }
-        std::thread::sleep(Duration::from_millis(20));
+    let rejoin = JoinRequest {
+        node: Some(node.0),
+        ..request
+    };
+    let waited = await_membership(
+        node,
+        rejoin_after(answer.lease_ms),
+        || {
+            let c = source.fetch().map_err(|e| e.to_string())?;
+            *latest.write() = Some(c.clone());
+            Ok(c)
+        },
+        || {
+            join(
+                &joining,
+                &cm_aliases,
+                &rejoin,
+                rejoin_after(answer.lease_ms),
+                &stopping,
+            )
+            .map(|a| a.node)
+        },
+        &stopping,
+    )?;
+    let Some((config, first_read)) = waited else {
+        return Ok(Ended::Stopped);
     };
 
     let settings = ServerSettings {
@@ -239,7 +306,8 @@ fn run_once(
         clean_grace: Duration::from_nanos(settings.clean_grace_ns),
         ..EngineConfig::default()
     };
-    let removed = recorded.is_some() && first_read == Some(false);
+    drop(joining);
+    let removed = recorded.is_some() && !first_read;
     if removed {
         tracing::info!(
             %node,
@@ -327,4 +395,115 @@ fn run_once(
     executor.stop();
     drop(net);
     Ok(ended)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rowankv_wire::config::Member;
+    use std::cell::Cell;
+
+    fn config(nodes: &[u32]) -> Arc<Config> {
+        let members: Vec<Member> = nodes
+            .iter()
+            .map(|&n| Member {
+                node: NodeId(n),
+                workers: 1,
+                address: Some(format!("h:{n}")),
+                resp: None,
+            })
+            .collect();
+        Arc::new(Config::initial(7, &members, 2, 2).unwrap())
+    }
+
+    /// Stops the wait after `limit` (a wait that never ends fails the test
+    /// instead of hanging it).
+    fn stop_after(limit: Duration) -> impl Fn() -> bool {
+        let start = Instant::now();
+        move || start.elapsed() > limit
+    }
+
+    #[test]
+    fn a_join_answered_but_never_carried_out_is_asked_again() {
+        // The CM answered the join and then lost it (it died before storing
+        // the configuration that adds n3, or answered from a stale view): n3
+        // is a member only once it asks again.
+        let asked = Cell::new(0u32);
+        let waited = await_membership(
+            NodeId(3),
+            Duration::from_millis(60),
+            || {
+                Ok(config(if asked.get() == 0 {
+                    &[1, 2]
+                } else {
+                    &[1, 2, 3]
+                }))
+            },
+            || {
+                asked.set(asked.get() + 1);
+                Ok(3)
+            },
+            &stop_after(Duration::from_secs(10)),
+        )
+        .unwrap();
+        let (c, first) = waited.expect("n3 became a member once it asked again");
+        assert!(c.member(NodeId(3)).is_some());
+        assert!(!first, "the first configuration read did not hold n3");
+        assert_eq!(asked.get(), 1);
+    }
+
+    #[test]
+    fn a_member_is_not_asked_again_and_a_refusal_or_another_identity_ends_the_wait() {
+        let never = || -> Result<u32, ProcessError> { panic!("a member asked again") };
+        let (_, first) = await_membership(
+            NodeId(2),
+            Duration::ZERO,
+            || Ok(config(&[1, 2])),
+            never,
+            &stop_after(Duration::from_secs(10)),
+        )
+        .unwrap()
+        .unwrap();
+        assert!(first);
+
+        let refused = await_membership(
+            NodeId(3),
+            Duration::ZERO,
+            || Ok(config(&[1, 2])),
+            || {
+                Err(ProcessError(
+                    "the CM refused the join: refused: join: left: n3".into(),
+                ))
+            },
+            &stop_after(Duration::from_secs(10)),
+        )
+        .unwrap_err();
+        assert!(refused_as_left(&refused), "{refused}");
+
+        let other = await_membership(
+            NodeId(3),
+            Duration::ZERO,
+            || Ok(config(&[1, 2])),
+            || Ok(4),
+            &stop_after(Duration::from_secs(10)),
+        )
+        .unwrap_err();
+        assert!(other.0.contains("n4"), "{other}");
+
+        // No CM answering is not final: the wait goes on until stopped.
+        let calls = Cell::new(0u32);
+        let stopped = await_membership(
+            NodeId(3),
+            Duration::ZERO,
+            || Ok(config(&[1, 2])),
+            || {
+                calls.set(calls.get() + 1);
+                Err(ProcessError("no CM answered the join".into()))
+            },
+            &stop_after(Duration::from_millis(200)),
+        )
+        .unwrap();
+        assert!(stopped.is_none());
+        assert!(calls.get() >= 2, "asked {} times", calls.get());
+    }
 }
