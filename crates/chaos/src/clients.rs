@@ -210,6 +210,59 @@ pub fn run_client(load: Arc<Load>, client: u32) -> (Vec<Operation>, ThreadCounts
     (history, counts)
 }
 
+/// Pause between the reads of a one-key reader.
+const READER_PAUSE: Duration = Duration::from_millis(2);
+
+/// A one-key reader: GETs of `key` only, until `load.stop`, every one recorded.
+///
+/// The RowanKV client re-reads the configuration only when an operation
+/// fails, and the mixed clients above fail soon after any change (a write
+/// through a removed primary fails), so they leave a server that answers
+/// when it should not only a few milliseconds to be caught. A reader of one
+/// key never writes: while the server it reads from answers, it keeps the
+/// configuration it has. A server cut off from the CMs must stop answering
+/// when its lease ends (then the reader fails, re-reads the configuration and
+/// follows the new primary); one that answers on is caught by the
+/// stale-configuration check and, once the key is written elsewhere, by the
+/// linearizability check. The run starts one reader per server, each on a key
+/// whose shard that server led when the load started.
+pub fn run_reader(load: Arc<Load>, client: u32, key: String) -> (Vec<Operation>, ThreadCounts) {
+    let mut history = Vec::new();
+    let mut counts = ThreadCounts::default();
+    let mut remote: Option<Remote> = None;
+    let mut errors = 0u32;
+    while !load.stop.load(Ordering::Acquire) {
+        let Some(r) = remote.as_mut() else {
+            match load.connect() {
+                Ok(r) => {
+                    counts.connects += 1;
+                    remote = Some(r);
+                    errors = 0;
+                }
+                Err(_) => {
+                    counts.connect_failures += 1;
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+            }
+            continue;
+        };
+        let (record, error) = execute(&load, r, client, OpKind::Get, &key, None);
+        history.push(record);
+        if error {
+            errors += 1;
+            if errors >= ERRORS_BEFORE_RECONNECT {
+                remote = None;
+            } else {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        } else {
+            errors = 0;
+            std::thread::sleep(READER_PAUSE);
+        }
+    }
+    (history, counts)
+}
+
 /// Read every key once more after healing, retrying each until it is
 /// answered (`attempts` at most); every attempt is recorded as a final read.
 /// Returns the keys that could not be read.

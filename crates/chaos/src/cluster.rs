@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 use rowankv_cm::{node_record, CoordStore, EtcdConfig, EtcdStore, CM_LEASE_KEY, COMMITTED_KEY};
 use rowankv_types::NodeId;
 
+use crate::net::Net;
 use crate::ChaosError;
 
 /// The etcd prefix of a chaos cluster's keys.
@@ -89,6 +90,12 @@ pub struct Layout {
     pub cms: usize,
     pub lease_ms: u64,
     pub cluster_id: u64,
+    /// Every CM and server in a network namespace of its own ([`Net`]);
+    /// otherwise all on loopback (no network faults).
+    pub netns: bool,
+    /// Servers deliberately broken: they answer without a valid lease
+    /// (`unsafe_serve_without_lease`, for proving the checks catch it).
+    pub planted_serve_without_lease: bool,
 }
 
 /// The running cluster.
@@ -106,6 +113,9 @@ pub struct Cluster {
     /// Children that exited without being killed: (name, exit status).
     pub crashes: Vec<(String, String)>,
     store: EtcdStore,
+    /// The namespaces and bridge (with [`Layout::netns`]); dropped after
+    /// every process is killed.
+    pub net: Option<Net>,
 }
 
 fn io_err(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> ChaosError {
@@ -122,13 +132,27 @@ impl Cluster {
         std::fs::create_dir_all(dir.join("data")).map_err(io_err("creating data/"))?;
         let secret = b"a secret of the chaos run, not for production".to_vec();
         std::fs::write(dir.join("secret"), &secret).map_err(io_err("writing the secret"))?;
+        let net = if layout.netns {
+            Net::remove_orphans();
+            let tag = format!("rk{}", std::process::id());
+            Some(Net::create(&tag, layout.cms, layout.servers)?)
+        } else {
+            None
+        };
+        let host = net.as_ref().map_or("127.0.0.1", |n| n.host_ip.as_str());
         let (client_port, peer_port) = (free_port()?, free_port()?);
-        let etcd_endpoint = format!("http://127.0.0.1:{client_port}");
+        let etcd_endpoint = format!("http://{host}:{client_port}");
         let cm_addrs: Vec<String> = (0..layout.cms)
-            .map(|_| free_port().map(|p| format!("127.0.0.1:{p}")))
+            .map(|j| {
+                let ip = net.as_ref().map_or(host, |n| n.cms[j].ip.as_str());
+                free_port().map(|p| format!("{ip}:{p}"))
+            })
             .collect::<Result<_, _>>()?;
         let server_addrs: Vec<String> = (0..layout.servers)
-            .map(|_| free_port().map(|p| format!("127.0.0.1:{p}")))
+            .map(|i| {
+                let ip = net.as_ref().map_or(host, |n| n.servers[i].ip.as_str());
+                free_port().map(|p| format!("{ip}:{p}"))
+            })
             .collect::<Result<_, _>>()?;
         let cms_toml = cm_addrs
             .iter()
@@ -164,6 +188,16 @@ impl Cluster {
                  [pool]\npath = \"data/server-{i}.pool\"\nbytes = \"64MiB\"\nmedium = \"emulated\"\nsegment_bytes = \"1MiB\"\n",
                 layout.cluster_id
             );
+            let text = if layout.planted_serve_without_lease {
+                // A top-level key: before the first table.
+                text.replacen(
+                    "workers = 1\n",
+                    "workers = 1\n# A planted bug (rowankv chaos --planted serve-without-lease).\nunsafe_serve_without_lease = true\n",
+                    1,
+                )
+            } else {
+                text
+            };
             std::fs::write(&file, text).map_err(io_err(format!("writing {}", file.display())))?;
             servers.push(Proc {
                 name: format!("server-{i}"),
@@ -197,6 +231,7 @@ impl Cluster {
             secret,
             crashes: Vec::new(),
             store,
+            net,
         };
         c.start_etcd(client_port, peer_port)?;
         Ok(c)
@@ -217,8 +252,12 @@ impl Cluster {
     fn start_etcd(&mut self, client_port: u16, peer_port: u16) -> Result<(), ChaosError> {
         let log = self.log_file("etcd", "etcd started")?;
         let data = self.layout.dir.join("data/etcd");
-        let peer = format!("http://127.0.0.1:{peer_port}");
-        let client = format!("http://127.0.0.1:{client_port}");
+        let host = self
+            .net
+            .as_ref()
+            .map_or("127.0.0.1", |n| n.host_ip.as_str());
+        let peer = format!("http://{host}:{peer_port}");
+        let client = format!("http://{host}:{client_port}");
         let child = Command::new(&self.layout.etcd)
             .arg("--name")
             .arg("chaos")
@@ -281,7 +320,29 @@ impl Cluster {
             &p.name,
             &format!("{} start #{} at t={t_s:.3}s", p.name, p.starts + 1),
         )?;
-        Command::new(&self.layout.bin)
+        let ns = self.net.as_ref().map(|n| {
+            let spaces = match p.role {
+                Role::Cm => &n.cms,
+                _ => &n.servers,
+            };
+            let k: usize = p
+                .name
+                .rsplit('-')
+                .next()
+                .and_then(|k| k.parse().ok())
+                .expect("NAME-k");
+            spaces[k].ns.clone()
+        });
+        // `ip netns exec` execs the program: the child's pid is the program's.
+        let mut command = match &ns {
+            Some(ns) => {
+                let mut c = Command::new("ip");
+                c.args(Net::exec_prefix(ns)).arg(&self.layout.bin);
+                c
+            }
+            None => Command::new(&self.layout.bin),
+        };
+        command
             .arg(what)
             .arg("--config")
             .arg(&p.config)

@@ -26,6 +26,7 @@
 
 pub mod clients;
 pub mod cluster;
+pub mod net;
 pub mod schedule;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -46,6 +47,7 @@ use serde::Serialize;
 
 use crate::clients::Load;
 use crate::cluster::{Cluster, Layout};
+use crate::net::{Net, Space};
 use crate::schedule::{Fault, FaultKind, ScheduleShape};
 
 /// Errors that end a run before its checks (bad options, a cluster that never
@@ -100,6 +102,13 @@ pub struct ChaosOptions {
     pub etcd: PathBuf,
     /// Search steps per key of the linearizability check.
     pub check_budget: u64,
+    /// Every CM and server in a network namespace of its own, and network
+    /// faults planned (`--net netns`, the default; needs root, iproute2 and
+    /// nftables); otherwise all on loopback without them (`--net loopback`).
+    pub netns: bool,
+    /// A planted bug (`--planted serve-without-lease`): every server answers
+    /// without a valid lease. The run must then fail.
+    pub planted_serve_without_lease: bool,
 }
 
 impl ChaosOptions {
@@ -118,6 +127,8 @@ impl ChaosOptions {
             bin,
             etcd: PathBuf::from("etcd"),
             check_budget: 20_000_000,
+            netns: true,
+            planted_serve_without_lease: false,
         }
     }
 
@@ -183,7 +194,7 @@ impl ChaosOptions {
     /// directory: a run never overwrites one).
     pub fn replay_command(&self) -> String {
         format!(
-            "rowankv chaos --seconds {} --seed {} --servers {} --clients {} --keys {} --zipf {} --lease-ms {} --dir {}-replay",
+            "rowankv chaos --seconds {} --seed {} --servers {} --clients {} --keys {} --zipf {} --lease-ms {} --net {} --dir {}-replay",
             self.seconds,
             self.seed,
             self.servers,
@@ -191,8 +202,13 @@ impl ChaosOptions {
             self.keys,
             self.zipf,
             self.lease_ms,
+            if self.netns { "netns" } else { "loopback" },
             self.dir.display()
-        )
+        ) + if self.planted_serve_without_lease {
+            " --planted serve-without-lease"
+        } else {
+            ""
+        }
     }
 
     fn shape(&self) -> ScheduleShape {
@@ -200,6 +216,7 @@ impl ChaosOptions {
             seconds_ms: (self.seconds * 1_000.0) as u64,
             servers: self.servers,
             lease_ms: self.lease_ms,
+            network: self.netns,
         }
     }
 }
@@ -211,8 +228,15 @@ pub struct Summary {
     pub seconds: f64,
     pub servers: usize,
     pub clients: usize,
+    /// One-key readers (one per server that led a shard at the start).
+    pub readers: usize,
     pub keys: usize,
     pub lease_ms: u64,
+    /// The network: `netns` (a namespace per process, network faults) or
+    /// `loopback`.
+    pub net: String,
+    /// The planted bug, if any (the run must then fail).
+    pub planted: Option<String>,
     /// From the start of the cluster to the end of the checks.
     pub elapsed_s: f64,
     /// Of the load, from the first operation to the last.
@@ -539,6 +563,11 @@ impl Run {
                 self.events
                     .say(&format!("heal {}: cm-{j} restarted (pid {pid})", f.index));
             }
+            FaultKind::PartitionServer
+            | FaultKind::IsolateFromCms
+            | FaultKind::SplitMinority
+            | FaultKind::OneWayCut
+            | FaultKind::SlowLink => self.inject_network(f)?,
             FaultKind::PowerCut => {
                 let killed = self.cluster.power_cut();
                 self.events.say(&format!(
@@ -557,6 +586,94 @@ impl Run {
         }
         Ok(())
     }
+}
+
+impl Run {
+    /// A partition or a slow link, held for the fault's time, then healed.
+    fn inject_network(&mut self, f: &Fault) -> Result<(), ChaosError> {
+        let net = self
+            .cluster
+            .net
+            .as_ref()
+            .expect("network faults are planned only for a run with its namespaces");
+        let i = f.server.expect("a network fault names its server");
+        let servers: Vec<Space> = net.servers.clone();
+        let cms: Vec<Space> = net.cms.clone();
+        let n = servers.len();
+        let target = &servers[i];
+        let others: Vec<&Space> = (0..n).filter(|&k| k != i).map(|k| &servers[k]).collect();
+        let all_cms: Vec<&Space> = cms.iter().collect();
+        let what = match f.kind {
+            FaultKind::PartitionServer => {
+                Net::cut(&[target], &others)?;
+                format!("server-{i} cut from the other servers")
+            }
+            FaultKind::IsolateFromCms => {
+                Net::cut(&[target], &all_cms)?;
+                format!("server-{i} cut from the CMs")
+            }
+            FaultKind::SplitMinority => {
+                let i2 = (i + 1) % n;
+                let c = i % cms.len();
+                let minority = [target, &servers[i2], &cms[c]];
+                let majority: Vec<&Space> = (0..n)
+                    .filter(|&k| k != i && k != i2)
+                    .map(|k| &servers[k])
+                    .chain((0..cms.len()).filter(|&k| k != c).map(|k| &cms[k]))
+                    .collect();
+                Net::cut(&minority, &majority)?;
+                format!("split: server-{i}, server-{i2} and cm-{c} from the rest")
+            }
+            FaultKind::OneWayCut => {
+                let to: Vec<String> = others
+                    .iter()
+                    .chain(&all_cms)
+                    .map(|s| s.ip.clone())
+                    .collect();
+                Net::block(target, &[], &to)?;
+                format!("server-{i}'s packets to the other servers and the CMs dropped")
+            }
+            FaultKind::SlowLink => {
+                net.slow(i)?;
+                format!("server-{i}'s link slowed to {} both ways", net::SLOW_RATE)
+            }
+            k => unreachable!("{k} is not a network fault"),
+        };
+        self.events.say(&format!(
+            "fault {}: {what} for {} ms (lease {} ms)",
+            f.index, f.hold_ms, self.opts.lease_ms
+        ));
+        self.hold(Duration::from_millis(f.hold_ms));
+        let net = self.cluster.net.as_ref().expect("checked above");
+        if f.kind == FaultKind::SlowLink {
+            net.heal_slow(i)?;
+        } else {
+            net.heal_partitions()?;
+        }
+        self.events
+            .say(&format!("heal {}: the network is whole again", f.index));
+        Ok(())
+    }
+}
+
+/// For each server (index into `addrs`) that leads a shard in `config`, the
+/// first of `keys` in such a shard.
+fn reader_keys(config: &Config, addrs: &[String], keys: &[String]) -> Vec<(usize, String)> {
+    addrs
+        .iter()
+        .enumerate()
+        .filter_map(|(i, a)| {
+            let node = config
+                .members
+                .iter()
+                .find(|m| m.address.as_deref() == Some(a.as_str()))?
+                .node;
+            let key = keys
+                .iter()
+                .find(|k| config.shard_for_key(k.as_bytes()).primary == node)?;
+            Some((i, key.clone()))
+        })
+        .collect()
 }
 
 fn pid_text(pid: Option<u32>) -> String {
@@ -661,7 +778,12 @@ pub fn run(opts: &ChaosOptions) -> Result<Summary, ChaosError> {
         cms: 2,
         lease_ms: opts.lease_ms,
         cluster_id,
+        netns: opts.netns,
+        planted_serve_without_lease: opts.planted_serve_without_lease,
     })?;
+    if let Some(net) = &cluster.net {
+        events.say(&net.describe());
+    }
     events.say(&format!("etcd up at {}", cluster.etcd_endpoint));
     let mut run = Run {
         opts: opts.clone(),
@@ -715,7 +837,21 @@ pub fn run(opts: &ChaosOptions) -> Result<Summary, ChaosError> {
     };
     let load_start = Instant::now();
     let load_start_ns = load.now_ns();
-    let threads: Vec<_> = (0..opts.clients)
+    // One one-key reader per server, on a key whose shard it leads now.
+    let readers = run
+        .observer
+        .config(&run.cluster)
+        .map(|c| reader_keys(&c, &run.cluster.server_addrs, &load.keys))
+        .unwrap_or_default();
+    events.say(&format!(
+        "one-key readers on {}",
+        readers
+            .iter()
+            .map(|(i, k)| format!("{k} (led by server-{i})"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    ));
+    let mut threads: Vec<_> = (0..opts.clients)
         .map(|c| {
             let load = load.clone();
             std::thread::Builder::new()
@@ -727,10 +863,23 @@ pub fn run(opts: &ChaosOptions) -> Result<Summary, ChaosError> {
             what: "starting a client thread".into(),
             source,
         })?;
+    for (r, (_, key)) in readers.iter().enumerate() {
+        let (load, key) = (load.clone(), key.clone());
+        let client = (opts.clients + 1 + r) as u32;
+        threads.push(
+            std::thread::Builder::new()
+                .name(format!("chaos-reader-{r}"))
+                .spawn(move || clients::run_reader(load, client, key))
+                .map_err(|source| ChaosError::Io {
+                    what: "starting a reader thread".into(),
+                    source,
+                })?,
+        );
+    }
 
     let mut injected = 0;
     let mut excused: BTreeSet<usize> = BTreeSet::new();
-    let mut by_kind: BTreeMap<String, u64> = FaultKind::ALL
+    let mut by_kind: BTreeMap<String, u64> = FaultKind::planned(opts.netns)
         .iter()
         .map(|k| (k.name().to_string(), 0))
         .collect();
@@ -846,6 +995,11 @@ pub fn run(opts: &ChaosOptions) -> Result<Summary, ChaosError> {
         seconds: opts.seconds,
         servers: opts.servers,
         clients: opts.clients,
+        readers: readers.len(),
+        net: if opts.netns { "netns" } else { "loopback" }.to_string(),
+        planted: opts
+            .planted_serve_without_lease
+            .then(|| "serve-without-lease".to_string()),
         keys: opts.keys,
         lease_ms: opts.lease_ms,
         load_s,

@@ -7,10 +7,12 @@
 //! deterministic (the kernel schedules real processes), so a replay repeats the
 //! faults, not the history.
 //!
-//! Coverage is built in: the first [`FaultKind::ALL`]`.len()` faults are every
-//! kind once, in an order drawn from the seed; the rest are drawn with weights.
-//! A run of `seconds` plans one fault per [`FAULT_PERIOD_MS`], and never fewer
-//! than one of each kind.
+//! Coverage is built in: the first faults are every planned kind once, in an
+//! order drawn from the seed, then (if the run holds at least twice as many
+//! faults as kinds) every kind once more; the rest are drawn with weights. A
+//! run of `seconds` plans one fault per [`FAULT_PERIOD_MS`], and never fewer
+//! than one of each kind. Network faults are planned only for a run with its
+//! network namespaces (`crate::net`).
 
 use std::fmt;
 
@@ -40,16 +42,54 @@ pub enum FaultKind {
     /// Every CM and server killed at once (etcd and the pools kept), everything
     /// restarted after the hold time: a cold start.
     PowerCut,
+    /// One server cut from the other servers, both ways (the CMs and the
+    /// clients still reach it). Network namespaces only, as the four below.
+    PartitionServer,
+    /// One server cut from both CMs, both ways: it cannot renew its lease
+    /// (the clients still reach it, and must get no answer from it once its
+    /// lease ran out).
+    IsolateFromCms,
+    /// Two servers and one CM cut from the other servers and CM, both ways.
+    SplitMinority,
+    /// One server's packets to every other server and CM dropped; what they
+    /// send it still arrives.
+    OneWayCut,
+    /// One server's link slowed to `crate::net::SLOW_RATE` both ways.
+    SlowLink,
 }
 
 impl FaultKind {
     /// Every kind, in the order of the summary.
-    pub const ALL: [FaultKind; 4] = [
+    pub const ALL: [FaultKind; 9] = [
         FaultKind::KillServer,
         FaultKind::KillActiveCm,
         FaultKind::PauseServer,
         FaultKind::PowerCut,
+        FaultKind::PartitionServer,
+        FaultKind::IsolateFromCms,
+        FaultKind::SplitMinority,
+        FaultKind::OneWayCut,
+        FaultKind::SlowLink,
     ];
+
+    /// Whether it needs the run's network namespaces.
+    pub fn network(self) -> bool {
+        !matches!(
+            self,
+            FaultKind::KillServer
+                | FaultKind::KillActiveCm
+                | FaultKind::PauseServer
+                | FaultKind::PowerCut
+        )
+    }
+
+    /// The kinds a run plans: with `network`, all of them.
+    pub fn planned(network: bool) -> Vec<FaultKind> {
+        FaultKind::ALL
+            .into_iter()
+            .filter(|k| network || !k.network())
+            .collect()
+    }
 
     /// The name in `faults.log` and `summary.json`.
     pub fn name(self) -> &'static str {
@@ -58,6 +98,11 @@ impl FaultKind {
             FaultKind::KillActiveCm => "kill-active-cm",
             FaultKind::PauseServer => "pause-server",
             FaultKind::PowerCut => "power-cut",
+            FaultKind::PartitionServer => "partition-server",
+            FaultKind::IsolateFromCms => "isolate-from-cms",
+            FaultKind::SplitMinority => "split-minority",
+            FaultKind::OneWayCut => "one-way-cut",
+            FaultKind::SlowLink => "slow-link",
         }
     }
 
@@ -68,12 +113,18 @@ impl FaultKind {
             FaultKind::KillActiveCm => 2,
             FaultKind::PauseServer => 3,
             FaultKind::PowerCut => 1,
+            FaultKind::PartitionServer => 2,
+            FaultKind::IsolateFromCms => 2,
+            FaultKind::SplitMinority => 2,
+            FaultKind::OneWayCut => 2,
+            FaultKind::SlowLink => 2,
         }
     }
 
-    /// Whether it targets one server.
+    /// Whether it targets one server (the split: the first of the two
+    /// servers of its minority, the next one being the second).
     pub fn targets_a_server(self) -> bool {
-        matches!(self, FaultKind::KillServer | FaultKind::PauseServer)
+        !matches!(self, FaultKind::KillActiveCm | FaultKind::PowerCut)
     }
 }
 
@@ -119,6 +170,8 @@ pub struct ScheduleShape {
     /// The servers' lease: pauses last longer, kills last from a fraction of
     /// it (restarted within it) to several (failed over first).
     pub lease_ms: u64,
+    /// Whether network faults are planned (the run has its namespaces).
+    pub network: bool,
 }
 
 /// The faults of one run, from `seed`.
@@ -126,15 +179,22 @@ pub fn generate(seed: u64, shape: ScheduleShape) -> Vec<Fault> {
     assert!(shape.servers > 0, "a schedule needs servers to target");
     assert!(shape.lease_ms > 0, "a lease has a length");
     let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0xc4a0_5eed_0000_0000);
-    let count =
-        ((shape.seconds_ms / FAULT_PERIOD_MS) as usize).clamp(FaultKind::ALL.len(), FAULTS_MAX);
-    let mut kinds = FaultKind::ALL.to_vec();
-    kinds.shuffle(&mut rng);
-    let total_weight: u32 = FaultKind::ALL.iter().map(|k| k.weight()).sum();
+    let planned = FaultKind::planned(shape.network);
+    let count = ((shape.seconds_ms / FAULT_PERIOD_MS) as usize).clamp(planned.len(), FAULTS_MAX);
+    // Every kind once, or twice when the run holds that many faults.
+    let rounds = if count >= 2 * planned.len() { 2 } else { 1 };
+    let mut kinds = Vec::new();
+    for _ in 0..rounds {
+        let mut round = planned.clone();
+        round.shuffle(&mut rng);
+        kinds.extend(round);
+    }
+    let total_weight: u32 = planned.iter().map(|k| k.weight()).sum();
     while kinds.len() < count {
         let mut pick = rng.gen_range(0..total_weight);
-        let kind = FaultKind::ALL
-            .into_iter()
+        let kind = planned
+            .iter()
+            .copied()
             .find(|k| {
                 if pick < k.weight() {
                     true
@@ -166,6 +226,12 @@ pub fn generate(seed: u64, shape: ScheduleShape) -> Vec<Fault> {
                 // Always past the lease, so the server is evicted.
                 FaultKind::PauseServer => rng.gen_range(2 * lease..=4 * lease),
                 FaultKind::PowerCut => rng.gen_range(200..=2_000),
+                // From within the lease to several.
+                FaultKind::PartitionServer
+                | FaultKind::IsolateFromCms
+                | FaultKind::SplitMinority
+                | FaultKind::OneWayCut => rng.gen_range(lease / 2..=4 * lease),
+                FaultKind::SlowLink => rng.gen_range(1_000..=3_000),
             };
             Fault {
                 index,
@@ -187,6 +253,7 @@ mod tests {
             seconds_ms: seconds * 1_000,
             servers: 5,
             lease_ms: 1_000,
+            network: true,
         }
     }
 
@@ -203,12 +270,24 @@ mod tests {
         for seed in 0..200 {
             for seconds in [1, 20, 60, 300] {
                 let s = generate(seed, shape(seconds));
-                let first: std::collections::BTreeSet<FaultKind> = s
-                    .iter()
-                    .take(FaultKind::ALL.len())
-                    .map(|f| f.kind)
-                    .collect();
-                assert_eq!(first.len(), FaultKind::ALL.len(), "seed {seed}: {s:?}");
+                let n = FaultKind::ALL.len();
+                let first: std::collections::BTreeSet<FaultKind> =
+                    s.iter().take(n).map(|f| f.kind).collect();
+                assert_eq!(first.len(), n, "seed {seed}: {s:?}");
+                if s.len() >= 2 * n {
+                    let second: std::collections::BTreeSet<FaultKind> =
+                        s.iter().skip(n).take(n).map(|f| f.kind).collect();
+                    assert_eq!(second.len(), n, "every kind twice: {s:?}");
+                }
+                let without = generate(
+                    seed,
+                    ScheduleShape {
+                        network: false,
+                        ..shape(seconds)
+                    },
+                );
+                assert!(without.iter().all(|f| !f.kind.network()));
+                assert!(without.len() >= 4);
                 if seconds >= 60 {
                     assert!(
                         s.len() >= 8 * seconds as usize / 60,
@@ -239,6 +318,8 @@ mod tests {
                     FaultKind::KillServer => assert!((500..=4_000).contains(&f.hold_ms)),
                     FaultKind::KillActiveCm => assert!((500..=3_000).contains(&f.hold_ms)),
                     FaultKind::PowerCut => assert!((200..=2_000).contains(&f.hold_ms)),
+                    FaultKind::SlowLink => assert!((1_000..=3_000).contains(&f.hold_ms)),
+                    _ => assert!((500..=4_000).contains(&f.hold_ms)),
                 }
             }
         }
@@ -248,15 +329,19 @@ mod tests {
     fn faults_after_the_first_of_each_kind_follow_the_weights() {
         let mut drawn = std::collections::BTreeMap::<FaultKind, usize>::new();
         for seed in 0..100 {
-            for f in generate(seed, shape(300)).iter().skip(FaultKind::ALL.len()) {
+            for f in generate(seed, shape(300))
+                .iter()
+                .skip(2 * FaultKind::ALL.len())
+            {
                 *drawn.entry(f.kind).or_default() += 1;
             }
         }
         let total: usize = drawn.values().sum();
-        assert_eq!(total, 100 * (60 - FaultKind::ALL.len()));
+        assert_eq!(total, 100 * (60 - 2 * FaultKind::ALL.len()));
+        let weights: u32 = FaultKind::ALL.iter().map(|k| k.weight()).sum();
         for k in FaultKind::ALL {
             let share = drawn[&k] as f64 / total as f64;
-            let want = f64::from(k.weight()) / 10.0;
+            let want = f64::from(k.weight()) / f64::from(weights);
             assert!(
                 (share - want).abs() < 0.03,
                 "{k}: {share:.3} of the draws, weight {want}"

@@ -51,6 +51,15 @@ pub struct ChaosArgs {
     /// The rowankv binary the processes run (default: this one).
     #[arg(long)]
     bin: Option<PathBuf>,
+    /// `netns`: every CM and server in a network namespace of its own on a
+    /// bridge, with partitions and slow links among the faults (root,
+    /// iproute2 and nftables); `loopback`: all on 127.0.0.1, no network faults.
+    #[arg(long, default_value = "netns", value_parser = ["netns", "loopback"])]
+    net: String,
+    /// A planted bug, to prove the checks catch one: `serve-without-lease`
+    /// (every server answers without a valid lease). The run must fail.
+    #[arg(long, value_parser = ["serve-without-lease"])]
+    planted: Option<String>,
 }
 
 pub fn run(a: ChaosArgs) -> Result<()> {
@@ -67,6 +76,8 @@ pub fn run(a: ChaosArgs) -> Result<()> {
         recover_timeout_s: a.recover_timeout_s,
         etcd: a.etcd,
         check_budget: a.check_budget,
+        netns: a.net == "netns",
+        planted_serve_without_lease: a.planted.is_some(),
         ..ChaosOptions::new(a.seconds, a.seed, a.dir, bin)
     };
     let summary = match rowankv_chaos::run(&opts) {

@@ -1,7 +1,8 @@
 //! `rowankv chaos` end to end: a short run against real processes (etcd, two
-//! CMs, five servers) with a fault of every kind, which must pass, leave its
-//! files, and say what it did. It needs etcd: without it the test fails with
-//! the reason (CI installs `etcd-server`), it is not skipped.
+//! CMs, five servers, each CM and server in a network namespace of its own)
+//! with a fault of every kind, which must pass, leave its files, and say what
+//! it did. It needs etcd, root, iproute2 and nftables: without them the test
+//! fails with the reason (CI installs them), it is not skipped.
 
 use std::process::Command;
 
@@ -9,9 +10,12 @@ use rowankv_sim::history::{History, Status};
 
 const BIN: &str = env!("CARGO_BIN_EXE_rowankv");
 
-/// `rowankv chaos ARGS --dir DIR`, run to its end; fails (never skips) when
+/// `rowankv chaos ARGS --dir DIR`, run to its end, one run at a time (a run
+/// is a cluster of seven processes on two cores); fails (never skips) when
 /// etcd is not installed.
 fn chaos(dir: &std::path::Path, args: &[&str]) -> std::process::Output {
+    static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let etcd = Command::new("etcd").arg("--version").output();
     assert!(
         etcd.as_ref().is_ok_and(|o| o.status.success()),
@@ -53,7 +57,17 @@ fn a_short_chaos_run_injects_every_kind_of_fault_and_passes() {
         0,
         "{summary}"
     );
-    for kind in ["kill-server", "kill-active-cm", "pause-server", "power-cut"] {
+    for kind in [
+        "kill-server",
+        "kill-active-cm",
+        "pause-server",
+        "power-cut",
+        "partition-server",
+        "isolate-from-cms",
+        "split-minority",
+        "one-way-cut",
+        "slow-link",
+    ] {
         assert!(
             summary["faults_by_kind"][kind].as_u64().unwrap() >= 1,
             "no {kind}: {summary}"
@@ -80,6 +94,12 @@ fn a_short_chaos_run_injects_every_kind_of_fault_and_passes() {
         "kill -9 the active CM",
         "SIGSTOP server-",
         "power cut",
+        "cut from the other servers",
+        "cut from the CMs",
+        "split: server-",
+        "packets to the other servers and the CMs dropped",
+        "link slowed to",
+        "the network is whole again",
     ] {
         assert!(
             faults.contains(what),
@@ -91,6 +111,21 @@ fn a_short_chaos_run_injects_every_kind_of_fault_and_passes() {
     assert!(
         faults.contains("replay: rowankv chaos --seconds 20 --seed 7"),
         "{faults}"
+    );
+    // The processes ran in their namespaces, on the run's bridge, and the
+    // bridge and namespaces are gone with the run.
+    let server0 = std::fs::read_to_string(dir.join("server-0.toml")).unwrap();
+    assert!(server0.contains("listen = \"10.77."), "{server0}");
+    let tag = network_tag(&faults);
+    let links = Command::new("ip").args(["-o", "link"]).output().unwrap();
+    let netns = Command::new("ip").args(["netns", "list"]).output().unwrap();
+    let links = String::from_utf8_lossy(&links.stdout).into_owned();
+    let netns = String::from_utf8_lossy(&netns.stdout).into_owned();
+    assert!(!links.contains(&format!("{tag}b:")), "bridge left: {links}");
+    assert!(!links.contains(&format!("{tag}v")), "veth left: {links}");
+    assert!(
+        !netns.contains(&format!("{tag}-")),
+        "namespace left: {netns}"
     );
 
     // The history reads back in the simulator's format, with the final
@@ -130,6 +165,17 @@ fn a_short_chaos_run_injects_every_kind_of_fault_and_passes() {
     );
 }
 
+/// The tag every name of a run's network starts with (`network rkNNNNN: ...`
+/// in faults.log).
+fn network_tag(faults: &str) -> String {
+    faults
+        .lines()
+        .find_map(|l| l.split("network ").nth(1))
+        .and_then(|rest| rest.split(':').next())
+        .map(str::to_string)
+        .expect("faults.log names the run's network")
+}
+
 #[test]
 fn bad_options_are_refused_with_the_reason() {
     let tmp = tempfile::tempdir().unwrap();
@@ -147,6 +193,8 @@ fn bad_options_are_refused_with_the_reason() {
     assert!(run(&["--seconds", "0"]).contains("--seconds 0"));
     assert!(run(&["--lease-ms", "5"]).contains("--lease-ms 5"));
     assert!(run(&["--keys", "0"]).contains("--keys 0"));
+    assert!(run(&["--net", "wifi"]).contains("wifi"));
+    assert!(run(&["--planted", "nothing"]).contains("nothing"));
     std::fs::create_dir_all(tmp.path().join("full")).unwrap();
     std::fs::write(tmp.path().join("full/f"), "x").unwrap();
     let out = Command::new(BIN)
@@ -189,5 +237,51 @@ fn a_server_rejoining_through_the_standby_cm_is_admitted_seed_1() {
         "{}\n{}",
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// The acceptance test of the chaos run itself: CI's 60-second run (seed 2)
+/// against deliberately broken servers that answer without a valid lease
+/// (`unsafe_serve_without_lease`, written into every server's file) must
+/// fail, and say why. Its one-key readers keep reading from a server cut off
+/// from the CMs after its lease ended; the correct server refuses then (the
+/// same run without the plant passes in CI), the broken one answers with the
+/// old configuration's term.
+#[test]
+fn the_ci_run_catches_servers_that_serve_without_a_lease() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("run");
+    let out = chaos(
+        &dir,
+        &[
+            "--seconds",
+            "60",
+            "--seed",
+            "2",
+            "--planted",
+            "serve-without-lease",
+        ],
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success(),
+        "the planted bug went unseen:\n{stderr}"
+    );
+    let server0 = std::fs::read_to_string(dir.join("server-0.toml")).unwrap();
+    assert!(server0.contains("unsafe_serve_without_lease = true"));
+    let summary: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("summary.json")).unwrap()).unwrap();
+    assert_eq!(summary["planted"], "serve-without-lease");
+    let violations = summary["violations"].as_array().unwrap();
+    assert!(
+        violations
+            .iter()
+            .any(|v| v.as_str().unwrap().contains("stale config")),
+        "{summary}"
+    );
+    assert!(
+        stderr.contains("replay: rowankv chaos --seconds 60 --seed 2")
+            && stderr.contains("--planted serve-without-lease"),
+        "{stderr}"
     );
 }

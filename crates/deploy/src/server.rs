@@ -292,11 +292,18 @@ fn run_once(
         return Ok(Ended::Stopped);
     };
 
-    let settings = ServerSettings {
+    let mut settings = ServerSettings {
         workers: dep.workers as usize,
         failover: failover_settings(answer.lease_ms),
         ..ServerSettings::default()
     };
+    if dep.unsafe_serve_without_lease {
+        tracing::warn!(
+            "unsafe_serve_without_lease: this server is deliberately broken (it answers \
+             without a valid lease) and may serve stale data"
+        );
+        settings.failover.unsafe_serve_without_lease = true;
+    }
     let engine_config = EngineConfig {
         segment_size_bytes: dep.segment_bytes as usize,
         shard_count: config.shard_count(),

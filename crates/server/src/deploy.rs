@@ -114,6 +114,12 @@ pub struct ServerFile {
     /// The Prometheus metrics endpoint (absent: none).
     #[serde(default)]
     pub metrics: Option<MetricsFile>,
+    /// A deliberately broken server, for proving that the chaos test catches
+    /// one (`rowankv chaos --planted serve-without-lease`): it answers without
+    /// a valid lease, so a server cut off from the CMs serves stale data.
+    /// Never set it for data you keep.
+    #[serde(default)]
+    pub unsafe_serve_without_lease: bool,
 }
 
 /// `[metrics]`: the Prometheus text endpoint of a server or CM (`GET /metrics`).
@@ -255,6 +261,8 @@ pub struct ServerDeployment {
     pub resp: Option<RespDeployment>,
     /// Where the metrics endpoint listens (`[metrics] listen`), if anywhere.
     pub metrics: Option<SocketAddr>,
+    /// [`ServerFile::unsafe_serve_without_lease`].
+    pub unsafe_serve_without_lease: bool,
 }
 
 /// A checked `[resp]` section.
@@ -508,6 +516,7 @@ impl ServerDeployment {
             metrics: c.metrics(f.metrics.as_ref())?,
             resp: f.resp.map(|r| c.resp(path, r, &advertise)).transpose()?,
             advertise,
+            unsafe_serve_without_lease: f.unsafe_serve_without_lease,
         })
     }
 
