@@ -39,6 +39,11 @@ pub struct SimArgs {
     /// simulator's pinned regressions run, `SimConfig::new`).
     #[arg(long)]
     no_expiring_puts: bool,
+    /// No late restarts: a crashed server that is neither restarted within
+    /// its lease nor followed by a power failure stays down, as in runs found
+    /// before late restarts were simulated (for replaying such a seed).
+    #[arg(long)]
+    no_late_restarts: bool,
     /// Run a deliberately broken build: `serve-without-lease`,
     /// `commit-unsettled-tlog-segments`, `abandon-failed-writes`,
     /// `ignore-request-ids` or `announce-writes-late`.
@@ -77,6 +82,7 @@ pub fn run_cmd(args: SimArgs) -> Result<()> {
         planted,
         strategy,
         expiring_puts: !args.no_expiring_puts,
+        late_restarts: !args.no_late_restarts,
         ..SimConfig::new(seed, args.ops)
     };
     let report = |r: &RunResult| -> Result<()> {

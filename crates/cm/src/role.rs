@@ -167,6 +167,8 @@ pub struct CmTask<N: Nic> {
     /// Servers that joined and are not members (a process deployment's join
     /// desk fills it): added, one per configuration round.
     joins: Joins,
+    /// No join is tried before this (one just failed to be stored).
+    join_retry_ns: u64,
     /// Servers to remove on purpose (`rowankv leave`).
     leaves: Leaves,
     /// When the store is next read for servers recorded as having left.
@@ -272,7 +274,7 @@ impl<N: Nic> CmTask<N> {
 
     /// Add one server that joined, if any is waiting and no round is.
     fn admit_joins(&mut self, now_ns: u64) -> bool {
-        if self.round.is_some() {
+        if self.round.is_some() || now_ns < self.join_retry_ns {
             return false;
         }
         let Some(_) = &self.active else {
@@ -283,10 +285,19 @@ impl<N: Nic> CmTask<N> {
         };
         let config = self.manager.current();
         let node = member.node;
-        let Some(next) = plan_join(&config, member) else {
+        let Some(next) = plan_join(&config, member.clone()) else {
+            // Already a member (it asked twice), or no valid configuration
+            // holds it: nothing to do.
             return false;
         };
         let Some(term) = self.store_next(next, now_ns, now_ns, "a join") else {
+            // Not stored (the store failed, or this CM lost its activity):
+            // the join waits for the next try, unless the server asked again.
+            let mut joins = self.joins.lock();
+            if !joins.iter().any(|m| m.node == node) {
+                joins.insert(0, member);
+            }
+            self.join_retry_ns = now_ns + self.settings.retry_ns;
             return false;
         };
         CmStats::add(&self.stats.joins, 1);
@@ -370,6 +381,7 @@ impl<N: Nic> CmTask<N> {
             evs: Vec::new(),
             data: Vec::new(),
             joins: Joins::default(),
+            join_retry_ns: 0,
             leaves: Leaves::default(),
             next_leave_scan_ns: 0,
             stats: Arc::default(),

@@ -15,7 +15,7 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use rowankv_cm::role::CmTask;
+use rowankv_cm::role::{CmStats, CmTask, Joins};
 use rowankv_cm::{ConfigManager, CoordStore, EmbeddedStore, StoreSource};
 use rowankv_engine::{Engine, EngineConfig};
 use rowankv_fabric::{Fabric, FaultInjector, LoopbackFabric, LoopbackNic, Nic, QpAddr, QueuePair};
@@ -117,7 +117,22 @@ pub struct Parts {
     pub tasks: Vec<(Owner, Box<dyn Task>)>,
     /// Per CM: set to crash it.
     pub cm_crash: Vec<(NodeId, Arc<AtomicBool>)>,
+    /// Per CM, in the order of `cm_crash`: what a CM process's join desk
+    /// shares with its role (the simulator's join desk fills `joins`).
+    pub cm_desks: Vec<CmDesk>,
     pub events: Arc<EventLog>,
+}
+
+/// What a CM's role shares with the join desk beside it in a CM process
+/// (`crate::cm`): the servers to add ([`CmTask::with_joins`]: the active CM's
+/// role adds them) and the counters that say whether the CM is the active one
+/// ([`CmTask::with_stats`]). In process nothing fills `joins` but the
+/// simulator's join desk. A CM restarted after a crash gets new ones: a join
+/// queued to the crashed one is lost, as with a CM process.
+#[derive(Clone, Default)]
+pub struct CmDesk {
+    pub joins: Joins,
+    pub stats: Arc<CmStats>,
 }
 
 /// A running in-process cluster.
@@ -536,11 +551,14 @@ pub fn build(
         }
     }
     let mut cm_crash = Vec::new();
+    let mut cm_desks = Vec::new();
     for &cm in &cm_nodes {
         let nic = fabric.attach(cm).map_err(err("attaching a CM"))?;
         let clock = s.role_clock.clone().unwrap_or_else(|| fabric.clock());
-        let (task, crashed) = new_cm(cm, nic, &directory, &store, &events, s, clock)?;
+        let desk = CmDesk::default();
+        let (task, crashed) = new_cm(cm, nic, &directory, &store, &events, s, clock, &desk)?;
         cm_crash.push((cm, crashed));
+        cm_desks.push(desk);
         tasks.push((Owner::Cm(cm), task));
     }
     Ok(Parts {
@@ -552,6 +570,7 @@ pub fn build(
         nics,
         tasks,
         cm_crash,
+        cm_desks,
         events,
     })
 }
@@ -577,12 +596,14 @@ fn connect_path(
 }
 
 /// A CM's role on `nic` (a new CM, or one restarting after a crash: it starts
-/// as a standby). Returns the task and the flag that crashes it.
+/// as a standby), sharing `desk` (its joins to add, its counters) with a join
+/// desk. Returns the task and the flag that crashes it.
 pub fn cm_task(
     node: NodeId,
     nic: LoopbackNic,
     parts: &Parts,
     settings: &ServerSettings,
+    desk: &CmDesk,
 ) -> Result<(Box<dyn Task>, Arc<AtomicBool>), ClusterError> {
     new_cm(
         node,
@@ -595,9 +616,11 @@ pub fn cm_task(
             .role_clock
             .clone()
             .unwrap_or_else(|| parts.fabric.clock()),
+        desk,
     )
 }
 
+#[allow(clippy::too_many_arguments)]
 fn new_cm(
     node: NodeId,
     nic: LoopbackNic,
@@ -606,6 +629,7 @@ fn new_cm(
     events: &Arc<EventLog>,
     settings: &ServerSettings,
     clock: Arc<dyn Clock>,
+    desk: &CmDesk,
 ) -> Result<(Box<dyn Task>, Arc<AtomicBool>), ClusterError> {
     let ep = Endpoint::new(nic, settings.endpoint.clone()).map_err(err("endpoint"))?;
     let acceptor = directory.register(node, CM_PORT);
@@ -621,6 +645,8 @@ fn new_cm(
         events.clone(),
         crashed.clone(),
         clock,
-    );
+    )
+    .with_joins(desk.joins.clone())
+    .with_stats(desk.stats.clone());
     Ok((Box::new(task), crashed))
 }

@@ -150,6 +150,7 @@ impl JoinDesk {
             })?;
             let answer = JoinAnswer {
                 node: node.0,
+                added: adds_a_member(config, Some(node)),
                 ..self.answer.clone()
             };
             Ok(Accepted {
@@ -350,6 +351,7 @@ pub fn run(dep: &CmDeployment, stop: Arc<AtomicBool>) -> Result<(), ProcessError
             node: 0,
             lease_ms: dep.lease_ms,
             strategy: dep.strategy.name().to_string(),
+            added: false,
         },
         joins: Joins::default(),
         leaves: Leaves::default(),

@@ -63,6 +63,11 @@ pub struct JoinAnswer {
     pub node: u32,
     pub lease_ms: u64,
     pub strategy: String,
+    /// The CM adds the server to a running cluster's configuration (it was
+    /// not a member): a pool it recovered is stale, whatever configuration it
+    /// reads first (the CM may add it before that).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub added: bool,
 }
 
 /// The CM's service that removes a server on purpose.
@@ -143,15 +148,17 @@ pub struct MembershipWait {
     rejoin_after_ns: u64,
     asked_ns: u64,
     first_read: Option<bool>,
+    added: bool,
 }
 
 /// What a server waiting to be a member does after reading a configuration.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Awaited {
-    /// It is a member; `first_read`: the first configuration read held it too
-    /// (if not, and its pool recorded an identity, the CM removed it while it
-    /// was down: its pool's data is stale).
-    Member { first_read: bool },
+    /// It is a member; `keep_pool`: it was one all along — the first
+    /// configuration read held it, and no CM answered that it adds it. If not,
+    /// and its pool recorded an identity, the CM removed it while it was down:
+    /// its pool's data is stale, and it comes back as a joining backup.
+    Member { keep_pool: bool },
     /// Not yet: read again.
     Wait,
     /// Not yet, for `rejoin_after`: ask the CMs again, then [`MembershipWait::asked`].
@@ -159,13 +166,15 @@ pub enum Awaited {
 }
 
 impl MembershipWait {
-    /// `node` was answered to a join at `now_ns`.
-    pub fn new(node: NodeId, rejoin_after: Duration, now_ns: u64) -> Self {
+    /// `node` was answered to a join at `now_ns` (`added`: the CM said it
+    /// adds it, [`JoinAnswer::added`]).
+    pub fn new(node: NodeId, rejoin_after: Duration, now_ns: u64, added: bool) -> Self {
         MembershipWait {
             node,
             rejoin_after_ns: rejoin_after.as_nanos() as u64,
             asked_ns: now_ns,
             first_read: None,
+            added,
         }
     }
 
@@ -174,7 +183,9 @@ impl MembershipWait {
         let member = config.member(self.node).is_some();
         let first_read = *self.first_read.get_or_insert(member);
         if member {
-            Awaited::Member { first_read }
+            Awaited::Member {
+                keep_pool: first_read && !self.added,
+            }
         } else if now_ns.saturating_sub(self.asked_ns) >= self.rejoin_after_ns {
             Awaited::AskAgain
         } else {
@@ -182,9 +193,11 @@ impl MembershipWait {
         }
     }
 
-    /// The CMs were asked again at `now_ns`.
-    pub fn asked(&mut self, now_ns: u64) {
+    /// The CMs were asked again at `now_ns`; `added`: one answered that it
+    /// adds the server (`false` if none answered).
+    pub fn asked(&mut self, now_ns: u64, added: bool) {
         self.asked_ns = now_ns;
+        self.added |= added;
     }
 }
 
@@ -250,12 +263,20 @@ mod tests {
             r#"{"node":null,"address":"a:1","workers":1,"extra":1}"#
         )
         .is_err());
-        let a = JoinAnswer {
-            node: 10_000,
-            lease_ms: 200,
-            strategy: "rowan".into(),
-        };
-        let bytes = serde_json::to_vec(&a).unwrap();
-        assert_eq!(serde_json::from_slice::<JoinAnswer>(&bytes).unwrap(), a);
+        for added in [false, true] {
+            let a = JoinAnswer {
+                node: 10_000,
+                lease_ms: 200,
+                strategy: "rowan".into(),
+                added,
+            };
+            let bytes = serde_json::to_vec(&a).unwrap();
+            assert!(bytes.len() <= rowankv_rpc::directory::PRIVATE_BYTES_MAX);
+            assert_eq!(serde_json::from_slice::<JoinAnswer>(&bytes).unwrap(), a);
+        }
+        // An answer without the field (a CM of the previous version) adds nothing.
+        let old: JoinAnswer =
+            serde_json::from_str(r#"{"node":1,"lease_ms":200,"strategy":"rowan"}"#).unwrap();
+        assert!(!old.added);
     }
 }

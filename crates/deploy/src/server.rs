@@ -59,7 +59,8 @@ pub fn rejoin_after(lease_ms: u64) -> Duration {
 }
 
 /// Read the configuration (`fetch`) until it holds `node`, and return it with
-/// whether the first one read did (`None` if `stopping` first).
+/// whether the server keeps its pool (`Awaited::Member`; `None` if `stopping`
+/// first). `added`: the first join's answer said the CM adds it.
 ///
 /// A join answered is not yet a join carried out: the CM that answered may
 /// die, or lose its activity, before it stores the configuration that adds
@@ -67,17 +68,19 @@ pub fn rejoin_after(lease_ms: u64) -> Duration {
 /// that removed it (a server restarted as its lease ran out: the CM's join
 /// desk still saw it a member). While configurations that do not hold `node`
 /// are read for `rejoin_after`, the server asks the CMs again (`rejoin`, which
-/// answers the identity given); a final refusal ends the wait with its error.
+/// answers the identity given and whether the CM adds it); a final refusal ends
+/// the wait with its error.
 pub fn await_membership(
     node: NodeId,
     rejoin_after: Duration,
+    added: bool,
     mut fetch: impl FnMut() -> Result<Arc<Config>, String>,
-    mut rejoin: impl FnMut() -> Result<u32, ProcessError>,
+    mut rejoin: impl FnMut() -> Result<(u32, bool), ProcessError>,
     stopping: &dyn Fn() -> bool,
 ) -> Result<Option<(Arc<Config>, bool)>, ProcessError> {
     let start = Instant::now();
     let now_ns = || start.elapsed().as_nanos() as u64;
-    let mut wait = MembershipWait::new(node, rejoin_after, now_ns());
+    let mut wait = MembershipWait::new(node, rejoin_after, now_ns(), added);
     let mut polls = 0u32;
     loop {
         polls += 1;
@@ -87,7 +90,7 @@ pub fn await_membership(
         }
         match fetch() {
             Ok(c) => match wait.read(&c, now_ns()) {
-                Awaited::Member { first_read } => return Ok(Some((c, first_read))),
+                Awaited::Member { keep_pool } => return Ok(Some((c, keep_pool))),
                 Awaited::Wait => {
                     if say {
                         tracing::info!(term = %c.term, "not a member of the configuration yet; waiting");
@@ -95,17 +98,20 @@ pub fn await_membership(
                 }
                 Awaited::AskAgain => {
                     tracing::info!(term = %c.term, "still not a member: asking the CMs again");
-                    match rejoin() {
-                        Ok(n) if n != node.0 => {
+                    let added = match rejoin() {
+                        Ok((n, _)) if n != node.0 => {
                             return Err(ProcessError(format!(
                                 "the CM answered n{n} to a server that joined as {node}"
                             )))
                         }
-                        Ok(_) => {}
+                        Ok((_, added)) => added,
                         Err(e) if e.0.contains("refused: join") => return Err(e),
-                        Err(e) => tracing::info!(error = %e, "asking again: no answer"),
-                    }
-                    wait.asked(now_ns());
+                        Err(e) => {
+                            tracing::info!(error = %e, "asking again: no answer");
+                            false
+                        }
+                    };
+                    wait.asked(now_ns(), added);
                 }
             },
             Err(e) if say => tracing::info!(error = %e, "waiting for the configuration"),
@@ -271,6 +277,7 @@ fn run_once(
     let waited = await_membership(
         node,
         rejoin_after(answer.lease_ms),
+        answer.added,
         || {
             let c = source.fetch().map_err(|e| e.to_string())?;
             *latest.write() = Some(c.clone());
@@ -284,11 +291,11 @@ fn run_once(
                 rejoin_after(answer.lease_ms),
                 &stopping,
             )
-            .map(|a| a.node)
+            .map(|a| (a.node, a.added))
         },
         &stopping,
     )?;
-    let Some((config, first_read)) = waited else {
+    let Some((config, keep_pool)) = waited else {
         return Ok(Ended::Stopped);
     };
 
@@ -314,7 +321,7 @@ fn run_once(
         ..EngineConfig::default()
     };
     drop(joining);
-    let removed = recorded.is_some() && !first_read;
+    let removed = recorded.is_some() && !keep_pool;
     if removed {
         tracing::info!(
             %node,
@@ -439,6 +446,7 @@ mod tests {
         let waited = await_membership(
             NodeId(3),
             Duration::from_millis(60),
+            false,
             || {
                 Ok(config(if asked.get() == 0 {
                     &[1, 2]
@@ -448,34 +456,77 @@ mod tests {
             },
             || {
                 asked.set(asked.get() + 1);
-                Ok(3)
+                Ok((3, true))
             },
             &stop_after(Duration::from_secs(10)),
         )
         .unwrap();
-        let (c, first) = waited.expect("n3 became a member once it asked again");
+        let (c, keep) = waited.expect("n3 became a member once it asked again");
         assert!(c.member(NodeId(3)).is_some());
-        assert!(!first, "the first configuration read did not hold n3");
+        assert!(!keep, "the first configuration read did not hold n3");
         assert_eq!(asked.get(), 1);
     }
 
     #[test]
+    fn a_server_the_cm_adds_never_keeps_its_pool() {
+        // The CM answered that it adds n3 (it had removed it while it was
+        // down) and stored the configuration before n3's first read: that
+        // read holds n3, as a joining backup, and its pool is still stale.
+        let never = || -> Result<(u32, bool), ProcessError> { panic!("a member asked again") };
+        let (_, keep) = await_membership(
+            NodeId(3),
+            Duration::ZERO,
+            true,
+            || Ok(config(&[1, 2, 3])),
+            never,
+            &stop_after(Duration::from_secs(10)),
+        )
+        .unwrap()
+        .unwrap();
+        assert!(!keep);
+        // Added on the second ask: the same.
+        let asked = Cell::new(0u32);
+        let (_, keep) = await_membership(
+            NodeId(3),
+            Duration::ZERO,
+            false,
+            || {
+                Ok(config(if asked.get() == 0 {
+                    &[1, 2]
+                } else {
+                    &[1, 2, 3]
+                }))
+            },
+            || {
+                asked.set(asked.get() + 1);
+                Ok((3, true))
+            },
+            &stop_after(Duration::from_secs(10)),
+        )
+        .unwrap()
+        .unwrap();
+        assert!(!keep);
+    }
+
+    #[test]
     fn a_member_is_not_asked_again_and_a_refusal_or_another_identity_ends_the_wait() {
-        let never = || -> Result<u32, ProcessError> { panic!("a member asked again") };
-        let (_, first) = await_membership(
+        let never = || -> Result<(u32, bool), ProcessError> { panic!("a member asked again") };
+        let (_, keep) = await_membership(
             NodeId(2),
             Duration::ZERO,
+            false,
             || Ok(config(&[1, 2])),
             never,
             &stop_after(Duration::from_secs(10)),
         )
         .unwrap()
         .unwrap();
-        assert!(first);
+        assert!(keep, "a member all along keeps its pool");
 
         let refused = await_membership(
             NodeId(3),
             Duration::ZERO,
+            false,
             || Ok(config(&[1, 2])),
             || {
                 Err(ProcessError(
@@ -490,8 +541,9 @@ mod tests {
         let other = await_membership(
             NodeId(3),
             Duration::ZERO,
+            false,
             || Ok(config(&[1, 2])),
-            || Ok(4),
+            || Ok((4, true)),
             &stop_after(Duration::from_secs(10)),
         )
         .unwrap_err();
@@ -502,6 +554,7 @@ mod tests {
         let stopped = await_membership(
             NodeId(3),
             Duration::ZERO,
+            false,
             || Ok(config(&[1, 2])),
             || {
                 calls.set(calls.get() + 1);

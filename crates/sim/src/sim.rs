@@ -15,6 +15,7 @@
 //! | CM crash | the active CM stops; a standby takes over; the crashed one restarts later as a standby |
 //! | server restart | in four crashes of ten (when no power failure follows; strategies `rowan` and `rpc`), the crashed server is restarted on its pool within its lease: still a member, at a new NIC whose queue pairs its peers and clients must dial anew |
 //! | power failure | every server loses power: pools keep only what was persisted (the crash simulator drops every unpersisted line), the cluster cold-starts from them |
+//! | late restart | with [`SimConfig::late_restarts`], a crashed server neither restarted within its lease nor followed by a power failure is restarted 1.5 to 4 leases after its crash: removed by then, it joins again as `rowankv server` does (`crate::rejoin`) — through a join desk whose view of the configuration is reloaded every 50 ms (so it may answer from an older term, as a member that rejoined, and queue nothing), waiting to be a member with `rowankv_deploy::join::MembershipWait` on the simulated clock and asking again when told to — and comes back on a formatted pool as a joining backup; a run ends only once it is a member again (else it is reported unavailable) |
 //!
 //! | fault site | a seeded `buggify` site inside a role fires (`rowankv_server::buggify`) |
 //! | client retry | a write of unknown outcome is sent again by a new client on a new connection, with its request id |
@@ -52,6 +53,8 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use rowankv_client::{Client, ClientConfig, ClientError, Completed, Op, Output};
 use rowankv_cm::{ConfigManager, CoordStore, EmbeddedStore};
+use rowankv_deploy::cluster::CmDesk;
+use rowankv_deploy::join::{Awaited, MembershipWait};
 use rowankv_deploy::{build, ClusterConfig, Owner, Parts, Recovered, CLIENT_NODE_BASE};
 use rowankv_engine::Engine;
 use rowankv_fabric::{Fabric, FaultInjector, LoopbackFabric, LoopbackNic};
@@ -60,11 +63,13 @@ use rowankv_server::node::{assemble, roles_on_demand, ServerSpec};
 use rowankv_server::{
     EventKind, EventLog, FailoverSettings, Placement, ServerSettings, ServerShared, Step, Strategy,
 };
-use rowankv_types::{Clock, NodeId, RequestId, ShardId, Term};
+use rowankv_types::{Clock, NodeId, RequestId, SegmentId, ShardId, Term};
+use rowankv_wire::config::{Config, Member};
 
 use crate::check::{check, ConfigCommit, Report};
 use crate::history::{History, OpKind, Operation, Status};
 use crate::preempt::{Interjection, Policy, Roles, SimClock};
+use crate::rejoin::{JoinDesk, Rejoining, ASK_EVERY_NS, READ_EVERY_NS};
 
 /// A deliberately broken build, to show that the checks catch what they claim.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -146,6 +151,16 @@ pub struct SimConfig {
     /// check. Off in [`SimConfig::new`], so that runs pinned to a seed replay
     /// as they were found; `rowankv sim` turns it on.
     pub expiring_puts: bool,
+    /// Some crashed servers are restarted only after the CM removed them
+    /// (1.5 to 4 leases after the crash): they join again through a join
+    /// desk whose view of the configuration may be older than the CM's, wait
+    /// to be members (asking again when answered from a stale view, or when
+    /// the CM that took the join crashed), and come back as joining backups
+    /// on formatted pools. Drawn from a generator of their own, so a seed's
+    /// other faults are drawn as without them, but a run with one unfolds
+    /// differently from then on; off in [`SimConfig::new`], so that runs
+    /// pinned to a seed replay as they were found.
+    pub late_restarts: bool,
 }
 
 /// The expiry time a simulated PUT of `value` carries when
@@ -174,6 +189,7 @@ impl SimConfig {
             planted: None,
             strategy: None,
             expiring_puts: false,
+            late_restarts: false,
         }
     }
 
@@ -212,6 +228,13 @@ pub struct FaultCounts {
     /// Crashed servers restarted on their pools within their lease (still
     /// members): their peers must dial their new incarnation.
     pub restarts: u32,
+    /// Crashed servers restarted after the CM removed them: they join again
+    /// through a join desk (`crate::rejoin`) and come back as joining backups.
+    pub rejoins: u32,
+    /// Of these, joins asked again by a server still not a member
+    /// `rejoin_after` after its join was answered (answered from a stale
+    /// view of the configuration, or lost with the CM that took it).
+    pub rejoins_asked_again: u32,
 }
 
 impl FaultCounts {
@@ -224,6 +247,7 @@ impl FaultCounts {
             + self.cm_crashes
             + self.power_failures
             + self.restarts
+            + self.rejoins
             + self.stalls
             + self.client_retries
             + self.preemptions
@@ -241,9 +265,17 @@ pub struct RunResult {
     pub sim_ns: u64,
     /// A one-line description of what was injected, in order.
     pub fault_log: Vec<String>,
+    /// The stored configuration at the end of the run.
+    pub config: Option<Arc<Config>>,
 }
 
 const LEASE_NS: u64 = 20_000_000;
+
+/// How long a server that joined waits to be a member before it asks the CMs
+/// again: what `rowankv server` waits under the simulated lease.
+fn rejoin_after() -> Duration {
+    rowankv_deploy::server::rejoin_after(LEASE_NS / 1_000_000)
+}
 /// Faults come at about one per this many client operations.
 const OPS_PER_FAULT: f64 = 150.0;
 const CLIENT_TIMEOUT: Duration = Duration::from_millis(120);
@@ -365,8 +397,18 @@ struct World {
     cm_restart_at: Option<(usize, u64)>,
     /// A power failure scheduled while a failover is under way.
     power_failure_at: Option<u64>,
-    /// A crashed server to restart on its pool, and when.
-    restart_at: Option<(NodeId, u64)>,
+    /// A crashed server to restart on its pool, when, and whether late (after
+    /// its lease: [`SimConfig::late_restarts`]).
+    restart_at: Option<(NodeId, u64, bool)>,
+    /// Per CM (in the order of `parts.cm_crash`): its join desk.
+    desks: Vec<JoinDesk>,
+    /// A removed server on its way back.
+    rejoining: Option<Rejoining>,
+    /// [`SimConfig::late_restarts`], and its generator.
+    late_restarts: bool,
+    late_rng: ChaCha8Rng,
+    /// Rejoins that never made the server a member again.
+    rejoin_failures: Vec<String>,
     next_client_node: u32,
     /// Client ids handed out (request records): never reused in a run.
     next_client_id: u64,
@@ -436,6 +478,11 @@ impl World {
             cm_restart_at: None,
             power_failure_at: None,
             restart_at: None,
+            desks: Vec::new(),
+            rejoining: None,
+            late_restarts: sim.late_restarts,
+            late_rng: ChaCha8Rng::seed_from_u64(sim.seed ^ 0x6c61_7465_2072_6a6e),
+            rejoin_failures: Vec::new(),
             next_client_node: 0,
             next_client_id: 0,
             retired: Vec::new(),
@@ -454,6 +501,9 @@ impl World {
         for s in &w.parts.servers {
             s.extend_lease(now + LEASE_NS);
         }
+        w.desks = (0..w.parts.cm_crash.len())
+            .map(|_| JoinDesk::new(w.parts.source.as_ref(), now))
+            .collect();
         for id in 0..sim.clients as u32 {
             let c = w.connect_client(id);
             w.clients.push(c);
@@ -517,6 +567,7 @@ impl World {
     /// A role may be preempted mid-step, at a read of its clock, while the
     /// others run on (`crate::preempt`).
     fn step_roles(&mut self) -> bool {
+        self.step_rejoin();
         let now = self.now();
         let paused: Vec<NodeId> = self.paused.iter().map(|p| p.node).collect();
         self.clock.set_runnable(
@@ -779,7 +830,14 @@ impl World {
                     // Or it is restarted on its pool soon enough that the CM
                     // may not have noticed: still a member, at a new NIC.
                     let at = now + self.rng.gen_range(LEASE_NS / 20..LEASE_NS / 2);
-                    self.restart_at = Some((n, at));
+                    self.restart_at = Some((n, at, false));
+                } else if self.late_restarts
+                    && self.restart_at.is_none()
+                    && self.rejoining.is_none()
+                {
+                    // Or late, as the CM removes it or after: it joins again.
+                    let at = now + self.late_rng.gen_range(3 * LEASE_NS / 2..4 * LEASE_NS);
+                    self.restart_at = Some((n, at, true));
                 }
             }
             15..=34 => {
@@ -935,20 +993,56 @@ impl World {
     /// drops unpersisted lines), the engine is recovered from the pool, and the
     /// server is attached to the fabric anew (new queue pairs: its peers' old
     /// connections fail, and they dial the new ones). Still a member, it serves
-    /// its shards after their replicas agree; removed meanwhile, it is not
-    /// restarted (the process would join again as a new backup, which the
-    /// simulator does not model).
-    fn restart_server(&mut self, n: NodeId) {
+    /// its shards after their replicas agree. Removed meanwhile, it joins
+    /// again ([`World::step_rejoin`]): through a join desk, waiting to be a
+    /// member, then on a formatted pool as a joining backup.
+    fn restart_server(&mut self, n: NodeId, late: bool) {
         let Some(i) = self.parts.servers.iter().position(|s| s.node == n) else {
             return;
         };
         let Ok(config) = self.parts.source.fetch() else {
             return;
         };
-        if config.member(n).is_none() || self.power_failure_at.is_some() {
+        if self.power_failure_at.is_some() {
             return;
         }
-        let old = self.parts.servers[i].clone();
+        if config.member(n).is_none() {
+            if self.rejoining.is_some() {
+                return;
+            }
+            let now = self.now();
+            self.rejoining = Some(Rejoining {
+                node: n,
+                engine_config: self.parts.servers[i].engine.config().clone(),
+                wait: None,
+                asking: true,
+                next_ns: now,
+                since_ns: now,
+                answered: 0,
+            });
+            self.faults.rejoins += 1;
+            self.log(format!(
+                "restart {n}, removed by the CM ({}): it joins again",
+                config.term
+            ));
+            // It asks a CM at once.
+            self.step_rejoin();
+            return;
+        }
+        let (engine, closed) = self.recover_pool(i);
+        self.start_server(i, engine, Some(closed), config);
+        self.faults.restarts += 1;
+        if late {
+            self.log(format!("restart {n} on its pool, still a member"));
+        } else {
+            self.log(format!("restart {n} on its pool, within its lease"));
+        }
+    }
+
+    /// Server `i`'s pool after its process crashed (nothing it wrote lost),
+    /// recovered.
+    fn recover_pool(&self, i: usize) -> (Engine, Vec<SegmentId>) {
+        let old = &self.parts.servers[i];
         let keep_all = PowerFailure::DropSubset {
             seed: 0,
             drop_probability: 0.0,
@@ -964,6 +1058,29 @@ impl World {
         let pool = Pool::from_image(&image, opts).expect("a pool from the image");
         let (engine, report) =
             Engine::open_replica(pool, old.engine.config().clone()).expect("recovering a pool");
+        (engine, report.closed_segments)
+    }
+
+    /// A formatted pool for a server: what `rowankv server` makes of the pool
+    /// of a server the CM removed while it was down.
+    fn formatted_pool(&self, engine_config: &rowankv_engine::EngineConfig) -> Engine {
+        let mut opts = PoolOptions::new(Medium::Emulated, self.config.pool_bytes);
+        opts.crash_sim = true;
+        let pool = Pool::anonymous(self.config.pool_bytes, opts).expect("a pool");
+        Engine::create(pool, engine_config.clone()).expect("formatting a pool")
+    }
+
+    /// Run server `i` anew on `engine` (its pool recovered: `closed`, the
+    /// segments recovery closed; formatted: `None`), attached to the fabric
+    /// anew, under `config`.
+    fn start_server(
+        &mut self,
+        i: usize,
+        engine: Engine,
+        closed: Option<Vec<SegmentId>>,
+        config: Arc<Config>,
+    ) {
+        let n = self.parts.servers[i].node;
         let nic = self.parts.fabric.attach(n).expect("attaching again");
         let spec = ServerSpec {
             node: n,
@@ -973,7 +1090,7 @@ impl World {
             settings: self.config.settings.clone(),
             config,
             source: self.parts.source.clone(),
-            recovered: Some(report.closed_segments),
+            recovered: closed,
             events: self.events.clone(),
             clock: self.parts.fabric.clock(),
         };
@@ -988,8 +1105,141 @@ impl World {
         }
         self.parts.servers[i] = shared;
         self.parts.nics[i] = nic;
-        self.faults.restarts += 1;
-        self.log(format!("restart {n} on its pool, within its lease"));
+    }
+
+    /// The join desks reload their views; a removed server on its way back
+    /// asks the CMs to join, or reads the configuration and, told to, asks
+    /// again, or, a member, runs. Draws nothing from the run's generator.
+    fn step_rejoin(&mut self) {
+        let now = self.now();
+        for (j, desk) in self.desks.iter_mut().enumerate() {
+            if !self.parts.cm_crash[j].1.load(Ordering::Acquire) {
+                desk.tick(self.parts.source.as_ref(), now);
+            }
+        }
+        let Some(mut r) = self.rejoining.take() else {
+            return;
+        };
+        if now < r.next_ns {
+            self.rejoining = Some(r);
+            return;
+        }
+        if r.asking {
+            match self.ask_to_join(r.node) {
+                Some((how, added)) => {
+                    r.answered += 1;
+                    r.asking = false;
+                    r.next_ns = now;
+                    match &mut r.wait {
+                        None => {
+                            r.wait = Some(MembershipWait::new(r.node, rejoin_after(), now, added))
+                        }
+                        Some(w) => w.asked(now, added),
+                    }
+                    self.log(format!("join of {}: {how}", r.node));
+                }
+                None => r.next_ns = now + ASK_EVERY_NS,
+            }
+            self.rejoining = Some(r);
+            return;
+        }
+        r.next_ns = now + READ_EVERY_NS;
+        let Ok(config) = self.parts.source.fetch() else {
+            self.rejoining = Some(r);
+            return;
+        };
+        let wait = r.wait.as_mut().expect("a join answered");
+        match wait.read(&config, now) {
+            Awaited::Wait => self.rejoining = Some(r),
+            Awaited::AskAgain => {
+                self.faults.rejoins_asked_again += 1;
+                self.log(format!(
+                    "{} still not a member ({}): it asks the CMs again",
+                    r.node, config.term
+                ));
+                r.asking = true;
+                r.next_ns = now;
+                self.rejoining = Some(r);
+            }
+            Awaited::Member { keep_pool } => {
+                let Some(i) = self.parts.servers.iter().position(|s| s.node == r.node) else {
+                    return;
+                };
+                // As `rowankv server`: a pool whose server was a member all
+                // along is recovered; one whose server the CM removed while
+                // it was down (and adds again) is formatted.
+                let (engine, closed) = if keep_pool {
+                    let (e, c) = self.recover_pool(i);
+                    (e, Some(c))
+                } else {
+                    (self.formatted_pool(&r.engine_config), None)
+                };
+                let formatted = closed.is_none();
+                let term = config.term;
+                self.start_server(i, engine, closed, config);
+                self.log(format!(
+                    "{} a member again ({term}), {:.1} ms after its restart{}",
+                    r.node,
+                    (now - r.since_ns) as f64 / 1e6,
+                    if formatted {
+                        ", on its formatted pool"
+                    } else {
+                        ""
+                    }
+                ));
+            }
+        }
+    }
+
+    /// Server `n` asks the CMs to join, each in turn, as
+    /// `rowankv_deploy::join::join` does: a crashed CM does not answer, a
+    /// standby's desk answers a join that adds a member `standby` (the next
+    /// CM is asked), and the active CM's desk queues it to its role. A desk
+    /// whose view holds `n` answers it as a member that rejoined and queues
+    /// nothing. How it was answered and whether the CM adds it
+    /// (`JoinAnswer::added`), or `None` if no CM answered.
+    fn ask_to_join(&mut self, n: NodeId) -> Option<(String, bool)> {
+        let current = self.parts.source.fetch().ok().map(|c| c.term);
+        for (j, (cm, crashed)) in self.parts.cm_crash.iter().enumerate() {
+            if crashed.load(Ordering::Acquire) {
+                continue;
+            }
+            let desk = &self.parts.cm_desks[j];
+            let view = self.desks[j].view();
+            let term = view.map_or(Term(0), |c| c.term);
+            if !rowankv_deploy::cm::adds_a_member(view, Some(n)) {
+                let stale = if current.is_some_and(|t| t > term) {
+                    format!(
+                        ", stale: the configuration is {}",
+                        current.unwrap_or(Term(0))
+                    )
+                } else {
+                    String::new()
+                };
+                return Some((
+                    format!(
+                        "CM {cm} answered it as a member that rejoined (its desk's view, {term}, holds it{stale})"
+                    ),
+                    false,
+                ));
+            }
+            if desk.stats.active.load(Ordering::Relaxed) == 0 {
+                continue;
+            }
+            let mut joins = desk.joins.lock();
+            joins.retain(|m| m.node != n);
+            joins.push(Member {
+                node: n,
+                workers: self.config.settings.workers as u16,
+                address: None,
+                resp: None,
+            });
+            return Some((
+                format!("CM {cm} queued it to its role (its desk's view, {term}, lacks it)"),
+                true,
+            ));
+        }
+        None
     }
 
     /// Power failure of every server, and cold start (§4.7): the pools keep what
@@ -997,8 +1247,26 @@ impl World {
     fn power_failure(&mut self) {
         let members = self.members();
         let mut recovered = Vec::new();
+        // A removed server on its way back: added again but not yet running,
+        // it formats its pool on its restart (the pool it crashed with is
+        // stale); not added yet, it is gone.
+        let rejoining = self.rejoining.take().map(|r| (r.node, r.engine_config));
+        if let Some((n, _)) = rejoining.as_ref().filter(|(n, _)| !members.contains(n)) {
+            let n = *n;
+            self.log(format!(
+                "{n}, on its way back, is gone with the power failure"
+            ));
+        }
         for s in &self.parts.servers {
             if !members.contains(&s.node) {
+                continue;
+            }
+            if let Some((_, ec)) = rejoining.as_ref().filter(|(n, _)| *n == s.node) {
+                recovered.push(Recovered {
+                    node: s.node,
+                    engine: Arc::new(self.formatted_pool(ec)),
+                    closed_segments: Vec::new(),
+                });
                 continue;
             }
             let image = s
@@ -1051,6 +1319,10 @@ impl World {
         .expect("cold start");
         self.tasks = Roles::new(std::mem::take(&mut parts.tasks));
         self.parts = parts;
+        let now = self.now();
+        self.desks = (0..self.parts.cm_crash.len())
+            .map(|_| JoinDesk::new(self.parts.source.as_ref(), now))
+            .collect();
         self.next_client_node = 0;
         self.retired.clear();
         let ids: Vec<u32> = self.clients.iter().map(|c| c.id).collect();
@@ -1086,10 +1358,14 @@ impl World {
     fn restart_cm(&mut self, j: usize) {
         let (node, _) = self.parts.cm_crash[j];
         let nic = self.parts.fabric.attach(node).expect("re-attaching a CM");
+        // A new process: the joins its desk queued before the crash are lost.
+        let desk = CmDesk::default();
         let (task, crashed) =
-            rowankv_deploy::cluster::cm_task(node, nic, &self.parts, &self.config.settings)
+            rowankv_deploy::cluster::cm_task(node, nic, &self.parts, &self.config.settings, &desk)
                 .expect("restarting a CM");
         self.parts.cm_crash[j].1 = crashed;
+        self.parts.cm_desks[j] = desk;
+        self.desks[j] = JoinDesk::new(self.parts.source.as_ref(), self.now());
         self.tasks.push(Owner::Cm(node), task);
     }
 
@@ -1103,10 +1379,10 @@ impl World {
                 self.faults.power_failures += 1;
                 self.log("power failure of every server, during a failover".into());
             }
-            if let Some((n, at)) = self.restart_at {
+            if let Some((n, at, late)) = self.restart_at {
                 if self.now() >= at {
                     self.restart_at = None;
-                    self.restart_server(n);
+                    self.restart_server(n, late);
                 }
             }
             let a = self.step_roles();
@@ -1201,12 +1477,54 @@ impl World {
     /// Heal everything, let the cluster settle, read every key back.
     fn read_back(&mut self) {
         self.heal_due(true);
+        self.finish_rejoin();
         let settle_until = self.now() + 10 * LEASE_NS;
         while self.now() < settle_until {
             let busy = self.step_roles();
             self.advance(busy);
         }
         self.final_pass(OpKind::Get);
+    }
+
+    /// A removed server on its way back is healed too: the cluster runs until
+    /// it is a member again and no shard has a joining backup left (it is
+    /// filled), for at most three `rejoin_after` from its last join. A server
+    /// still not a member then is reported: the cluster stays a replica short
+    /// for good, as a process that waits forever for a join nobody carries out.
+    fn finish_rejoin(&mut self) {
+        if let Some((n, _, true)) = self.restart_at {
+            self.restart_at = None;
+            self.restart_server(n, true);
+        }
+        if self.rejoining.is_none() {
+            return;
+        }
+        let deadline = self.now() + 3 * rejoin_after().as_nanos() as u64;
+        while self.now() < deadline {
+            let filled = self.rejoining.is_none()
+                && self
+                    .parts
+                    .source
+                    .fetch()
+                    .is_ok_and(|c| c.shards.iter().all(|a| a.joining.is_empty()));
+            if filled {
+                return;
+            }
+            let busy = self.step_roles();
+            self.advance(busy);
+        }
+        if let Some(r) = &self.rejoining {
+            let term = self.parts.source.fetch().map(|c| c.term).unwrap_or(Term(0));
+            let what = format!(
+                "{} restarted after the CM removed it is not a member again {:.0} ms later \
+                 ({term}, {} join(s) answered)",
+                r.node,
+                (self.now() - r.since_ns) as f64 / 1e6,
+                r.answered
+            );
+            self.log(what.clone());
+            self.rejoin_failures.push(what);
+        }
     }
 }
 
@@ -1643,6 +1961,13 @@ pub fn run(sim: &SimConfig) -> RunResult {
             detail: u,
         });
     }
+    for u in std::mem::take(&mut w.rejoin_failures) {
+        report.violations.push(crate::check::Violation {
+            kind: crate::check::ViolationKind::Unavailable,
+            key: None,
+            detail: u,
+        });
+    }
     for d in diverged {
         report.violations.push(crate::check::Violation {
             kind: crate::check::ViolationKind::ReplicasDiverge,
@@ -1650,7 +1975,8 @@ pub fn run(sim: &SimConfig) -> RunResult {
             detail: d,
         });
     }
-    let terms = w.parts.source.fetch().map(|c| c.term).unwrap_or(Term(0)).0;
+    let config = w.parts.source.fetch().ok();
+    let terms = config.as_ref().map_or(0, |c| c.term.0);
     for s in &w.parts.servers {
         s.stop();
     }
@@ -1667,5 +1993,6 @@ pub fn run(sim: &SimConfig) -> RunResult {
         terms,
         sim_ns: w.clock.now_ns(),
         fault_log: w.fault_log,
+        config,
     }
 }
