@@ -118,6 +118,30 @@ pub struct Cluster {
     pub net: Option<Net>,
 }
 
+/// The child is killed (SIGKILL) when the thread of the chaos process that
+/// started it ends — when the chaos process dies, however it dies (a run
+/// killed by the OOM killer once left its cluster running). Every child is
+/// started from the run's main thread.
+#[allow(unsafe_code)] // the crate's only unsafe: pre_exec
+fn die_with_parent(command: &mut Command) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: between fork and exec the closure only calls prctl(2) and
+    // getppid(2), both async-signal-safe, and allocates nothing.
+    unsafe {
+        let parent = libc::getpid();
+        command.pre_exec(move || {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            // The parent died before prctl: nothing would signal this child.
+            if libc::getppid() != parent {
+                return Err(std::io::Error::other("the chaos process is gone"));
+            }
+            Ok(())
+        });
+    }
+}
+
 fn io_err(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> ChaosError {
     let what = what.into();
     move |source| ChaosError::Io { what, source }
@@ -258,7 +282,9 @@ impl Cluster {
             .map_or("127.0.0.1", |n| n.host_ip.as_str());
         let peer = format!("http://{host}:{peer_port}");
         let client = format!("http://{host}:{client_port}");
-        let child = Command::new(&self.layout.etcd)
+        let mut command = Command::new(&self.layout.etcd);
+        die_with_parent(&mut command);
+        let child = command
             .arg("--name")
             .arg("chaos")
             .arg("--data-dir")
@@ -342,6 +368,7 @@ impl Cluster {
             }
             None => Command::new(&self.layout.bin),
         };
+        die_with_parent(&mut command);
         command
             .arg(what)
             .arg("--config")

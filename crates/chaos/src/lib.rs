@@ -2,10 +2,12 @@
 //!
 //! It owns a whole run: it starts a real etcd, two CMs on it and the servers
 //! (RF 3) as processes of the `rowankv` binary over the `tcp` fabric
-//! ([`cluster`]), puts a load on them from client threads that record every
+//! ([`cluster`]), each CM and server in a network namespace of its own on a
+//! bridge the run creates ([`net`]), puts a load on them from client threads that record every
 //! operation in the simulator's history format ([`clients`]), injects faults
 //! drawn from a seed ([`schedule`]) — `kill -9` of a server, of the active CM,
-//! SIGSTOP of a server past its lease, a power cut of the whole cluster —
+//! SIGSTOP of a server past its lease, a power cut of the whole cluster,
+//! partitions, a one-way cut, a slow link —
 //! printing each as it happens and writing it to `faults.log`, then heals
 //! everything, waits until the cluster is back to full replication, reads every
 //! key back and checks the history with the simulator's own checker
@@ -15,14 +17,14 @@
 //!
 //! It must never depend on the internals of the processes it tests: it reaches
 //! them as an operator would — configuration files, signals, the client
-//! library, `rowankv status`'s calls, and etcd (read only). Everything runs on
-//! 127.0.0.1 in this step: network namespaces, partitions, slow links and clock
-//! jumps are later steps of issue 14 (`docs/chaos.md`).
+//! library, `rowankv status`'s calls, etcd (read only), and the network
+//! between them. Clock jumps are a later step of issue 14 (`docs/chaos.md`).
 //!
 //! Invariants: every child process is killed when a run ends, whatever way it
-//! ends; the schedule depends on the seed and the options only; a write is
+//! ends (even when the chaos process is killed: they die with it), and its
+//! network removed (a killed chaos process's by the next run); the schedule depends on the seed and the options only; a write is
 //! recorded `fail` only when the client knows it had no effect.
-#![forbid(unsafe_code)]
+#![deny(unsafe_code)]
 
 pub mod clients;
 pub mod cluster;
