@@ -164,50 +164,20 @@ pub fn run_client(load: Arc<Load>, client: u32) -> (Vec<Operation>, ThreadCounts
     );
     let zipf = Zipf::new(load.keys.len() as u64, load.zipf_s)
         .expect("a Zipf exponent checked by the options");
-    let mut history = Vec::new();
-    let mut counts = ThreadCounts::default();
-    let mut remote: Option<Remote> = None;
-    let mut errors = 0u32;
     let mut n = 0u64;
-    while !load.stop.load(Ordering::Acquire) {
-        let Some(r) = remote.as_mut() else {
-            match load.connect() {
-                Ok(r) => {
-                    counts.connects += 1;
-                    remote = Some(r);
-                    errors = 0;
-                }
-                Err(_) => {
-                    counts.connect_failures += 1;
-                    std::thread::sleep(Duration::from_millis(100));
-                }
-            }
-            continue;
-        };
-        let key = &load.keys[zipf.sample(&mut rng) as usize - 1];
+    let keys = load.keys.clone();
+    drive(&load, client, Duration::ZERO, move || {
+        let key = keys[zipf.sample(&mut rng) as usize - 1].clone();
         let p: f64 = rng.gen();
-        let (op, value) = if p < 0.45 {
+        if p < 0.45 {
             n += 1;
-            (OpKind::Put, Some(format!("c{client}-{n}")))
+            (OpKind::Put, key, Some(format!("c{client}-{n}")))
         } else if p < 0.55 {
-            (OpKind::Del, None)
+            (OpKind::Del, key, None)
         } else {
-            (OpKind::Get, None)
-        };
-        let (record, error) = execute(&load, r, client, op, key, value);
-        history.push(record);
-        if error {
-            errors += 1;
-            if errors >= ERRORS_BEFORE_RECONNECT {
-                remote = None;
-            } else {
-                std::thread::sleep(Duration::from_millis(20));
-            }
-        } else {
-            errors = 0;
+            (OpKind::Get, key, None)
         }
-    }
-    (history, counts)
+    })
 }
 
 /// Pause between the reads of a one-key reader.
@@ -227,6 +197,20 @@ const READER_PAUSE: Duration = Duration::from_millis(2);
 /// linearizability check. The run starts one reader per server, each on a key
 /// whose shard that server led when the load started.
 pub fn run_reader(load: Arc<Load>, client: u32, key: String) -> (Vec<Operation>, ThreadCounts) {
+    drive(&load, client, READER_PAUSE, move || {
+        (OpKind::Get, key.clone(), None)
+    })
+}
+
+/// The loop of a client thread: the operations `next` chooses, one at a
+/// time, each recorded, `pause_ok` after each answered one; a client that
+/// fails [`ERRORS_BEFORE_RECONNECT`] times in a row connects anew.
+fn drive(
+    load: &Load,
+    client: u32,
+    pause_ok: Duration,
+    mut next: impl FnMut() -> (OpKind, String, Option<String>),
+) -> (Vec<Operation>, ThreadCounts) {
     let mut history = Vec::new();
     let mut counts = ThreadCounts::default();
     let mut remote: Option<Remote> = None;
@@ -246,7 +230,8 @@ pub fn run_reader(load: Arc<Load>, client: u32, key: String) -> (Vec<Operation>,
             }
             continue;
         };
-        let (record, error) = execute(&load, r, client, OpKind::Get, &key, None);
+        let (op, key, value) = next();
+        let (record, error) = execute(load, r, client, op, &key, value);
         history.push(record);
         if error {
             errors += 1;
@@ -257,7 +242,9 @@ pub fn run_reader(load: Arc<Load>, client: u32, key: String) -> (Vec<Operation>,
             }
         } else {
             errors = 0;
-            std::thread::sleep(READER_PAUSE);
+            if !pause_ok.is_zero() {
+                std::thread::sleep(pause_ok);
+            }
         }
     }
     (history, counts)
