@@ -570,6 +570,7 @@ impl Run {
             | FaultKind::SplitMinority
             | FaultKind::OneWayCut
             | FaultKind::SlowLink => self.inject_network(f)?,
+            FaultKind::ClockJump => self.inject_clock_jump(f),
             FaultKind::PowerCut => {
                 let killed = self.cluster.power_cut();
                 self.events.say(&format!(
@@ -591,6 +592,63 @@ impl Run {
 }
 
 impl Run {
+    /// Step server `i`'s calendar clock by `step_ms` (`rowankv clock-step`'s
+    /// call); the offset after the step, or why not.
+    fn clock_step(&mut self, i: usize, step_ms: i64) -> Result<i64, String> {
+        let config = self.observer.config(&self.cluster)?;
+        let address = &self.cluster.server_addrs[i];
+        let node = config
+            .members
+            .iter()
+            .find(|m| m.address.as_deref() == Some(address.as_str()))
+            .ok_or_else(|| format!("server-{i} is not a member of {}", config.term))?
+            .node;
+        rowankv_deploy::admin::clock_step(
+            self.cluster.layout.cluster_id,
+            &self.cluster.secret,
+            &self.cluster.cm_addrs,
+            node,
+            step_ms,
+            Duration::from_secs(5),
+        )
+        .map_err(|e| e.to_string())
+    }
+
+    /// A server's calendar clock stepped, held, stepped back. Only expiry
+    /// reads it (a third of the clients' PUTs carry an expiry time a day
+    /// ahead, far past any step): nothing may change. A step that cannot be
+    /// made is a violation (the cluster is whole before every fault).
+    fn inject_clock_jump(&mut self, f: &Fault) {
+        let i = f.server.expect("a clock jump names its server");
+        match self.clock_step(i, f.jump_ms) {
+            Ok(offset) => self.events.say(&format!(
+                "fault {}: server-{i}'s calendar clock stepped by {:+} ms (now {offset:+} ms from the host's) for {} ms",
+                f.index, f.jump_ms, f.hold_ms
+            )),
+            Err(why) => {
+                let v = format!("fault {}: stepping server-{i}'s clock failed: {why}", f.index);
+                self.events.say(&format!("VIOLATION {v}"));
+                self.violations.push(v);
+                return;
+            }
+        }
+        self.hold(Duration::from_millis(f.hold_ms));
+        match self.clock_step(i, -f.jump_ms) {
+            Ok(offset) => self.events.say(&format!(
+                "heal {}: server-{i}'s calendar clock stepped back ({offset:+} ms from the host's)",
+                f.index
+            )),
+            Err(why) => {
+                let v = format!(
+                    "heal {}: stepping server-{i}'s clock back failed: {why}",
+                    f.index
+                );
+                self.events.say(&format!("VIOLATION {v}"));
+                self.violations.push(v);
+            }
+        }
+    }
+
     /// A partition or a slow link, held for the fault's time, then healed.
     fn inject_network(&mut self, f: &Fault) -> Result<(), ChaosError> {
         let net = self

@@ -45,6 +45,36 @@ pub struct Net {
     pub host_ip: String,
     pub cms: Vec<Space>,
     pub servers: Vec<Space>,
+    /// The run's claim on its names: `LOCK_DIR/<tag>.lock`, locked for the
+    /// run's life ([`Net::remove_orphans`] removes only names whose lock it
+    /// can take).
+    _lock: std::fs::File,
+}
+
+/// Where runs keep their locks.
+const LOCK_DIR: &str = "/run/rowankv-chaos";
+
+/// Take the exclusive lock on `file` without waiting; whether it was taken.
+#[allow(unsafe_code)] // flock(2) on a file this process owns
+fn try_lock(file: &std::fs::File) -> bool {
+    use std::os::fd::AsRawFd;
+    // SAFETY: a valid, open descriptor; flock touches nothing else.
+    unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) == 0 }
+}
+
+/// Open (creating) and lock the claim on `tag`; `None` if another process
+/// holds it.
+fn claim(tag: &str) -> Result<Option<std::fs::File>, ChaosError> {
+    std::fs::create_dir_all(LOCK_DIR)
+        .map_err(|e| ChaosError::Cluster(format!("creating {LOCK_DIR}: {e}")))?;
+    let path = format!("{LOCK_DIR}/{tag}.lock");
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .map_err(|e| ChaosError::Cluster(format!("opening {path}: {e}")))?;
+    Ok(try_lock(&file).then_some(file))
 }
 
 fn run(program: &str, args: &[&str]) -> Result<String, ChaosError> {
@@ -89,6 +119,9 @@ impl Net {
             .ok_or_else(|| ChaosError::Cluster("no free 10.77.N.0/24 subnet".into()))?;
         let prefix = format!("10.77.{n}");
         let bridge = format!("{tag}b");
+        let lock = claim(tag)?.ok_or_else(|| {
+            ChaosError::Cluster(format!("another chaos run holds {LOCK_DIR}/{tag}.lock"))
+        })?;
         let space = |name: String, host: usize, k: usize| Space {
             ns: format!("{tag}-{name}"),
             ip: format!("{prefix}.{host}"),
@@ -104,6 +137,7 @@ impl Net {
             servers: (0..servers)
                 .map(|i| space(format!("s{i}"), 20 + i, cms + i))
                 .collect(),
+            _lock: lock,
         };
         // What an earlier run of the same tag left is removed first (its
         // names are ours).
@@ -265,16 +299,29 @@ impl Net {
 
     /// Remove what runs whose chaos process is gone left behind (a chaos
     /// process killed by a signal does not remove its network): namespaces
-    /// `rk<pid>-…` and bridges `rk<pid>b` of a pid no process has.
+    /// `rk<pid>-…` and bridges `rk<pid>b` whose claim (`LOCK_DIR/rk<pid>.lock`)
+    /// exists and no process holds. Names without a claim here (another
+    /// machine's, another container's) are never touched.
     pub fn remove_orphans() {
-        let dead = |name: &str| -> Option<String> {
+        let mut claims: std::collections::BTreeMap<String, Option<std::fs::File>> =
+            std::collections::BTreeMap::new();
+        let mut dead = |name: &str| -> Option<String> {
             let digits: String = name
                 .strip_prefix("rk")?
                 .chars()
                 .take_while(char::is_ascii_digit)
                 .collect();
-            let pid: u32 = digits.parse().ok()?;
-            (!std::path::Path::new(&format!("/proc/{pid}")).exists()).then(|| format!("rk{digits}"))
+            if digits.is_empty() {
+                return None;
+            }
+            let tag = format!("rk{digits}");
+            if !std::path::Path::new(&format!("{LOCK_DIR}/{tag}.lock")).exists() {
+                return None;
+            }
+            let held = claims
+                .entry(tag.clone())
+                .or_insert_with(|| claim(&tag).ok().flatten());
+            held.is_some().then_some(tag)
         };
         let mut tags = std::collections::BTreeSet::new();
         if let Ok(list) = ip(&["netns", "list"]) {
@@ -297,6 +344,7 @@ impl Net {
             }
         }
         for tag in tags {
+            let _ = std::fs::remove_file(format!("{LOCK_DIR}/{tag}.lock"));
             eprintln!("chaos: removed the network {tag} of a chaos run whose process is gone");
         }
     }
@@ -315,5 +363,6 @@ impl Net {
 impl Drop for Net {
     fn drop(&mut self) {
         self.remove();
+        let _ = std::fs::remove_file(format!("{LOCK_DIR}/{}.lock", self.tag));
     }
 }

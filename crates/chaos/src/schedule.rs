@@ -56,11 +56,15 @@ pub enum FaultKind {
     OneWayCut,
     /// One server's link slowed to `crate::net::SLOW_RATE` both ways.
     SlowLink,
+    /// One server's calendar clock stepped by [`Fault::jump_ms`]
+    /// (`rowankv clock-step`: what expiry times are measured against, never
+    /// its lease clock), stepped back after the hold time.
+    ClockJump,
 }
 
 impl FaultKind {
     /// Every kind, in the order of the summary.
-    pub const ALL: [FaultKind; 9] = [
+    pub const ALL: [FaultKind; 10] = [
         FaultKind::KillServer,
         FaultKind::KillActiveCm,
         FaultKind::PauseServer,
@@ -70,6 +74,7 @@ impl FaultKind {
         FaultKind::SplitMinority,
         FaultKind::OneWayCut,
         FaultKind::SlowLink,
+        FaultKind::ClockJump,
     ];
 
     /// Whether it needs the run's network namespaces.
@@ -80,6 +85,7 @@ impl FaultKind {
                 | FaultKind::KillActiveCm
                 | FaultKind::PauseServer
                 | FaultKind::PowerCut
+                | FaultKind::ClockJump
         )
     }
 
@@ -103,6 +109,7 @@ impl FaultKind {
             FaultKind::SplitMinority => "split-minority",
             FaultKind::OneWayCut => "one-way-cut",
             FaultKind::SlowLink => "slow-link",
+            FaultKind::ClockJump => "clock-jump",
         }
     }
 
@@ -118,6 +125,7 @@ impl FaultKind {
             FaultKind::SplitMinority => 2,
             FaultKind::OneWayCut => 2,
             FaultKind::SlowLink => 2,
+            FaultKind::ClockJump => 1,
         }
     }
 
@@ -148,6 +156,8 @@ pub struct Fault {
     pub server: Option<usize>,
     /// How long the fault lasts before it is healed (restart, SIGCONT).
     pub hold_ms: u64,
+    /// A clock jump's step (negative: back); 0 for the other kinds.
+    pub jump_ms: i64,
 }
 
 impl fmt::Display for Fault {
@@ -155,6 +165,9 @@ impl fmt::Display for Fault {
         write!(f, "#{} {}", self.index, self.kind)?;
         if let Some(s) = self.server {
             write!(f, " server-{s}")?;
+        }
+        if self.jump_ms != 0 {
+            write!(f, " by {:+} ms", self.jump_ms)?;
         }
         write!(f, " for {} ms (due at {} ms)", self.hold_ms, self.at_ms)
     }
@@ -231,7 +244,18 @@ pub fn generate(seed: u64, shape: ScheduleShape) -> Vec<Fault> {
                 | FaultKind::IsolateFromCms
                 | FaultKind::SplitMinority
                 | FaultKind::OneWayCut => rng.gen_range(lease / 2..=4 * lease),
-                FaultKind::SlowLink => rng.gen_range(1_000..=3_000),
+                FaultKind::SlowLink | FaultKind::ClockJump => rng.gen_range(1_000..=3_000),
+            };
+            // A second to an hour, either way.
+            let jump_ms = if kind == FaultKind::ClockJump {
+                let magnitude = [1_000, 10_000, 60_000, 3_600_000][rng.gen_range(0..4)];
+                if rng.gen_bool(0.5) {
+                    magnitude
+                } else {
+                    -magnitude
+                }
+            } else {
+                0
             };
             Fault {
                 index,
@@ -239,6 +263,7 @@ pub fn generate(seed: u64, shape: ScheduleShape) -> Vec<Fault> {
                 kind,
                 server,
                 hold_ms,
+                jump_ms,
             }
         })
         .collect()
@@ -310,6 +335,8 @@ mod tests {
                 assert!(f.at_ms < 300_000);
                 last = f.at_ms;
                 assert_eq!(f.server.is_some(), f.kind.targets_a_server());
+                assert_eq!(f.jump_ms != 0, f.kind == FaultKind::ClockJump);
+                assert!(f.jump_ms.unsigned_abs() <= 3_600_000);
                 assert!(f.server.is_none_or(|t| t < 5));
                 match f.kind {
                     FaultKind::PauseServer => {
@@ -318,7 +345,9 @@ mod tests {
                     FaultKind::KillServer => assert!((500..=4_000).contains(&f.hold_ms)),
                     FaultKind::KillActiveCm => assert!((500..=3_000).contains(&f.hold_ms)),
                     FaultKind::PowerCut => assert!((200..=2_000).contains(&f.hold_ms)),
-                    FaultKind::SlowLink => assert!((1_000..=3_000).contains(&f.hold_ms)),
+                    FaultKind::SlowLink | FaultKind::ClockJump => {
+                        assert!((1_000..=3_000).contains(&f.hold_ms))
+                    }
                     _ => assert!((500..=4_000).contains(&f.hold_ms)),
                 }
             }

@@ -164,6 +164,37 @@ pub fn leave(a: LeaveArgs) -> Result<()> {
 }
 
 #[derive(Args)]
+pub struct ClockStepArgs {
+    /// The server's node (`n10002` or `10002`, as `rowankv status` shows it).
+    #[arg(value_parser = parse_node)]
+    node: rowankv_types::NodeId,
+    /// The step, in milliseconds (negative: back).
+    #[arg(long, allow_hyphen_values = true)]
+    ms: i64,
+    #[command(flatten)]
+    reach: Reach,
+}
+
+/// Step a server's calendar clock (what expiry times are measured against;
+/// never its lease clock), as `date -s` on its host would.
+pub fn clock_step(a: ClockStepArgs) -> Result<()> {
+    let timeout = Duration::from_secs_f64(a.reach.timeout_s.max(0.1));
+    let offset = rowankv_deploy::admin::clock_step(
+        a.reach.cluster_id,
+        &a.reach.secret()?,
+        &a.reach.cm,
+        a.node,
+        a.ms,
+        timeout,
+    )?;
+    eprintln!(
+        "{}'s calendar clock stepped by {} ms: {offset} ms from its host's now",
+        a.node, a.ms
+    );
+    Ok(())
+}
+
+#[derive(Args)]
 pub struct StatusArgs {
     /// Print JSON.
     #[arg(long)]

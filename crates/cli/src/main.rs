@@ -58,6 +58,9 @@ enum Command {
     /// Remove server NODE from a deployed cluster on purpose: its shards move to
     /// their backups, then it stops (its pool may not serve this cluster again).
     Leave(deploy_cmd::LeaveArgs),
+    /// Step server NODE's calendar clock by --ms (what expiry times are
+    /// measured against; never its lease clock), as `date -s` on its host would.
+    ClockStep(deploy_cmd::ClockStepArgs),
     /// A mixed load on a deployed cluster from this process, every write
     /// recorded and every read checked against it.
     Workload(deploy_cmd::WorkloadArgs),
@@ -310,7 +313,8 @@ fn run() -> Result<()> {
         | Command::Get(_)
         | Command::Del(_)
         | Command::Status(_)
-        | Command::Leave(_) => "error",
+        | Command::Leave(_)
+        | Command::ClockStep(_) => "error",
         _ => "warn",
     };
     tracing_subscriber::fmt()
@@ -347,6 +351,7 @@ fn run() -> Result<()> {
         Command::Del(args) => deploy_cmd::del(args),
         Command::Status(args) => deploy_cmd::status(args),
         Command::Leave(args) => deploy_cmd::leave(args),
+        Command::ClockStep(args) => deploy_cmd::clock_step(args),
         Command::Workload(args) => deploy_cmd::workload(args),
         Command::Sim(args) => sim_cmd::run_cmd(args),
         Command::Chaos(args) => chaos_cmd::run(args),

@@ -67,6 +67,7 @@ fn a_short_chaos_run_injects_every_kind_of_fault_and_passes() {
         "split-minority",
         "one-way-cut",
         "slow-link",
+        "clock-jump",
     ] {
         assert!(
             summary["faults_by_kind"][kind].as_u64().unwrap() >= 1,
@@ -74,6 +75,10 @@ fn a_short_chaos_run_injects_every_kind_of_fault_and_passes() {
         );
     }
     assert_eq!(summary["faults_injected"], summary["faults_planned"]);
+    assert_eq!(
+        summary["readers"], 5,
+        "a one-key reader per server: {summary}"
+    );
     assert!(
         summary["pauses_evicted"].as_u64().unwrap() >= 1,
         "a server stopped past its lease is evicted: {summary}"
@@ -100,6 +105,8 @@ fn a_short_chaos_run_injects_every_kind_of_fault_and_passes() {
         "packets to the other servers and the CMs dropped",
         "link slowed to",
         "the network is whole again",
+        "calendar clock stepped by",
+        "calendar clock stepped back",
     ] {
         assert!(
             faults.contains(what),

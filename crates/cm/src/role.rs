@@ -285,6 +285,16 @@ impl<N: Nic> CmTask<N> {
         };
         let config = self.manager.current();
         let node = member.node;
+        // A server that left since it asked (`rowankv leave`) never joins
+        // again, whatever is queued for it.
+        if crate::node_record(self.manager.store().as_ref(), node)
+            .ok()
+            .flatten()
+            .is_some_and(|r| r.left)
+        {
+            tracing::info!(cm = %self.name, server = %node, "a queued join of a server that left: dropped");
+            return false;
+        }
         let Some(next) = plan_join(&config, member.clone()) else {
             // Already a member (it asked twice), or no valid configuration
             // holds it: nothing to do.

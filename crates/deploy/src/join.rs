@@ -35,7 +35,7 @@ use std::time::{Duration, Instant};
 
 use rowankv_fabric::QpAddr;
 use rowankv_rpc::directory::Directory;
-use rowankv_types::{NodeId, QpNum};
+use rowankv_types::{NodeId, QpNum, Term};
 use rowankv_wire::config::Config;
 use serde::{Deserialize, Serialize};
 
@@ -64,8 +64,9 @@ pub struct JoinAnswer {
     pub lease_ms: u64,
     pub strategy: String,
     /// The CM adds the server to a running cluster's configuration (it was
-    /// not a member): a pool it recovered is stale, whatever configuration it
-    /// reads first (the CM may add it before that).
+    /// not a member): the server logs it. What it does with its pool it
+    /// decides from the configuration it becomes a member of
+    /// ([`MembershipWait`]), not from this.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub added: bool,
 }
@@ -142,23 +143,30 @@ pub fn join(
 /// and no clock of its own (the server process drives it with real time, the
 /// simulator with its own): a join answered is not yet a join carried out, so
 /// a server still not a member `rejoin_after` after it last asked asks again.
+///
+/// With the membership it reports whether the configuration counts the server
+/// as a full replica of some shard (a primary, or a backup that is not
+/// joining). A server whose pool is marked stale (`rowankv_engine::mark_stale`:
+/// it saw that the CM removed it while it was down) formats it unless so: a
+/// full replica's pool holds data no other replica may hold, whatever a stale
+/// view made it think, while a joining backup's stale pool would keep what
+/// the primaries' fill does not overwrite (they install only newer entries: a
+/// key deleted since would come back). Configurations older than one already
+/// read are ignored.
 #[derive(Clone, Debug)]
 pub struct MembershipWait {
     node: NodeId,
     rejoin_after_ns: u64,
     asked_ns: u64,
-    first_read: Option<bool>,
-    added: bool,
+    newest: Term,
 }
 
 /// What a server waiting to be a member does after reading a configuration.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Awaited {
-    /// It is a member; `keep_pool`: it was one all along — the first
-    /// configuration read held it, and no CM answered that it adds it. If not,
-    /// and its pool recorded an identity, the CM removed it while it was down:
-    /// its pool's data is stale, and it comes back as a joining backup.
-    Member { keep_pool: bool },
+    /// It is a member; `full_replica`: the configuration counts it as a full
+    /// replica of some shard ([`full_replica`]).
+    Member { full_replica: bool },
     /// Not yet: read again.
     Wait,
     /// Not yet, for `rejoin_after`: ask the CMs again, then [`MembershipWait::asked`].
@@ -166,25 +174,23 @@ pub enum Awaited {
 }
 
 impl MembershipWait {
-    /// `node` was answered to a join at `now_ns` (`added`: the CM said it
-    /// adds it, [`JoinAnswer::added`]).
-    pub fn new(node: NodeId, rejoin_after: Duration, now_ns: u64, added: bool) -> Self {
+    /// `node` was answered to a join at `now_ns`.
+    pub fn new(node: NodeId, rejoin_after: Duration, now_ns: u64) -> Self {
         MembershipWait {
             node,
             rejoin_after_ns: rejoin_after.as_nanos() as u64,
             asked_ns: now_ns,
-            first_read: None,
-            added,
+            newest: Term(0),
         }
     }
 
     /// A configuration read at `now_ns`.
     pub fn read(&mut self, config: &Config, now_ns: u64) -> Awaited {
-        let member = config.member(self.node).is_some();
-        let first_read = *self.first_read.get_or_insert(member);
-        if member {
+        let stale = config.term < self.newest;
+        self.newest = self.newest.max(config.term);
+        if !stale && config.member(self.node).is_some() {
             Awaited::Member {
-                keep_pool: first_read && !self.added,
+                full_replica: full_replica(config, self.node),
             }
         } else if now_ns.saturating_sub(self.asked_ns) >= self.rejoin_after_ns {
             Awaited::AskAgain
@@ -193,12 +199,20 @@ impl MembershipWait {
         }
     }
 
-    /// The CMs were asked again at `now_ns`; `added`: one answered that it
-    /// adds the server (`false` if none answered).
-    pub fn asked(&mut self, now_ns: u64, added: bool) {
+    /// The CMs were asked again at `now_ns`.
+    pub fn asked(&mut self, now_ns: u64) {
         self.asked_ns = now_ns;
-        self.added |= added;
     }
+}
+
+/// Whether `config` counts `node` as a full replica of some shard: its
+/// primary, or a backup that is not joining.
+pub fn full_replica(config: &Config, node: NodeId) -> bool {
+    // `joining` is a list of its own, apart from `backups`.
+    config
+        .shards
+        .iter()
+        .any(|s| s.primary == node || s.backups.contains(&node))
 }
 
 /// Whether a join failed because the server left the cluster.

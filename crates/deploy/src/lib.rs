@@ -26,6 +26,7 @@
 //! address of each member.
 #![forbid(unsafe_code)]
 
+pub mod admin;
 pub mod client;
 pub mod cluster;
 pub mod cm;

@@ -40,7 +40,7 @@ use rowankv_server::control::CM_PORT;
 use rowankv_server::deploy::ServerDeployment;
 use rowankv_server::node::{assemble, roles_on_demand, ServerSpec};
 use rowankv_server::{EventLog, Executor, Placement, ServerSettings, ServerShared, Strategy};
-use rowankv_types::{Clock, NodeId, SystemClock};
+use rowankv_types::{Clock, NodeId, SteppedClock, SystemClock};
 use rowankv_wire::config::{Config, ConfigSource};
 
 use crate::cm::failover_settings;
@@ -59,8 +59,8 @@ pub fn rejoin_after(lease_ms: u64) -> Duration {
 }
 
 /// Read the configuration (`fetch`) until it holds `node`, and return it with
-/// whether the server keeps its pool (`Awaited::Member`; `None` if `stopping`
-/// first). `added`: the first join's answer said the CM adds it.
+/// whether it counts the server as a full replica of some shard
+/// (`Awaited::Member`; `None` if `stopping` first).
 ///
 /// A join answered is not yet a join carried out: the CM that answered may
 /// die, or lose its activity, before it stores the configuration that adds
@@ -68,19 +68,17 @@ pub fn rejoin_after(lease_ms: u64) -> Duration {
 /// that removed it (a server restarted as its lease ran out: the CM's join
 /// desk still saw it a member). While configurations that do not hold `node`
 /// are read for `rejoin_after`, the server asks the CMs again (`rejoin`, which
-/// answers the identity given and whether the CM adds it); a final refusal ends
-/// the wait with its error.
+/// answers the identity given); a final refusal ends the wait with its error.
 pub fn await_membership(
     node: NodeId,
     rejoin_after: Duration,
-    added: bool,
     mut fetch: impl FnMut() -> Result<Arc<Config>, String>,
-    mut rejoin: impl FnMut() -> Result<(u32, bool), ProcessError>,
+    mut rejoin: impl FnMut() -> Result<u32, ProcessError>,
     stopping: &dyn Fn() -> bool,
 ) -> Result<Option<(Arc<Config>, bool)>, ProcessError> {
     let start = Instant::now();
     let now_ns = || start.elapsed().as_nanos() as u64;
-    let mut wait = MembershipWait::new(node, rejoin_after, now_ns(), added);
+    let mut wait = MembershipWait::new(node, rejoin_after, now_ns());
     let mut polls = 0u32;
     loop {
         polls += 1;
@@ -90,7 +88,7 @@ pub fn await_membership(
         }
         match fetch() {
             Ok(c) => match wait.read(&c, now_ns()) {
-                Awaited::Member { keep_pool } => return Ok(Some((c, keep_pool))),
+                Awaited::Member { full_replica } => return Ok(Some((c, full_replica))),
                 Awaited::Wait => {
                     if say {
                         tracing::info!(term = %c.term, "not a member of the configuration yet; waiting");
@@ -98,20 +96,17 @@ pub fn await_membership(
                 }
                 Awaited::AskAgain => {
                     tracing::info!(term = %c.term, "still not a member: asking the CMs again");
-                    let added = match rejoin() {
-                        Ok((n, _)) if n != node.0 => {
+                    match rejoin() {
+                        Ok(n) if n != node.0 => {
                             return Err(ProcessError(format!(
                                 "the CM answered n{n} to a server that joined as {node}"
                             )))
                         }
-                        Ok((_, added)) => added,
+                        Ok(_) => {}
                         Err(e) if e.0.contains("refused: join") => return Err(e),
-                        Err(e) => {
-                            tracing::info!(error = %e, "asking again: no answer");
-                            false
-                        }
-                    };
-                    wait.asked(now_ns(), added);
+                        Err(e) => tracing::info!(error = %e, "asking again: no answer"),
+                    }
+                    wait.asked(now_ns());
                 }
             },
             Err(e) if say => tracing::info!(error = %e, "waiting for the configuration"),
@@ -158,13 +153,17 @@ enum Ended {
 pub fn run(dep: &ServerDeployment, stop: Arc<AtomicBool>) -> Result<(), ProcessError> {
     // One endpoint for the process: it shows each incarnation's server.
     let metrics = ServerMetrics::<TcpNic>::new(dep.pool_path.display().to_string());
+    // The process's clock, across its incarnations: its calendar time may be
+    // stepped (`rowankv clock-step`, crate::admin), and stays stepped when the
+    // server joins again.
+    let stepped = SteppedClock::new(SystemClock::new());
     let _endpoint = dep
         .metrics
         .map(|listen| crate::metrics::start(listen, metrics.registry(), "server"))
         .transpose()?;
     let mut evicted = false;
     loop {
-        match run_once(dep, &stop, &metrics) {
+        match run_once(dep, &stop, &metrics, &stepped) {
             Ok(Ended::Stopped) => return Ok(()),
             Ok(Ended::Evicted) => {
                 tracing::warn!("removed from the configuration by the CM: joining again");
@@ -184,8 +183,9 @@ fn run_once(
     dep: &ServerDeployment,
     stop: &Arc<AtomicBool>,
     metrics: &ServerMetrics<TcpNic>,
+    stepped: &Arc<SteppedClock>,
 ) -> Result<Ended, ProcessError> {
-    let clock: Arc<dyn Clock> = SystemClock::new();
+    let clock: Arc<dyn Clock> = stepped.clone();
     let (pool, created) = open_pool(dep)?;
     let recorded = if created {
         None
@@ -228,12 +228,16 @@ fn run_once(
         cluster_id: dep.cluster_id,
         node,
     };
-    write_identity(&pool, identity).map_err(perr("recording the node identity"))?;
+    // A new identity is recorded at once; a recorded one is kept as it is
+    // (writing it again would clear a stale mark, below).
+    if recorded.is_none() {
+        write_identity(&pool, identity).map_err(perr("recording the node identity"))?;
+    }
     let strategy: Strategy = answer
         .strategy
         .parse()
         .map_err(|e: String| ProcessError(format!("the CM's strategy: {e}")))?;
-    tracing::info!(%node, lease_ms = answer.lease_ms, %strategy, "joined");
+    tracing::info!(%node, lease_ms = answer.lease_ms, %strategy, added = answer.added, "joined");
 
     let net = attach(
         dep.cluster_id,
@@ -267,9 +271,21 @@ fn run_once(
         )
         .map_err(perr("a configuration source"))?,
     );
-    // Whether the first configuration read holds this server: if its pool
-    // recorded an identity and it does not, the CM removed it while it was
-    // down, and its pool's data is stale (it comes back as a new backup).
+    // A pool that recorded an identity is marked stale (persisted at once, so
+    // that a server killed on its way back still knows it) as soon as this
+    // server sees that the CM removed it while it was down: the CM answers
+    // that it adds it, or a configuration read does not hold it.
+    let mark = |why: &str| -> Result<(), ProcessError> {
+        if recorded.is_some() && !rowankv_engine::marked_stale(&pool).unwrap_or(false) {
+            rowankv_engine::mark_stale(&pool).map_err(perr("marking the pool stale"))?;
+            tracing::info!(%node, why, "the pool is marked stale: the CM removed this server while it was down");
+        }
+        Ok(())
+    };
+    if answer.added {
+        mark("the CM adds this server to the configuration")?;
+    }
+    let marked = std::cell::Cell::new(None::<String>);
     let rejoin = JoinRequest {
         node: Some(node.0),
         ..request
@@ -277,10 +293,14 @@ fn run_once(
     let waited = await_membership(
         node,
         rejoin_after(answer.lease_ms),
-        answer.added,
         || {
             let c = source.fetch().map_err(|e| e.to_string())?;
             *latest.write() = Some(c.clone());
+            if c.member(node).is_none() {
+                if let Err(e) = mark(&format!("the configuration of {} does not hold it", c.term)) {
+                    marked.set(Some(e.0));
+                }
+            }
             Ok(c)
         },
         || {
@@ -291,11 +311,14 @@ fn run_once(
                 rejoin_after(answer.lease_ms),
                 &stopping,
             )
-            .map(|a| (a.node, a.added))
+            .map(|a| a.node)
         },
         &stopping,
     )?;
-    let Some((config, keep_pool)) = waited else {
+    if let Some(e) = marked.take() {
+        return Err(ProcessError(e));
+    }
+    let Some((config, full_replica)) = waited else {
         return Ok(Ended::Stopped);
     };
 
@@ -321,13 +344,27 @@ fn run_once(
         ..EngineConfig::default()
     };
     drop(joining);
-    let removed = recorded.is_some() && !keep_pool;
+    // A pool marked stale is formatted, unless the configuration counts this
+    // server as a full replica of some shard (then its pool holds data no
+    // other replica may hold, whatever a stale view made it think): it comes
+    // back as a joining backup, filled by the primaries. An unmarked pool
+    // (a member all along) is recovered.
+    let stale = recorded.is_some()
+        && rowankv_engine::marked_stale(&pool).map_err(perr("reading the pool's identity"))?;
+    let removed = stale && !full_replica;
     if removed {
         tracing::info!(
-            %node,
+            %node, term = %config.term,
             "the CM removed this server while it was down: its pool is formatted and it is \
              filled again as a joining backup"
         );
+    } else if stale {
+        tracing::warn!(
+            %node, term = %config.term,
+            "the pool is marked stale, but the configuration counts this server as a full \
+             replica: it is recovered, and the mark cleared"
+        );
+        write_identity(&pool, identity).map_err(perr("clearing the stale mark"))?;
     }
     let (engine, recovered) = if recorded.is_some() && !removed {
         let (engine, report) = Engine::open_replica(pool, engine_config)
@@ -395,7 +432,9 @@ fn run_once(
             )
         })
         .transpose()?;
+    let clock_desk = net.directory.register(node, crate::admin::CLOCK_SERVICE);
     while !stopping() && !shared.evicted() {
+        crate::admin::serve_clock(&clock_desk, stepped, node);
         std::thread::sleep(Duration::from_millis(20));
     }
     let ended = if shared.evicted() {
@@ -437,6 +476,30 @@ mod tests {
         move || start.elapsed() > limit
     }
 
+    /// A configuration of members `nodes` (RF 2), with `joining` a joining
+    /// backup of every shard and a full replica of none.
+    fn config_joining(nodes: &[u32], joining: u32) -> Arc<Config> {
+        let mut c = (*config(
+            &nodes
+                .iter()
+                .copied()
+                .filter(|&n| n != joining)
+                .collect::<Vec<_>>(),
+        ))
+        .clone();
+        c.term = rowankv_types::Term(c.term.0 + 1);
+        c.members.push(Member {
+            node: NodeId(joining),
+            workers: 1,
+            address: Some(format!("h:{joining}")),
+            resp: None,
+        });
+        for s in &mut c.shards {
+            s.joining.push(NodeId(joining));
+        }
+        Arc::new(c)
+    }
+
     #[test]
     fn a_join_answered_but_never_carried_out_is_asked_again() {
         // The CM answered the join and then lost it (it died before storing
@@ -446,87 +509,78 @@ mod tests {
         let waited = await_membership(
             NodeId(3),
             Duration::from_millis(60),
-            false,
             || {
-                Ok(config(if asked.get() == 0 {
-                    &[1, 2]
+                Ok(if asked.get() == 0 {
+                    config(&[1, 2])
                 } else {
-                    &[1, 2, 3]
-                }))
+                    config_joining(&[1, 2, 3], 3)
+                })
             },
             || {
                 asked.set(asked.get() + 1);
-                Ok((3, true))
+                Ok(3)
             },
             &stop_after(Duration::from_secs(10)),
         )
         .unwrap();
-        let (c, keep) = waited.expect("n3 became a member once it asked again");
+        let (c, full) = waited.expect("n3 became a member once it asked again");
         assert!(c.member(NodeId(3)).is_some());
-        assert!(!keep, "the first configuration read did not hold n3");
+        assert!(!full, "a joining backup is no full replica");
         assert_eq!(asked.get(), 1);
     }
 
     #[test]
-    fn a_server_the_cm_adds_never_keeps_its_pool() {
-        // The CM answered that it adds n3 (it had removed it while it was
-        // down) and stored the configuration before n3's first read: that
-        // read holds n3, as a joining backup, and its pool is still stale.
-        let never = || -> Result<(u32, bool), ProcessError> { panic!("a member asked again") };
-        let (_, keep) = await_membership(
-            NodeId(3),
-            Duration::ZERO,
-            true,
-            || Ok(config(&[1, 2, 3])),
-            never,
-            &stop_after(Duration::from_secs(10)),
-        )
-        .unwrap()
-        .unwrap();
-        assert!(!keep);
-        // Added on the second ask: the same.
-        let asked = Cell::new(0u32);
-        let (_, keep) = await_membership(
-            NodeId(3),
-            Duration::ZERO,
-            false,
-            || {
-                Ok(config(if asked.get() == 0 {
-                    &[1, 2]
-                } else {
-                    &[1, 2, 3]
-                }))
-            },
-            || {
-                asked.set(asked.get() + 1);
-                Ok((3, true))
-            },
-            &stop_after(Duration::from_secs(10)),
-        )
-        .unwrap()
-        .unwrap();
-        assert!(!keep);
+    fn a_member_is_reported_a_full_replica_only_as_a_primary_or_a_backup_of_a_current_configuration(
+    ) {
+        let never = || -> Result<u32, ProcessError> { panic!("a member asked again") };
+        let wait = |configs: Vec<Arc<Config>>| {
+            let next = Cell::new(0usize);
+            await_membership(
+                NodeId(3),
+                Duration::from_secs(60),
+                || {
+                    let i = next.get().min(configs.len() - 1);
+                    next.set(i + 1);
+                    Ok(configs[i].clone())
+                },
+                never,
+                &stop_after(Duration::from_secs(10)),
+            )
+            .unwrap()
+            .unwrap()
+        };
+        // A primary and backup: a full replica (a stale-marked pool is kept).
+        let full = config(&[1, 2, 3]);
+        assert!(crate::join::full_replica(&full, NodeId(3)));
+        assert!(wait(vec![full.clone()]).1);
+        // Added again while it was down (its first read already holds it):
+        // a joining backup everywhere (a stale-marked pool is formatted).
+        assert!(!wait(vec![config_joining(&[1, 2, 3], 3)]).1);
+        // A first read that lacked it, then a configuration counting it a
+        // full replica (filled by an earlier life of this process).
+        assert!(wait(vec![config(&[1, 2]), full.clone()]).1);
+        // A configuration older than one already read is not adopted: here
+        // an old one holding n3 as a joining backup, read after a newer one
+        // without it (a CM serving its cache).
+        let with_term = |c: Arc<Config>, t: u64| {
+            let mut c = (*c).clone();
+            c.term = rowankv_types::Term(t);
+            Arc::new(c)
+        };
+        let (c, keep) = wait(vec![
+            with_term(config(&[1, 2]), 5),
+            with_term(config_joining(&[1, 2, 3], 3), 2),
+            with_term(full, 6),
+        ]);
+        assert_eq!(c.term, rowankv_types::Term(6));
+        assert!(keep);
     }
 
     #[test]
     fn a_member_is_not_asked_again_and_a_refusal_or_another_identity_ends_the_wait() {
-        let never = || -> Result<(u32, bool), ProcessError> { panic!("a member asked again") };
-        let (_, keep) = await_membership(
-            NodeId(2),
-            Duration::ZERO,
-            false,
-            || Ok(config(&[1, 2])),
-            never,
-            &stop_after(Duration::from_secs(10)),
-        )
-        .unwrap()
-        .unwrap();
-        assert!(keep, "a member all along keeps its pool");
-
         let refused = await_membership(
             NodeId(3),
             Duration::ZERO,
-            false,
             || Ok(config(&[1, 2])),
             || {
                 Err(ProcessError(
@@ -541,9 +595,8 @@ mod tests {
         let other = await_membership(
             NodeId(3),
             Duration::ZERO,
-            false,
             || Ok(config(&[1, 2])),
-            || Ok((4, true)),
+            || Ok(4),
             &stop_after(Duration::from_secs(10)),
         )
         .unwrap_err();
@@ -554,7 +607,6 @@ mod tests {
         let stopped = await_membership(
             NodeId(3),
             Duration::ZERO,
-            false,
             || Ok(config(&[1, 2])),
             || {
                 calls.set(calls.get() + 1);

@@ -29,7 +29,7 @@ pub use engine::{
     hash_key, CleanReport, Engine, EngineConfig, InstallReport, RecoveryReport, Stored, Written,
     WORKERS_MAX,
 };
-pub use identity::{read_identity, write_identity, Identity};
+pub use identity::{mark_stale, marked_stale, read_identity, write_identity, Identity};
 pub use index::{RequestOutcome, RequestStats, REQUEST_CLIENTS_MAX, REQUEST_WINDOW};
 pub use segment::{Owner, SegmentState};
 

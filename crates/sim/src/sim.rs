@@ -1029,6 +1029,8 @@ impl World {
             self.step_rejoin();
             return;
         }
+        // Still a member: as `rowankv server`, its pool (not marked stale)
+        // is recovered.
         let (engine, closed) = self.recover_pool(i);
         self.start_server(i, engine, Some(closed), config);
         self.faults.restarts += 1;
@@ -1126,15 +1128,13 @@ impl World {
         }
         if r.asking {
             match self.ask_to_join(r.node) {
-                Some((how, added)) => {
+                Some(how) => {
                     r.answered += 1;
                     r.asking = false;
                     r.next_ns = now;
                     match &mut r.wait {
-                        None => {
-                            r.wait = Some(MembershipWait::new(r.node, rejoin_after(), now, added))
-                        }
-                        Some(w) => w.asked(now, added),
+                        None => r.wait = Some(MembershipWait::new(r.node, rejoin_after(), now)),
+                        Some(w) => w.asked(now),
                     }
                     self.log(format!("join of {}: {how}", r.node));
                 }
@@ -1161,14 +1161,14 @@ impl World {
                 r.next_ns = now;
                 self.rejoining = Some(r);
             }
-            Awaited::Member { keep_pool } => {
+            Awaited::Member { full_replica } => {
                 let Some(i) = self.parts.servers.iter().position(|s| s.node == r.node) else {
                     return;
                 };
-                // As `rowankv server`: a pool whose server was a member all
-                // along is recovered; one whose server the CM removed while
-                // it was down (and adds again) is formatted.
-                let (engine, closed) = if keep_pool {
+                // As `rowankv server`: its pool is marked stale (the CM
+                // removed it while it was down), so it is formatted, unless
+                // the configuration counts it as a full replica of some shard.
+                let (engine, closed) = if full_replica {
                     let (e, c) = self.recover_pool(i);
                     (e, Some(c))
                 } else {
@@ -1196,9 +1196,8 @@ impl World {
     /// standby's desk answers a join that adds a member `standby` (the next
     /// CM is asked), and the active CM's desk queues it to its role. A desk
     /// whose view holds `n` answers it as a member that rejoined and queues
-    /// nothing. How it was answered and whether the CM adds it
-    /// (`JoinAnswer::added`), or `None` if no CM answered.
-    fn ask_to_join(&mut self, n: NodeId) -> Option<(String, bool)> {
+    /// nothing. How it was answered, or `None` if no CM answered.
+    fn ask_to_join(&mut self, n: NodeId) -> Option<String> {
         let current = self.parts.source.fetch().ok().map(|c| c.term);
         for (j, (cm, crashed)) in self.parts.cm_crash.iter().enumerate() {
             if crashed.load(Ordering::Acquire) {
@@ -1216,11 +1215,8 @@ impl World {
                 } else {
                     String::new()
                 };
-                return Some((
-                    format!(
-                        "CM {cm} answered it as a member that rejoined (its desk's view, {term}, holds it{stale})"
-                    ),
-                    false,
+                return Some(format!(
+                    "CM {cm} answered it as a member that rejoined (its desk's view, {term}, holds it{stale})"
                 ));
             }
             if desk.stats.active.load(Ordering::Relaxed) == 0 {
@@ -1234,9 +1230,8 @@ impl World {
                 address: None,
                 resp: None,
             });
-            return Some((
-                format!("CM {cm} queued it to its role (its desk's view, {term}, lacks it)"),
-                true,
+            return Some(format!(
+                "CM {cm} queued it to its role (its desk's view, {term}, lacks it)"
             ));
         }
         None

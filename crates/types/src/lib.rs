@@ -11,7 +11,7 @@
 #![forbid(unsafe_code)]
 
 use std::fmt;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -230,6 +230,64 @@ impl Clock for SystemClock {
     }
 }
 
+/// A clock whose calendar time can be stepped, as an operator's `date -s` or
+/// an NTP step sets a host's clock: [`Clock::unix_ms`] is the inner clock's
+/// plus an offset, [`Clock::now_ns`] (leases, timeouts: the monotonic clock,
+/// which no one sets) is the inner clock's, untouched. A server process runs
+/// on one so that a chaos run can step it (`rowankv clock-step`).
+#[derive(Debug)]
+pub struct SteppedClock {
+    inner: Arc<dyn Clock>,
+    offset_ms: AtomicI64,
+}
+
+/// The largest step [`SteppedClock::step`] takes, either way: ten years.
+pub const CLOCK_STEP_MS_MAX: i64 = 10 * 366 * 24 * 3600 * 1000;
+
+impl SteppedClock {
+    pub fn new(inner: Arc<dyn Clock>) -> Arc<Self> {
+        Arc::new(SteppedClock {
+            inner,
+            offset_ms: AtomicI64::new(0),
+        })
+    }
+
+    /// Step the calendar time by `delta_ms`; the offset from the inner clock
+    /// after it. A step larger than [`CLOCK_STEP_MS_MAX`], or one that would
+    /// put the offset beyond it, is refused.
+    pub fn step(&self, delta_ms: i64) -> Result<i64, String> {
+        if delta_ms.unsigned_abs() > CLOCK_STEP_MS_MAX as u64 {
+            return Err(format!(
+                "a step of {delta_ms} ms: at most {CLOCK_STEP_MS_MAX} ms either way"
+            ));
+        }
+        self.offset_ms
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |o| {
+                let n = o + delta_ms;
+                (n.unsigned_abs() <= CLOCK_STEP_MS_MAX as u64).then_some(n)
+            })
+            .map(|o| o + delta_ms)
+            .map_err(|o| format!("the offset {o} ms stepped by {delta_ms} ms is out of range"))
+    }
+
+    /// The calendar offset from the inner clock.
+    pub fn offset_ms(&self) -> i64 {
+        self.offset_ms.load(Ordering::Acquire)
+    }
+}
+
+impl Clock for SteppedClock {
+    fn now_ns(&self) -> u64 {
+        self.inner.now_ns()
+    }
+
+    fn unix_ms(&self) -> u64 {
+        self.inner
+            .unix_ms()
+            .saturating_add_signed(self.offset_ms.load(Ordering::Acquire))
+    }
+}
+
 /// A clock that only moves when told to: the simulator's and the tests' clock.
 #[derive(Debug, Default)]
 pub struct ManualClock {
@@ -260,6 +318,32 @@ impl Clock for ManualClock {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_stepped_clock_steps_calendar_time_only_and_refuses_huge_steps() {
+        let inner = ManualClock::new();
+        let clock = SteppedClock::new(inner.clone());
+        inner.advance_ns(7_000_000);
+        let (ns, ms) = (clock.now_ns(), clock.unix_ms());
+        assert_eq!(clock.step(3_600_000), Ok(3_600_000));
+        assert_eq!(clock.unix_ms(), ms + 3_600_000);
+        assert_eq!(clock.now_ns(), ns, "the monotonic clock is never stepped");
+        assert_eq!(clock.step(-7_200_000), Ok(-3_600_000));
+        assert_eq!(clock.unix_ms(), ms - 3_600_000);
+        assert!(clock.step(CLOCK_STEP_MS_MAX + 1).is_err());
+        assert!(clock.step(i64::MIN).is_err());
+        assert!(
+            clock.step(-CLOCK_STEP_MS_MAX).is_err(),
+            "the offset would pass the bound"
+        );
+        assert_eq!(
+            clock.offset_ms(),
+            -3_600_000,
+            "a refused step changes nothing"
+        );
+        assert_eq!(clock.step(3_600_000), Ok(0));
+        assert_eq!(clock.unix_ms(), ms);
+    }
 
     #[test]
     fn manual_clock_moves_only_when_advanced() {
