@@ -10,7 +10,8 @@
 //!   `node` is the identity the server's pool records, `null` for a new pool;
 //!   `address` is where its connection manager listens (what the configuration
 //!   will carry);
-//! - answer: `{"node": u32, "lease_ms": u64, "strategy": "rowan"}` — the
+//! - answer: `{"node": u32, "lease_ms": u64, "strategy": "rowan", "added": true}`
+//!   (`added` only when the CM adds the server to a running cluster) — the
 //!   identity to use, the cluster's server lease and replication strategy (the
 //!   server takes both from the CM, so that they cannot differ from what the
 //!   CM counts on).
