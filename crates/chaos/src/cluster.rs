@@ -46,6 +46,8 @@ pub struct Proc {
     pub stopped: bool,
     /// How many times it was started.
     pub starts: u32,
+    /// The network namespace it runs in (with [`Layout::netns`]).
+    pub ns: Option<String>,
 }
 
 impl Proc {
@@ -201,6 +203,7 @@ impl Cluster {
                 child: None,
                 stopped: false,
                 starts: 0,
+                ns: net.as_ref().map(|n| n.cms[j].ns.clone()),
             });
         }
         let mut servers = Vec::new();
@@ -230,6 +233,7 @@ impl Cluster {
                 child: None,
                 stopped: false,
                 starts: 0,
+                ns: net.as_ref().map(|n| n.servers[i].ns.clone()),
             });
         }
         let store = EtcdStore::new(EtcdConfig {
@@ -245,6 +249,7 @@ impl Cluster {
                 child: None,
                 stopped: false,
                 starts: 0,
+                ns: None,
             },
             layout,
             cms,
@@ -346,21 +351,8 @@ impl Cluster {
             &p.name,
             &format!("{} start #{} at t={t_s:.3}s", p.name, p.starts + 1),
         )?;
-        let ns = self.net.as_ref().map(|n| {
-            let spaces = match p.role {
-                Role::Cm => &n.cms,
-                _ => &n.servers,
-            };
-            let k: usize = p
-                .name
-                .rsplit('-')
-                .next()
-                .and_then(|k| k.parse().ok())
-                .expect("NAME-k");
-            spaces[k].ns.clone()
-        });
         // `ip netns exec` execs the program: the child's pid is the program's.
-        let mut command = match &ns {
+        let mut command = match &p.ns {
             Some(ns) => {
                 let mut c = Command::new("ip");
                 c.args(Net::exec_prefix(ns)).arg(&self.layout.bin);

@@ -4,8 +4,11 @@
 //! in the host's namespace and reach them over the bridge. Partitions are
 //! `nftables` rules inside the namespaces (one table, `inet chaos`, with an
 //! input and an output chain, flushed to heal), slow links a `tc tbf` queue on
-//! both ends of a server's veth pair. Nothing outside the run's own bridge and
-//! namespaces is touched, and dropping the [`Net`] removes them.
+//! both ends of a server's veth pair. A run claims its names with a lock file
+//! in `/run/rowankv-chaos` held for its life; nothing outside the run's own
+//! bridge and namespaces is touched, dropping the [`Net`] removes them, and
+//! [`Net::remove_orphans`] removes those of a run whose claim is free (its
+//! process gone) and only those.
 //!
 //! Addresses: `10.77.N.0/24`, `N` chosen so that no interface of the host holds
 //! one of them already; the host's end of the bridge is `.1`, CM `j` is

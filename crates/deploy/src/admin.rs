@@ -21,7 +21,7 @@ use rowankv_rpc::directory::{Accepted, Acceptor};
 use rowankv_types::{NodeId, QpNum, SteppedClock};
 use serde::{Deserialize, Serialize};
 
-use crate::client::attach_client;
+use crate::client::attach_for_member;
 use crate::ProcessError;
 
 /// The server's service that steps its calendar clock.
@@ -73,16 +73,7 @@ pub fn clock_step(
     step_ms: i64,
     timeout: Duration,
 ) -> Result<i64, ProcessError> {
-    let (net, source) = attach_client(cluster_id, secret, cms, timeout)?;
-    let config = source
-        .last()
-        .ok_or_else(|| ProcessError("the CMs served no configuration".into()))?;
-    if config.member(node).is_none() {
-        return Err(ProcessError(format!(
-            "{node} is not a member of the configuration of {}",
-            config.term
-        )));
-    }
+    let (net, _, _) = attach_for_member(cluster_id, secret, cms, node, timeout)?;
     let from = QpAddr {
         node: net.nic.node(),
         qpn: QpNum(0),

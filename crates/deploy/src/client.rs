@@ -191,6 +191,29 @@ pub fn server_stats(
 /// CM at `cms` ([`crate::join::leave`]), then wait up to `timeout` for a
 /// configuration without it. Returns that configuration's term and member
 /// count.
+/// Attach a client ([`attach_client`]) and read the configuration the CMs
+/// serve, which must hold `node`: what a command aimed at one server starts
+/// with. The configuration read is returned with the attachment.
+pub fn attach_for_member(
+    cluster_id: u64,
+    secret: &[u8],
+    cms: &[String],
+    node: NodeId,
+    timeout: Duration,
+) -> Result<(Attached, Arc<Remembering>, Arc<Config>), ProcessError> {
+    let (net, source) = attach_client(cluster_id, secret, cms, timeout)?;
+    let config = source
+        .last()
+        .ok_or_else(|| ProcessError("the CMs served no configuration".into()))?;
+    if config.member(node).is_none() {
+        return Err(ProcessError(format!(
+            "{node} is not a member of the configuration of {}",
+            config.term
+        )));
+    }
+    Ok((net, source, config))
+}
+
 pub fn leave_server(
     cluster_id: u64,
     secret: &[u8],
@@ -199,16 +222,7 @@ pub fn leave_server(
     timeout: Duration,
 ) -> Result<(rowankv_types::Term, usize), ProcessError> {
     use rowankv_fabric::Nic;
-    let (net, source) = attach_client(cluster_id, secret, cms, timeout)?;
-    let first = source
-        .last()
-        .ok_or_else(|| ProcessError("the CMs served no configuration".into()))?;
-    if first.member(node).is_none() {
-        return Err(ProcessError(format!(
-            "{node} is not a member of the configuration of {}",
-            first.term
-        )));
-    }
+    let (net, source, _) = attach_for_member(cluster_id, secret, cms, node, timeout)?;
     let aliases = alias_cms(&net.directory, cms);
     crate::join::leave(&net.directory, &aliases, net.nic.node(), node)?;
     let deadline = std::time::Instant::now() + timeout;

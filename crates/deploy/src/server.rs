@@ -13,12 +13,17 @@
 //!    joined). A join answered is not a join carried out (the CM that answered
 //!    may die before it stores the configuration that adds the server): a
 //!    server still not a member after [`rejoin_after`] asks the CMs again.
-//! 4. The engine: a pool that recorded an identity and whose server is still a
-//!    member is recovered (`Engine::open_replica`; the server then serves as
-//!    after a cold start, §4.7: each primary makes its shards' replicas agree
-//!    first); a new pool, or the pool of a server the CM removed while it was
-//!    down (its data is stale: it comes back as a joining backup, filled by the
-//!    shards' primaries), is formatted for the configuration's shards.
+//! 4. The engine: a pool that recorded an identity is recovered
+//!    (`Engine::open_replica`; the server then serves as after a cold start,
+//!    §4.7: each primary makes its shards' replicas agree first), unless it is
+//!    marked stale and the configuration counts the server as a full replica
+//!    of no shard. The mark (`rowankv_engine::mark_stale`, persisted at once)
+//!    is set as soon as the server learns the CM removed it while it was down:
+//!    the join answer says the CM adds it, or a configuration read lacks it.
+//!    A new pool, or a stale one, is formatted for the configuration's shards,
+//!    and the server comes back as a joining backup filled by the primaries.
+//!    A server's calendar clock may be stepped while it runs
+//!    (`crate::admin`, `rowankv clock-step`).
 //! 5. Run the server's roles (`rowankv_server::node`), replication paths
 //!    connected on demand, until stopped (SIGTERM): then every role stops and
 //!    the pool is closed.
