@@ -1,19 +1,33 @@
-//! The load of a chaos run: client threads in the chaos process, each with its
-//! own RowanKV client (its own node on the `tcp` fabric, reaching the cluster
+//! The load of a chaos run: client *processes* (`rowankv chaos-client`, one
+//! per client, started and killed by [`crate::fleet`]), each with its own
+//! RowanKV client (its own node on the `tcp` fabric, reaching the cluster
 //! through the CMs as `rowankv put/get` do), recording every operation in the
-//! simulator's history format (`rowankv_sim::history`).
+//! simulator's history format (`rowankv_sim::history`) in a journal file.
 //!
 //! Keys are drawn Zipfian from a few hundred, so many clients write the hot
-//! keys at once. Every value written is unique (`c<client>-<n>`), so a read
-//! names the one write it observed. Outcomes:
+//! keys at once. Every value written is unique (`c<client>-<n>`, and a
+//! restarted client process takes a new client number), so a read names the
+//! one write it observed. Outcomes:
 //! - answered: `ok` (a GET that finds nothing is `ok` with no output);
 //! - no answer, or an error after which the write may have been applied
 //!   ([`ClientError::is_unknown`]): `unknown` — never `fail`;
 //! - refused without effect (the client's own bounds, a refusal the client
 //!   knows changed nothing): `fail`.
+//!
+//! The journal holds two lines per operation: its call (written before the
+//! request is sent, with status `unknown`) and its outcome. A client killed
+//! with `kill -9` in the middle of an operation thus leaves the call on
+//! record, and the operation is checked as one of unknown outcome — a write
+//! it sent may still appear. Every process measures `call` and `return` on
+//! the host's monotonic clock from the run's start ([`Load::start`], passed
+//! to a client process as its `CLOCK_MONOTONIC` reading), so the histories of
+//! all processes share one timeline.
 
+use std::collections::BTreeMap;
+use std::fs::{File, OpenOptions};
+use std::io::{self, Write};
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rand::{Rng, SeedableRng};
@@ -84,9 +98,94 @@ fn expiry_of(value: &str) -> Option<u64> {
     })
 }
 
-/// Run one operation on `remote` and record it as client `client` saw it.
-/// `None` from the client (a stuck client past every deadline) is recorded as
-/// unknown and the caller drops the client.
+/// Where a client's operations are recorded.
+pub trait Journal {
+    /// The operation as it is about to be sent (status `unknown`, `return`
+    /// equal to `call`).
+    fn called(&mut self, op: &Operation) -> io::Result<()>;
+    /// Its outcome.
+    fn returned(&mut self, op: Operation) -> io::Result<()>;
+}
+
+/// In memory: outcomes only (a thread of the chaos process cannot be killed
+/// on its own).
+impl Journal for Vec<Operation> {
+    fn called(&mut self, _op: &Operation) -> io::Result<()> {
+        Ok(())
+    }
+
+    fn returned(&mut self, op: Operation) -> io::Result<()> {
+        self.push(op);
+        Ok(())
+    }
+}
+
+/// The journal file of a client process: one JSON line per call and one per
+/// outcome, each written with one `write(2)` as it happens (no user-space
+/// buffer a `kill -9` could lose; the page cache survives the process).
+pub struct FileJournal {
+    file: File,
+    line: Vec<u8>,
+}
+
+impl FileJournal {
+    pub fn create(path: &Path) -> io::Result<FileJournal> {
+        let file = OpenOptions::new()
+            .create_new(true)
+            .append(true)
+            .open(path)?;
+        Ok(FileJournal {
+            file,
+            line: Vec::with_capacity(256),
+        })
+    }
+
+    fn write(&mut self, op: &Operation) -> io::Result<()> {
+        self.line.clear();
+        serde_json::to_writer(&mut self.line, op).map_err(io::Error::other)?;
+        self.line.push(b'\n');
+        self.file.write_all(&self.line)
+    }
+}
+
+impl Journal for FileJournal {
+    fn called(&mut self, op: &Operation) -> io::Result<()> {
+        self.write(op)
+    }
+
+    fn returned(&mut self, op: Operation) -> io::Result<()> {
+        self.write(&op)
+    }
+}
+
+/// The operations of client journals, merged: for each (client, call), the
+/// last line (the outcome if it was written, else the call, of unknown
+/// outcome). A line that does not parse is an error, except a last line cut
+/// short, which only a killed process can leave (`killed`).
+pub fn read_journal(text: &str, killed: bool) -> Result<Vec<Operation>, String> {
+    let mut by_call: BTreeMap<(u32, u64), Operation> = BTreeMap::new();
+    let lines: Vec<&str> = text.split_inclusive('\n').collect();
+    for (n, line) in lines.iter().enumerate() {
+        let complete = line.ends_with('\n');
+        match serde_json::from_str::<Operation>(line.trim_end()) {
+            Ok(op) if complete => {
+                by_call.insert((op.client, op.call), op);
+            }
+            // A last line without its newline: cut by a kill, even if what
+            // was written parses.
+            _ if !complete && killed && n + 1 == lines.len() => {}
+            Ok(_) => return Err(format!("line {}: no newline at the end", n + 1)),
+            Err(e) => return Err(format!("line {}: {e}", n + 1)),
+        }
+    }
+    Ok(by_call.into_values().collect())
+}
+
+/// Run one operation on `remote` as client `client`: recorded in `journal`
+/// when it is sent and when it ends. Returns its status and whether the
+/// client had an error (`None` from the client — a stuck client past every
+/// deadline — is recorded as unknown; the caller then drops the client).
+#[allow(clippy::too_many_arguments)]
 pub fn execute(
     load: &Load,
     remote: &mut Remote,
@@ -94,7 +193,9 @@ pub fn execute(
     op: OpKind,
     key: &str,
     value: Option<String>,
-) -> (Operation, bool) {
+    final_read: bool,
+    journal: &mut dyn Journal,
+) -> io::Result<(Status, bool)> {
     let request = match op {
         OpKind::Get => Op::Get {
             key: key.as_bytes().to_vec(),
@@ -111,18 +212,20 @@ pub fn execute(
             key: key.as_bytes().to_vec(),
         },
     };
+    let call = load.now_ns();
     let mut record = Operation {
         client,
         op,
         key: key.to_string(),
         value,
         output: None,
-        call: load.now_ns(),
-        ret: 0,
+        call,
+        ret: call,
         status: Status::Unknown,
         term: 0,
-        final_read: false,
+        final_read,
     };
+    journal.called(&record)?;
     let id = match remote.client.submit(request) {
         Ok(id) => id,
         Err(e) => {
@@ -134,7 +237,15 @@ pub fn execute(
             } else {
                 Status::Fail
             };
-            return (record, false);
+            journal.returned(record)?;
+            return Ok((
+                if e.is_unknown() {
+                    Status::Unknown
+                } else {
+                    Status::Fail
+                },
+                true,
+            ));
         }
     };
     // The client gives up at OP_TIMEOUT; this bound only catches a client that
@@ -144,7 +255,7 @@ pub fn execute(
     loop {
         out.clear();
         remote.client.poll(&mut out);
-        if let Some(c) = out.into_iter().find(|c| c.id == id) {
+        if let Some(c) = out.iter().find(|c| c.id == id) {
             record.ret = load.now_ns();
             let (status, output) = match (&c.result, op) {
                 (Ok(Output::Value { value, .. }), OpKind::Get) => (
@@ -162,27 +273,50 @@ pub fn execute(
             record.status = status;
             record.output = output;
             record.term = if status == Status::Ok { c.term.0 } else { 0 };
-            return (record, status != Status::Ok);
+            journal.returned(record)?;
+            return Ok((status, status != Status::Ok));
         }
         if Instant::now() > deadline {
             record.ret = load.now_ns();
             record.status = Status::Unknown;
-            return (record, true);
+            journal.returned(record)?;
+            return Ok((Status::Unknown, true));
         }
-        out = Vec::new();
         std::thread::sleep(POLL_PAUSE);
     }
 }
 
-/// Counts of one client thread.
+/// Counts of one client.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct ThreadCounts {
     pub connects: u64,
     pub connect_failures: u64,
 }
 
-/// One client thread: operations until `load.stop`, every one recorded.
-pub fn run_client(load: Arc<Load>, client: u32) -> (Vec<Operation>, ThreadCounts) {
+/// What one client does.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Role {
+    /// PUTs (45 %), DELs (10 %) and GETs of Zipfian keys.
+    Mixed,
+    /// GETs of one key only ([`run_reader`]).
+    Reader(String),
+}
+
+/// One client: operations until `load.stop`, every one in `journal`.
+pub fn run(
+    load: &Load,
+    client: u32,
+    role: &Role,
+    journal: &mut dyn Journal,
+) -> io::Result<ThreadCounts> {
+    match role {
+        Role::Mixed => run_client(load, client, journal),
+        Role::Reader(key) => run_reader(load, client, key.clone(), journal),
+    }
+}
+
+/// A mixed client.
+fn run_client(load: &Load, client: u32, journal: &mut dyn Journal) -> io::Result<ThreadCounts> {
     let mut rng = ChaCha8Rng::seed_from_u64(
         load.seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ u64::from(client),
     );
@@ -190,7 +324,7 @@ pub fn run_client(load: Arc<Load>, client: u32) -> (Vec<Operation>, ThreadCounts
         .expect("a Zipf exponent checked by the options");
     let mut n = 0u64;
     let keys = load.keys.clone();
-    drive(&load, client, Duration::ZERO, move || {
+    drive(load, client, Duration::ZERO, journal, move || {
         let key = keys[zipf.sample(&mut rng) as usize - 1].clone();
         let p: f64 = rng.gen();
         if p < 0.45 {
@@ -220,22 +354,27 @@ const READER_PAUSE: Duration = Duration::from_millis(2);
 /// stale-configuration check and, once the key is written elsewhere, by the
 /// linearizability check. The run starts one reader per server, each on a key
 /// whose shard that server led when the load started.
-pub fn run_reader(load: Arc<Load>, client: u32, key: String) -> (Vec<Operation>, ThreadCounts) {
-    drive(&load, client, READER_PAUSE, move || {
+fn run_reader(
+    load: &Load,
+    client: u32,
+    key: String,
+    journal: &mut dyn Journal,
+) -> io::Result<ThreadCounts> {
+    drive(load, client, READER_PAUSE, journal, move || {
         (OpKind::Get, key.clone(), None)
     })
 }
 
-/// The loop of a client thread: the operations `next` chooses, one at a
-/// time, each recorded, `pause_ok` after each answered one; a client that
-/// fails [`ERRORS_BEFORE_RECONNECT`] times in a row connects anew.
+/// The loop of a client: the operations `next` chooses, one at a time, each
+/// recorded, `pause_ok` after each answered one; a client that fails
+/// [`ERRORS_BEFORE_RECONNECT`] times in a row connects anew.
 fn drive(
     load: &Load,
     client: u32,
     pause_ok: Duration,
+    journal: &mut dyn Journal,
     mut next: impl FnMut() -> (OpKind, String, Option<String>),
-) -> (Vec<Operation>, ThreadCounts) {
-    let mut history = Vec::new();
+) -> io::Result<ThreadCounts> {
     let mut counts = ThreadCounts::default();
     let mut remote: Option<Remote> = None;
     let mut errors = 0u32;
@@ -255,8 +394,7 @@ fn drive(
             continue;
         };
         let (op, key, value) = next();
-        let (record, error) = execute(load, r, client, op, &key, value);
-        history.push(record);
+        let (_, error) = execute(load, r, client, op, &key, value, false, journal)?;
         if error {
             errors += 1;
             if errors >= ERRORS_BEFORE_RECONNECT {
@@ -271,7 +409,7 @@ fn drive(
             }
         }
     }
-    (history, counts)
+    Ok(counts)
 }
 
 /// Read every key once more after healing, retrying each until it is
@@ -298,11 +436,9 @@ pub fn read_back(
                 }
             }
             let r = remote.as_mut().expect("connected above");
-            let (mut record, error) = execute(load, r, client, OpKind::Get, key, None);
-            record.final_read = true;
-            let ok = record.status == Status::Ok;
-            history.push(record);
-            if ok {
+            let (status, error) = execute(load, r, client, OpKind::Get, key, None, true, history)
+                .expect("an in-memory journal does not fail");
+            if status == Status::Ok {
                 done = true;
                 break;
             }
@@ -316,4 +452,110 @@ pub fn read_back(
         }
     }
     unread
+}
+
+/// The host's monotonic clock (`CLOCK_MONOTONIC`, the clock of
+/// [`Instant`] on Linux), in nanoseconds.
+#[allow(unsafe_code)] // clock_gettime(2): std does not expose an Instant's reading
+pub fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec; CLOCK_MONOTONIC always exists
+    // on Linux, so the call cannot fail.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    assert_eq!(rc, 0, "clock_gettime(CLOCK_MONOTONIC)");
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// The monotonic reading of `start` (an [`Instant`] of this process).
+pub fn monotonic_ns_of(start: Instant) -> u64 {
+    let (now, elapsed) = (monotonic_ns(), start.elapsed());
+    now.saturating_sub(elapsed.as_nanos() as u64)
+}
+
+/// The [`Instant`] of a monotonic reading taken by another process of this
+/// host (which shares the clock). `None` if it lies in the future or before
+/// this process's clock can express.
+pub fn instant_of_monotonic_ns(ns: u64) -> Option<Instant> {
+    let (now, instant) = (monotonic_ns(), Instant::now());
+    instant.checked_sub(Duration::from_nanos(now.checked_sub(ns)?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn op(client: u32, call: u64, ret: u64, status: Status) -> Operation {
+        Operation {
+            client,
+            op: OpKind::Put,
+            key: "k1".into(),
+            value: Some(format!("c{client}-{call}")),
+            output: None,
+            call,
+            ret,
+            status,
+            term: if status == Status::Ok { 3 } else { 0 },
+            final_read: false,
+        }
+    }
+
+    fn line(o: &Operation) -> String {
+        serde_json::to_string(o).unwrap() + "\n"
+    }
+
+    #[test]
+    fn a_journal_keeps_the_outcome_of_each_call_and_the_call_of_an_unfinished_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("client-1.jsonl");
+        let mut j = FileJournal::create(&path).unwrap();
+        let a = op(1, 100, 100, Status::Unknown);
+        j.called(&a).unwrap();
+        j.returned(op(1, 100, 150, Status::Ok)).unwrap();
+        let b = op(1, 200, 200, Status::Unknown);
+        j.called(&b).unwrap();
+        // Killed here: b has no outcome.
+        drop(j);
+        assert!(
+            FileJournal::create(&path).is_err(),
+            "a journal is never appended to by a second process"
+        );
+        let text = std::fs::read_to_string(&path).unwrap();
+        let ops = read_journal(&text, false).unwrap();
+        assert_eq!(ops, vec![op(1, 100, 150, Status::Ok), b]);
+    }
+
+    #[test]
+    fn a_line_cut_short_is_accepted_only_last_and_only_from_a_killed_client() {
+        let full = line(&op(1, 100, 150, Status::Ok));
+        let cut = &line(&op(1, 200, 200, Status::Unknown))[..30];
+        let text = format!("{full}{cut}");
+        assert_eq!(read_journal(&text, true).unwrap().len(), 1);
+        let e = read_journal(&text, false).unwrap_err();
+        assert!(e.starts_with("line 2:"), "{e}");
+        // Cut short in the middle: never.
+        let text = format!("{cut}\n{full}");
+        let e = read_journal(&text, true).unwrap_err();
+        assert!(e.starts_with("line 1:"), "{e}");
+        // A whole last line without its newline is still cut short.
+        let text = format!("{full}{}", full.trim_end());
+        assert_eq!(read_journal(&text, true).unwrap().len(), 1);
+        assert!(read_journal(&text, false).is_err());
+    }
+
+    #[test]
+    fn another_process_reading_of_the_monotonic_clock_maps_to_the_same_instant() {
+        let start = Instant::now() - Duration::from_millis(250);
+        let ns = monotonic_ns_of(start);
+        let back = instant_of_monotonic_ns(ns).unwrap();
+        let skew = if back > start {
+            back - start
+        } else {
+            start - back
+        };
+        assert!(skew < Duration::from_millis(5), "{skew:?}");
+        assert!(instant_of_monotonic_ns(monotonic_ns() + 1_000_000_000).is_none());
+    }
 }

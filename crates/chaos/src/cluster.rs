@@ -120,12 +120,25 @@ pub struct Cluster {
     pub net: Option<Net>,
 }
 
+/// `logs/NAME.log` of the run in `dir`, opened to append a life's output
+/// after a banner line.
+pub(crate) fn open_log(dir: &Path, name: &str, banner: &str) -> Result<File, ChaosError> {
+    let path = dir.join("logs").join(format!("{name}.log"));
+    let mut f = OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&path)
+        .map_err(io_err(format!("opening {}", path.display())))?;
+    writeln!(f, "==== chaos: {banner}").map_err(io_err(format!("writing {}", path.display())))?;
+    Ok(f)
+}
+
 /// The child is killed (SIGKILL) when the thread of the chaos process that
 /// started it ends — when the chaos process dies, however it dies (a run
 /// killed by the OOM killer once left its cluster running). Every child is
 /// started from the run's main thread.
-#[allow(unsafe_code)] // the crate's only unsafe: pre_exec
-fn die_with_parent(command: &mut Command) {
+#[allow(unsafe_code)] // pre_exec
+pub(crate) fn die_with_parent(command: &mut Command) {
     use std::os::unix::process::CommandExt;
     // SAFETY: between fork and exec the closure only calls prctl(2) and
     // getppid(2), both async-signal-safe, and allocates nothing.
@@ -144,7 +157,7 @@ fn die_with_parent(command: &mut Command) {
     }
 }
 
-fn io_err(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> ChaosError {
+pub(crate) fn io_err(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> ChaosError {
     let what = what.into();
     move |source| ChaosError::Io { what, source }
 }
@@ -267,15 +280,7 @@ impl Cluster {
     }
 
     fn log_file(&self, name: &str, banner: &str) -> Result<File, ChaosError> {
-        let path = self.layout.dir.join("logs").join(format!("{name}.log"));
-        let mut f = OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&path)
-            .map_err(io_err(format!("opening {}", path.display())))?;
-        writeln!(f, "==== chaos: {banner}")
-            .map_err(io_err(format!("writing {}", path.display())))?;
-        Ok(f)
+        open_log(&self.layout.dir, name, banner)
     }
 
     fn start_etcd(&mut self, client_port: u16, peer_port: u16) -> Result<(), ChaosError> {

@@ -3,31 +3,34 @@
 //! It owns a whole run: it starts a real etcd, two CMs on it and the servers
 //! (RF 3) as processes of the `rowankv` binary over the `tcp` fabric
 //! ([`cluster`]), each CM and server in a network namespace of its own on a
-//! bridge the run creates ([`net`]), puts a load on them from client threads that record every
-//! operation in the simulator's history format ([`clients`]), injects faults
-//! drawn from a seed ([`schedule`]) — `kill -9` of a server, of the active CM,
+//! bridge the run creates ([`net`]), puts a load on them from client
+//! processes ([`fleet`]) that journal every operation in the simulator's
+//! history format ([`clients`]), injects faults drawn from a seed
+//! ([`schedule`]) — `kill -9` of a server, of the active CM, of a client,
 //! SIGSTOP of a server past its lease, a power cut of the whole cluster,
-//! partitions, a one-way cut, a slow link —
-//! printing each as it happens and writing it to `faults.log`, then heals
-//! everything, waits until the cluster is back to full replication, reads every
-//! key back and checks the history with the simulator's own checker
-//! (`rowankv_sim::check`): no acknowledged write lost, every key linearizable,
-//! no answer from a configuration older than one already committed. A process
-//! that exited without being killed is a violation too.
+//! partitions, a one-way cut, a slow link, a clock jump — printing each as it
+//! happens and writing it to `faults.log`, then heals everything, waits until
+//! the cluster is back to full replication, reads every key back and checks
+//! the merged history with the simulator's own checker (`rowankv_sim::check`):
+//! no acknowledged write lost, every key linearizable, no answer from a
+//! configuration older than one already committed. A process that exited
+//! without being killed is a violation too.
 //!
 //! It must never depend on the internals of the processes it tests: it reaches
 //! them as an operator would — configuration files, signals, the client
-//! library, `rowankv status`'s calls, etcd (read only), and the network
-//! between them. Clock jumps are a later step of issue 14 (`docs/chaos.md`).
+//! library, `rowankv status`'s calls, `rowankv clock-step`, etcd (read only),
+//! and the network between them.
 //!
 //! Invariants: every child process is killed when a run ends, whatever way it
 //! ends (even when the chaos process is killed: they die with it), and its
-//! network removed (a killed chaos process's by the next run); the schedule depends on the seed and the options only; a write is
-//! recorded `fail` only when the client knows it had no effect.
+//! network removed (a killed chaos process's by the next run); the schedule
+//! depends on the seed and the options only; a write is recorded `fail` only
+//! when the client knows it had no effect.
 #![deny(unsafe_code)]
 
 pub mod clients;
 pub mod cluster;
+pub mod fleet;
 pub mod net;
 pub mod schedule;
 
@@ -43,12 +46,13 @@ use parking_lot::Mutex;
 use rowankv_deploy::client::{attach_client, server_stats, Remembering};
 use rowankv_deploy::Attached;
 use rowankv_sim::check::{check_with_budget, ConfigCommit, ViolationKind};
-use rowankv_sim::history::{History, OpKind, Operation, Status};
+use rowankv_sim::history::{History, OpKind, Status};
 use rowankv_wire::config::{Config, ConfigSource};
 use serde::Serialize;
 
 use crate::clients::Load;
 use crate::cluster::{Cluster, Layout};
+use crate::fleet::Fleet;
 use crate::net::{Net, Space};
 use crate::schedule::{Fault, FaultKind, ScheduleShape};
 
@@ -219,6 +223,7 @@ impl ChaosOptions {
             servers: self.servers,
             lease_ms: self.lease_ms,
             network: self.netns,
+            clients: self.clients,
         }
     }
 }
@@ -232,6 +237,12 @@ pub struct Summary {
     pub clients: usize,
     /// One-key readers (one per server that led a shard at the start).
     pub readers: usize,
+    /// Client processes started, every life of every client and reader
+    /// (`kill-client` starts a new one).
+    pub client_processes: usize,
+    /// Operations whose client was killed before their outcome was known
+    /// (counted among `unknown`).
+    pub cut_by_kills: u64,
     pub keys: usize,
     pub lease_ms: u64,
     /// The network: `netns` (a namespace per process, network faults) or
@@ -388,6 +399,8 @@ struct Run {
     active_since: Arc<Mutex<Option<Instant>>>,
     /// Pauses during which the stopped server was seen evicted.
     pauses_evicted: u64,
+    /// The client processes, while the load runs.
+    fleet: Option<Fleet>,
 }
 
 impl Run {
@@ -571,6 +584,24 @@ impl Run {
             | FaultKind::OneWayCut
             | FaultKind::SlowLink => self.inject_network(f)?,
             FaultKind::ClockJump => self.inject_clock_jump(f),
+            FaultKind::KillClient => {
+                let c = f.client.expect("kill-client names its client");
+                let fleet = self.fleet.as_mut().expect("the clients run during faults");
+                let (name, client, pid) = fleet.kill(c);
+                self.events.say(&format!(
+                    "fault {}: kill -9 {name} (client {client}, pid {}); a new client in {} ms",
+                    f.index,
+                    pid_text(pid),
+                    f.hold_ms
+                ));
+                self.hold(hold);
+                let fleet = self.fleet.as_mut().expect("the clients run during faults");
+                let (client, pid) = fleet.restart(c)?;
+                self.events.say(&format!(
+                    "heal {}: {name} started again as client {client} (pid {pid})",
+                    f.index
+                ));
+            }
             FaultKind::PowerCut => {
                 let killed = self.cluster.power_cut();
                 self.events.say(&format!(
@@ -855,6 +886,7 @@ pub fn run(opts: &ChaosOptions) -> Result<Summary, ChaosError> {
         crashes_reported: 0,
         active_since: Arc::new(Mutex::new(None)),
         pauses_evicted: 0,
+        fleet: None,
     };
     let t = run.t_s();
     run.cluster.start_all(t)?;
@@ -878,7 +910,7 @@ pub fn run(opts: &ChaosOptions) -> Result<Summary, ChaosError> {
         secret: run.cluster.secret.clone(),
         cms: run.cluster.cm_addrs.clone(),
         start,
-        keys: (0..opts.keys).map(|k| format!("k{k}")).collect(),
+        keys: fleet::key_names(opts.keys),
         zipf_s: opts.zipf,
         seed: opts.seed,
         stop: AtomicBool::new(false),
@@ -911,31 +943,21 @@ pub fn run(opts: &ChaosOptions) -> Result<Summary, ChaosError> {
             .collect::<Vec<_>>()
             .join(", ")
     ));
-    let mut threads: Vec<_> = (0..opts.clients)
-        .map(|c| {
-            let load = load.clone();
-            std::thread::Builder::new()
-                .name(format!("chaos-client-{c}"))
-                .spawn(move || clients::run_client(load, c as u32 + 1))
-        })
-        .collect::<Result<_, _>>()
-        .map_err(|source| ChaosError::Io {
-            what: "starting a client thread".into(),
-            source,
-        })?;
-    for (r, (_, key)) in readers.iter().enumerate() {
-        let (load, key) = (load.clone(), key.clone());
-        let client = (opts.clients + 1 + r) as u32;
-        threads.push(
-            std::thread::Builder::new()
-                .name(format!("chaos-reader-{r}"))
-                .spawn(move || clients::run_reader(load, client, key))
-                .map_err(|source| ChaosError::Io {
-                    what: "starting a reader thread".into(),
-                    source,
-                })?,
-        );
+    let mut fleet = Fleet::new(&opts.bin, &dir, load.clone(), dir.join("secret"))?;
+    for c in 0..opts.clients {
+        fleet.add(c as u32 + 1, clients::Role::Mixed)?;
     }
+    for (r, (_, key)) in readers.iter().enumerate() {
+        fleet.add(
+            (opts.clients + 1 + r) as u32,
+            clients::Role::Reader(key.clone()),
+        )?;
+    }
+    events.say(&format!(
+        "{} client processes started (journals in clients/)",
+        fleet.lives()
+    ));
+    run.fleet = Some(fleet);
 
     let mut injected = 0;
     let mut excused: BTreeSet<usize> = BTreeSet::new();
@@ -984,17 +1006,17 @@ pub fn run(opts: &ChaosOptions) -> Result<Summary, ChaosError> {
     if let Some(d) = end.checked_duration_since(Instant::now()) {
         run.hold(d);
     }
-    load.stop.store(true, Ordering::Release);
-    let mut ops: Vec<Operation> = Vec::new();
-    for t in threads {
-        let (mut h, _) = t.join().expect("a client thread does not panic");
-        ops.append(&mut h);
-    }
+    let mut fleet = run.fleet.take().expect("the fleet was started");
+    fleet.stop();
     let load_s = load_start.elapsed().as_secs_f64();
+    let (mut ops, cut_by_kills) = fleet.history();
+    run.violations.append(&mut fleet.violations);
     events.say(&format!(
-        "load stopped: {} operations in {load_s:.1} s; healing",
-        ops.len()
+        "load stopped: {} operations in {load_s:.1} s by {} client processes ({cut_by_kills} cut short by kill-client); healing",
+        ops.len(),
+        fleet.lives()
     ));
+    load.stop.store(true, Ordering::Release);
 
     // Heal: continue what is stopped, start what is down, wait for full
     // replication.
@@ -1056,6 +1078,8 @@ pub fn run(opts: &ChaosOptions) -> Result<Summary, ChaosError> {
         servers: opts.servers,
         clients: opts.clients,
         readers: readers.len(),
+        client_processes: fleet.lives(),
+        cut_by_kills,
         net: if opts.netns { "netns" } else { "loopback" }.to_string(),
         planted: opts
             .planted_serve_without_lease

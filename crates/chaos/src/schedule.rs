@@ -60,11 +60,16 @@ pub enum FaultKind {
     /// (`rowankv clock-step`: what expiry times are measured against, never
     /// its lease clock), stepped back after the hold time.
     ClockJump,
+    /// `kill -9` of one client process (of the mixed clients, not a reader),
+    /// started again as a new client after the hold time. Its operation in
+    /// flight stays of unknown outcome; the servers see a connection die
+    /// mid-request.
+    KillClient,
 }
 
 impl FaultKind {
     /// Every kind, in the order of the summary.
-    pub const ALL: [FaultKind; 10] = [
+    pub const ALL: [FaultKind; 11] = [
         FaultKind::KillServer,
         FaultKind::KillActiveCm,
         FaultKind::PauseServer,
@@ -75,6 +80,7 @@ impl FaultKind {
         FaultKind::OneWayCut,
         FaultKind::SlowLink,
         FaultKind::ClockJump,
+        FaultKind::KillClient,
     ];
 
     /// Whether it needs the run's network namespaces.
@@ -86,6 +92,7 @@ impl FaultKind {
                 | FaultKind::PauseServer
                 | FaultKind::PowerCut
                 | FaultKind::ClockJump
+                | FaultKind::KillClient
         )
     }
 
@@ -110,6 +117,7 @@ impl FaultKind {
             FaultKind::OneWayCut => "one-way-cut",
             FaultKind::SlowLink => "slow-link",
             FaultKind::ClockJump => "clock-jump",
+            FaultKind::KillClient => "kill-client",
         }
     }
 
@@ -126,13 +134,17 @@ impl FaultKind {
             FaultKind::OneWayCut => 2,
             FaultKind::SlowLink => 2,
             FaultKind::ClockJump => 1,
+            FaultKind::KillClient => 2,
         }
     }
 
     /// Whether it targets one server (the split: the first of the two
     /// servers of its minority, the next one being the second).
     pub fn targets_a_server(self) -> bool {
-        !matches!(self, FaultKind::KillActiveCm | FaultKind::PowerCut)
+        !matches!(
+            self,
+            FaultKind::KillActiveCm | FaultKind::PowerCut | FaultKind::KillClient
+        )
     }
 }
 
@@ -154,6 +166,8 @@ pub struct Fault {
     pub kind: FaultKind,
     /// The server (index among the run's servers) for the kinds that target one.
     pub server: Option<usize>,
+    /// The client (index among the run's mixed clients) of `kill-client`.
+    pub client: Option<usize>,
     /// How long the fault lasts before it is healed (restart, SIGCONT).
     pub hold_ms: u64,
     /// A clock jump's step (negative: back); 0 for the other kinds.
@@ -165,6 +179,9 @@ impl fmt::Display for Fault {
         write!(f, "#{} {}", self.index, self.kind)?;
         if let Some(s) = self.server {
             write!(f, " server-{s}")?;
+        }
+        if let Some(c) = self.client {
+            write!(f, " client-{}", c + 1)?;
         }
         if self.jump_ms != 0 {
             write!(f, " by {:+} ms", self.jump_ms)?;
@@ -185,12 +202,15 @@ pub struct ScheduleShape {
     pub lease_ms: u64,
     /// Whether network faults are planned (the run has its namespaces).
     pub network: bool,
+    /// Mixed clients of the run (`kill-client` targets are drawn among them).
+    pub clients: usize,
 }
 
 /// The faults of one run, from `seed`.
 pub fn generate(seed: u64, shape: ScheduleShape) -> Vec<Fault> {
     assert!(shape.servers > 0, "a schedule needs servers to target");
     assert!(shape.lease_ms > 0, "a lease has a length");
+    assert!(shape.clients > 0, "a schedule needs clients to target");
     let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0xc4a0_5eed_0000_0000);
     let planned = FaultKind::planned(shape.network);
     let count = ((shape.seconds_ms / FAULT_PERIOD_MS) as usize).clamp(planned.len(), FAULTS_MAX);
@@ -231,6 +251,7 @@ pub fn generate(seed: u64, shape: ScheduleShape) -> Vec<Fault> {
             let server = kind
                 .targets_a_server()
                 .then(|| rng.gen_range(0..shape.servers));
+            let client = (kind == FaultKind::KillClient).then(|| rng.gen_range(0..shape.clients));
             let hold_ms = match kind {
                 // From within the lease (the server is still a member when it
                 // comes back) to several leases (it was failed over).
@@ -245,6 +266,7 @@ pub fn generate(seed: u64, shape: ScheduleShape) -> Vec<Fault> {
                 | FaultKind::SplitMinority
                 | FaultKind::OneWayCut => rng.gen_range(lease / 2..=4 * lease),
                 FaultKind::SlowLink | FaultKind::ClockJump => rng.gen_range(1_000..=3_000),
+                FaultKind::KillClient => rng.gen_range(0..=1_000),
             };
             // A second to an hour, either way.
             let jump_ms = if kind == FaultKind::ClockJump {
@@ -262,6 +284,7 @@ pub fn generate(seed: u64, shape: ScheduleShape) -> Vec<Fault> {
                 at_ms,
                 kind,
                 server,
+                client,
                 hold_ms,
                 jump_ms,
             }
@@ -279,6 +302,7 @@ mod tests {
             servers: 5,
             lease_ms: 1_000,
             network: true,
+            clients: 8,
         }
     }
 
@@ -338,6 +362,8 @@ mod tests {
                 assert_eq!(f.jump_ms != 0, f.kind == FaultKind::ClockJump);
                 assert!(f.jump_ms.unsigned_abs() <= 3_600_000);
                 assert!(f.server.is_none_or(|t| t < 5));
+                assert_eq!(f.client.is_some(), f.kind == FaultKind::KillClient);
+                assert!(f.client.is_none_or(|c| c < 8));
                 match f.kind {
                     FaultKind::PauseServer => {
                         assert!(f.hold_ms > 1_000, "a pause outlasts the lease")
@@ -348,6 +374,7 @@ mod tests {
                     FaultKind::SlowLink | FaultKind::ClockJump => {
                         assert!((1_000..=3_000).contains(&f.hold_ms))
                     }
+                    FaultKind::KillClient => assert!(f.hold_ms <= 1_000),
                     _ => assert!((500..=4_000).contains(&f.hold_ms)),
                 }
             }

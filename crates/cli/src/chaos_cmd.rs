@@ -25,7 +25,8 @@ pub struct ChaosArgs {
     /// Servers (replication factor 3).
     #[arg(long, default_value_t = 5)]
     servers: usize,
-    /// Client threads, each with its own RowanKV client.
+    /// Client processes, each with its own RowanKV client (one-key readers,
+    /// one per server, come on top).
     #[arg(long, default_value_t = 8)]
     clients: usize,
     /// Keys, chosen Zipfian.
@@ -102,4 +103,50 @@ pub fn run(a: ChaosArgs) -> Result<()> {
     }
     eprintln!("chaos run passed; files in {}", opts.dir.display());
     Ok(())
+}
+
+#[derive(Args)]
+pub struct ChaosClientArgs {
+    #[arg(long)]
+    cluster_id: u64,
+    #[arg(long)]
+    secret_file: PathBuf,
+    /// The CMs' addresses, comma-separated.
+    #[arg(long, value_delimiter = ',', required = true)]
+    cms: Vec<String>,
+    /// Keys k0..k<N>.
+    #[arg(long)]
+    keys: usize,
+    #[arg(long)]
+    zipf: f64,
+    #[arg(long)]
+    seed: u64,
+    /// This client's number in the history.
+    #[arg(long)]
+    client: u32,
+    /// Only GETs of this key (a one-key reader).
+    #[arg(long)]
+    reader: Option<String>,
+    /// The run's start on the host's CLOCK_MONOTONIC.
+    #[arg(long)]
+    start_monotonic_ns: u64,
+    /// The journal to create (it must not exist).
+    #[arg(long)]
+    journal: PathBuf,
+}
+
+pub fn client(a: ChaosClientArgs) -> Result<()> {
+    let p = rowankv_chaos::fleet::ClientProcess {
+        cluster_id: a.cluster_id,
+        secret_file: a.secret_file,
+        cms: a.cms,
+        keys: a.keys,
+        zipf: a.zipf,
+        seed: a.seed,
+        client: a.client,
+        reader: a.reader,
+        start_monotonic_ns: a.start_monotonic_ns,
+        journal: a.journal,
+    };
+    rowankv_chaos::fleet::client_main(&p).context("chaos client")
 }

@@ -68,6 +68,10 @@ enum Command {
     /// faults from a seed (kill -9, SIGSTOP past the lease, power cut), every
     /// operation recorded and the history checked (`docs/chaos.md`).
     Chaos(chaos_cmd::ChaosArgs),
+    /// One client process of a chaos run (started by `rowankv chaos`):
+    /// operations until its standard input closes, each in its journal.
+    #[command(hide = true)]
+    ChaosClient(chaos_cmd::ChaosClientArgs),
     /// Run an experiment of the papers' evaluations.
     Bench {
         #[command(subcommand)]
@@ -305,7 +309,7 @@ fn run() -> Result<()> {
     // servers on purpose, thousands of times, and the demo narrates its own
     // failover: they log errors only.
     let default = match cli.command {
-        Command::Sim(_) | Command::Demo(_) | Command::Chaos(_) => "error",
+        Command::Sim(_) | Command::Demo(_) | Command::Chaos(_) | Command::ChaosClient(_) => "error",
         // A process's log tells what it did: joins, configurations, failovers.
         Command::Server(_) | Command::Cm(_) => "info,rowankv_fabric=warn,rowankv_rpc=warn",
         // A client command's output is its answer; what it retried is not news.
@@ -355,6 +359,7 @@ fn run() -> Result<()> {
         Command::Workload(args) => deploy_cmd::workload(args),
         Command::Sim(args) => sim_cmd::run_cmd(args),
         Command::Chaos(args) => chaos_cmd::run(args),
+        Command::ChaosClient(args) => chaos_cmd::client(args),
     }
 }
 

@@ -68,6 +68,7 @@ fn a_short_chaos_run_injects_every_kind_of_fault_and_passes() {
         "one-way-cut",
         "slow-link",
         "clock-jump",
+        "kill-client",
     ] {
         assert!(
             summary["faults_by_kind"][kind].as_u64().unwrap() >= 1,
@@ -75,6 +76,16 @@ fn a_short_chaos_run_injects_every_kind_of_fault_and_passes() {
         );
     }
     assert_eq!(summary["faults_injected"], summary["faults_planned"]);
+    // Clients are processes: 8 mixed clients and 5 readers, and a new one for
+    // each kill-client; every life left its journal.
+    let kills = summary["faults_by_kind"]["kill-client"].as_u64().unwrap();
+    assert_eq!(
+        summary["client_processes"].as_u64().unwrap(),
+        13 + kills,
+        "{summary}"
+    );
+    let journals = std::fs::read_dir(dir.join("clients")).unwrap().count() as u64;
+    assert_eq!(journals, 13 + kills, "one journal per client process");
     assert_eq!(
         summary["readers"], 5,
         "a one-key reader per server: {summary}"
@@ -107,6 +118,8 @@ fn a_short_chaos_run_injects_every_kind_of_fault_and_passes() {
         "the network is whole again",
         "calendar clock stepped by",
         "calendar clock stepped back",
+        "kill -9 client-",
+        "started again as client",
     ] {
         assert!(
             faults.contains(what),
