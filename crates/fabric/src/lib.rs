@@ -3,7 +3,9 @@
 //! This crate owns the verbs-like interface (`Fabric`, `Nic`, `QueuePair`,
 //! `CompletionQueue`, `SharedReceiveQueue`, `FaultInjector`), the seam to the memory a
 //! NIC reaches (`RegionMemory`), the `LoopbackFabric` backend (in process), the
-//! `TcpFabric` backend (processes and hosts, `docs/format/tcp-fabric.md`), and the
+//! `TcpFabric` backend (processes and hosts, `docs/format/tcp-fabric.md`), the
+//! timing model of the wire and the NIC for `loopback` (`timing`,
+//! `docs/wire-model.md`; off unless asked for), and the
 //! conformance suite every backend must pass (`conformance`). It depends only on `rowankv-types`;
 //! nothing above it (pmem, rowan, engine, ...) may be named here.
 //!
@@ -23,9 +25,11 @@ pub mod loopback;
 pub mod memory;
 mod srq;
 pub mod tcp;
+pub mod timing;
 mod verbs;
 
 pub use loopback::{LoopbackCq, LoopbackFabric, LoopbackNic, LoopbackQp, LoopbackSrq};
 pub use memory::{DramMemory, PowerFailure, RegionMemory};
 pub use tcp::{AddressBook, TcpConfig, TcpCq, TcpFabric, TcpNic, TcpQp, TcpSrq};
+pub use timing::WireModel;
 pub use verbs::*;

@@ -7,10 +7,14 @@
 //! injection and like-for-like comparisons.
 //!
 //! Where it differs from hardware (all documented in `docs/fabric.md`):
-//! - operations execute synchronously at `post_send` unless the link has a delay; a
-//!   delayed operation executes when its deadline has passed and the initiator next
-//!   posts to that queue pair or polls its send completion queue (the initiator's
-//!   threads stand in for the NIC's engine);
+//! - operations execute synchronously at `post_send` unless the link has a delay or
+//!   the fabric has a wire model; a delayed operation executes when its deadline has
+//!   passed and the initiator next posts to that queue pair or polls its send
+//!   completion queue (the initiator's threads stand in for the NIC's engine);
+//! - with a wire model ([`crate::WireModel`], `crate::timing`) every request lands
+//!   and completes at the due times the model gives it, driven also by the polls of
+//!   the target's receive queue and by one engine thread per fabric that sleeps until
+//!   the next due time;
 //! - a SEND that finds no receive buffer fails at once with `RnrRetryExceeded`
 //!   (RC with `rnr_retry = 0`);
 //! - remote keys are offsets-based: `RemoteAddr::offset` counts from the start of the
@@ -29,11 +33,12 @@ use std::sync::{Arc, Weak};
 
 use std::cell::RefCell;
 
-use parking_lot::{Mutex, ReentrantMutex, RwLock};
+use parking_lot::{Condvar, Mutex, ReentrantMutex, RwLock};
 use rowankv_types::{Clock, NodeId, QpNum, Rkey, SystemClock};
 
 use crate::memory::{PowerFailure, RegionMemory};
 use crate::srq::{claim, post, LandError, Landing, SrqState};
+use crate::timing::{Due, Shape, WireModel};
 use crate::verbs::*;
 
 /// The in-process fabric. Cheap to clone; clones share the same network.
@@ -48,6 +53,76 @@ struct FabricInner {
     links: RwLock<HashMap<(NodeId, NodeId), Link>>,
     /// Set while any link is cut or delayed, so the common path skips the map.
     links_touched: AtomicBool,
+    /// The wire and NIC timing model, if the fabric has one.
+    model: Option<WireModel>,
+    /// The engine that carries out modelled requests when they are due (with
+    /// `model`).
+    engine: Option<Arc<Engine>>,
+}
+
+/// The fabric's engine thread's shared state: the queue pairs with modelled
+/// work, and when the thread plans to wake next.
+struct Engine {
+    qps: Mutex<Vec<Weak<QpInner>>>,
+    wake: Condvar,
+    /// The fabric-clock time the engine sleeps until (`u64::MAX`: until told).
+    planned_ns: AtomicU64,
+}
+
+/// How long the engine sleeps at most while it has work (it re-reads the
+/// clock: a manual clock moves without telling it), and while it has none
+/// (it checks whether the fabric is gone).
+const ENGINE_BUSY_NAP: std::time::Duration = std::time::Duration::from_millis(1);
+const ENGINE_IDLE_NAP: std::time::Duration = std::time::Duration::from_millis(100);
+
+impl Engine {
+    /// Register `q` (whose work is due at `due_ns`) and wake the engine if it
+    /// would sleep past that.
+    fn enlist(&self, q: &Arc<QpInner>, due_ns: u64) {
+        let mut qps = self.qps.lock();
+        if !qps.iter().any(|w| w.as_ptr() == Arc::as_ptr(q)) {
+            qps.push(Arc::downgrade(q));
+        }
+        if due_ns < self.planned_ns.load(Ordering::Acquire) {
+            self.planned_ns.store(due_ns, Ordering::Release);
+            self.wake.notify_one();
+        }
+    }
+
+    /// The engine thread: carry out what is due, sleep until the next due
+    /// time; end when the fabric is gone.
+    fn run(fabric: Weak<FabricInner>, engine: Arc<Engine>) {
+        loop {
+            let Some(f) = fabric.upgrade() else { return };
+            let qps: Vec<Arc<QpInner>> =
+                engine.qps.lock().iter().filter_map(Weak::upgrade).collect();
+            let mut next = u64::MAX;
+            for q in &qps {
+                q.progress();
+                if let Some(d) = q.next_due() {
+                    next = next.min(d);
+                }
+            }
+            let now = f.clock.now_ns();
+            drop(f);
+            drop(qps);
+            let mut g = engine.qps.lock();
+            g.retain(|w| {
+                w.upgrade()
+                    .is_some_and(|q| q.pending_len.load(Ordering::Acquire) > 0)
+            });
+            let nap = if g.is_empty() {
+                engine.planned_ns.store(u64::MAX, Ordering::Release);
+                ENGINE_IDLE_NAP
+            } else {
+                engine.planned_ns.store(next, Ordering::Release);
+                std::time::Duration::from_nanos(next.saturating_sub(now)).min(ENGINE_BUSY_NAP)
+            };
+            if !nap.is_zero() {
+                engine.wake.wait_for(&mut g, nap);
+            }
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug, Default)]
@@ -71,6 +146,10 @@ struct NodeInner {
     qps: RwLock<HashMap<QpNum, Arc<QpInner>>>,
     next_rkey: AtomicU32,
     next_qpn: AtomicU32,
+    /// The wire model's reservations of this NIC's message slots: when its
+    /// transmit and its receive side are next free (fabric clock, ns).
+    tx_free_ns: AtomicU64,
+    rx_free_ns: AtomicU64,
 }
 
 impl Default for LoopbackFabric {
@@ -86,14 +165,54 @@ impl LoopbackFabric {
 
     /// A fabric whose delays are measured on `clock` (a simulator's clock).
     pub fn with_clock(clock: Arc<dyn Clock>) -> Self {
+        Self::build(clock, None)
+    }
+
+    /// A fabric whose requests take the times `model` gives them (on the
+    /// system clock), carried out by an engine thread of the fabric when no
+    /// poller does it first. Refuses a model with a zero rate.
+    pub fn with_model(model: WireModel) -> Result<Self, FabricError> {
+        Self::with_clock_and_model(SystemClock::new(), model)
+    }
+
+    /// [`LoopbackFabric::with_model`] on `clock`.
+    pub fn with_clock_and_model(
+        clock: Arc<dyn Clock>,
+        model: WireModel,
+    ) -> Result<Self, FabricError> {
+        model.check().map_err(FabricError::Invalid)?;
+        let fabric = Self::build(clock, Some(model));
+        let engine = fabric.inner.engine.clone().expect("built with a model");
+        let weak = Arc::downgrade(&fabric.inner);
+        std::thread::Builder::new()
+            .name("loopback-nic-engine".into())
+            .spawn(move || Engine::run(weak, engine))
+            .map_err(|e| FabricError::Invalid(format!("starting the NIC engine thread: {e}")))?;
+        Ok(fabric)
+    }
+
+    fn build(clock: Arc<dyn Clock>, model: Option<WireModel>) -> Self {
         LoopbackFabric {
             inner: Arc::new(FabricInner {
                 clock,
                 nodes: RwLock::new(HashMap::new()),
                 links: RwLock::new(HashMap::new()),
                 links_touched: AtomicBool::new(false),
+                model,
+                engine: model.map(|_| {
+                    Arc::new(Engine {
+                        qps: Mutex::new(Vec::new()),
+                        wake: Condvar::new(),
+                        planned_ns: AtomicU64::new(u64::MAX),
+                    })
+                }),
             }),
         }
+    }
+
+    /// The fabric's wire model, if it has one (to label results).
+    pub fn model(&self) -> Option<WireModel> {
+        self.inner.model
     }
 
     /// The clock this fabric measures delays on.
@@ -166,6 +285,8 @@ impl Fabric for LoopbackFabric {
             qps: RwLock::new(HashMap::new()),
             next_rkey: AtomicU32::new(next_rkey),
             next_qpn: AtomicU32::new(next_qpn),
+            tx_free_ns: AtomicU64::new(0),
+            rx_free_ns: AtomicU64::new(0),
         });
         nodes.insert(node, inner.clone());
         Ok(LoopbackNic {
@@ -347,6 +468,13 @@ impl Nic for LoopbackNic {
                 peer: None,
                 pending: VecDeque::new(),
                 posted: 0,
+                held: VecDeque::new(),
+                hold_until: None,
+                last_due: Due {
+                    land: 0,
+                    complete: 0,
+                },
+                last_was_send: false,
             }),
             retired: Arc::new(AtomicU64::new(0)),
             posted: AtomicU64::new(0),
@@ -412,6 +540,15 @@ impl CqInner {
             }
         }
         Pushed::Ok
+    }
+
+    /// Drive `q`'s delayed work whenever this queue is polled.
+    fn enlist(&self, q: &Arc<QpInner>) {
+        let mut d = self.delayed_qps.lock();
+        if !d.iter().any(|w| w.as_ptr() == Arc::as_ptr(q)) {
+            d.push(Arc::downgrade(q));
+        }
+        self.delayed_any.store(true, Ordering::Release);
     }
 
     fn drive_delayed(&self) {
@@ -677,7 +814,11 @@ impl OwnedOp {
 }
 
 struct PendingWr {
+    /// When it lands (executes at the target).
     deadline_ns: u64,
+    /// When its completion is delivered (the wire model's acknowledgement;
+    /// `deadline_ns` without a model).
+    complete_ns: u64,
     seq: u64,
     wr_id: u64,
     signaled: bool,
@@ -690,6 +831,17 @@ struct QpCore {
     pending: VecDeque<PendingWr>,
     /// Sequence number of the next posted request.
     posted: u64,
+    /// Send completions of landed requests, held until their due time (wire
+    /// model), in posting order.
+    held: VecDeque<(u64, CqEntry)>,
+    /// While a modelled request executes: when its completions are due.
+    hold_until: Option<u64>,
+    /// The wire model's due times of the last request posted (the next lands
+    /// and completes no earlier: one queue pair keeps posting order).
+    last_due: Due,
+    /// Whether the last request posted was a SEND (a FLUSH after it needs
+    /// the SFlush lookup).
+    last_was_send: bool,
 }
 
 struct QpInner {
@@ -742,6 +894,10 @@ impl QpInner {
             wc,
             retire: Some((self.retired.clone(), seq)),
         };
+        if let Some(due) = core.hold_until {
+            core.held.push_back((due, entry));
+            return;
+        }
         if let Pushed::Overflow = self.send_cq.push(entry) {
             self.enter_error(core);
         }
@@ -750,6 +906,11 @@ impl QpInner {
     /// Move to the error state and flush what is queued.
     fn enter_error(&self, core: &mut QpCore) {
         self.state.store(STATE_ERROR, Ordering::Release);
+        // Completions held for their due time go first (posting order), now.
+        core.hold_until = None;
+        while let Some((_, entry)) = core.held.pop_front() {
+            let _ = self.send_cq.push(entry);
+        }
         // A landing that saw the ready state holds the receive queue's lock
         // until it is whole: wait for it, so that none lands after this.
         if let Some(srq) = &self.srq {
@@ -776,18 +937,40 @@ impl QpInner {
         let now = fabric.clock.now_ns();
         while core.pending.front().is_some_and(|p| p.deadline_ns <= now) {
             let p = core.pending.pop_front().expect("checked");
+            if fabric.model.is_some() {
+                core.hold_until = Some(p.complete_ns);
+            }
             if self.state.load(Ordering::Acquire) == STATE_ERROR {
                 let wc = self.completion(p.wr_id, WcStatus::WrFlushError, opcode_of(&p.op.as_op()));
                 self.push_send_completion(&mut core, wc, p.seq);
+                core.hold_until = None;
                 continue;
             }
             let op = p.op.as_op();
             self.execute(
                 &fabric, &mut core, p.seq, p.wr_id, &op, p.signaled, p.persist,
             );
+            core.hold_until = None;
+        }
+        while core.held.front().is_some_and(|(due, _)| *due <= now) {
+            let (_, entry) = core.held.pop_front().expect("checked");
+            if let Pushed::Overflow = self.send_cq.push(entry) {
+                self.enter_error(&mut core);
+            }
         }
         self.pending_len
-            .store(core.pending.len(), Ordering::Release);
+            .store(core.pending.len() + core.held.len(), Ordering::Release);
+    }
+
+    /// When the next queued landing or held completion is due.
+    fn next_due(&self) -> Option<u64> {
+        let core = self.core.lock();
+        let land = core.pending.front().map(|p| p.deadline_ns);
+        let complete = core.held.front().map(|(due, _)| *due);
+        match (land, complete) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 
     /// Carry out one request against the peer, as the NIC would, and complete it.
@@ -993,6 +1176,34 @@ impl QpInner {
     }
 }
 
+/// What the wire model needs of a request: bytes each way, whether the target
+/// persists before it acknowledges, whether the sender must first look up
+/// where an earlier SEND landed (a FLUSH right after a SEND: SFlush).
+fn shape_of(op: &Op<'_>, persist: bool, after_send: bool) -> Shape {
+    let (out_bytes, back_bytes) = match op {
+        Op::Send { data, .. } | Op::Write { data, .. } => (data.len(), 0),
+        Op::Read { len, .. } => (0, *len),
+        Op::CompareSwap { .. } => (16, 8),
+        Op::FetchAdd { .. } => (8, 8),
+        Op::AtomicWrite { .. } => (8, 0),
+        Op::Flush { .. } => (0, 0),
+    };
+    let flush_persists = matches!(
+        op,
+        Op::Flush {
+            placement: Placement::Persistence,
+            len,
+            ..
+        } if *len > 0
+    );
+    Shape {
+        out_bytes,
+        back_bytes,
+        persist: persist || flush_persists,
+        lookup: after_send && matches!(op, Op::Flush { .. }),
+    }
+}
+
 /// Look up a remote region and check key, right, bounds and (for atomics)
 /// alignment. Returns the region and the absolute offset in its memory.
 fn check_remote(
@@ -1087,6 +1298,11 @@ impl QueuePair for LoopbackQp {
         }
         let peer_node = core.peer.as_ref().map(|p| p.node.id).unwrap_or(q.addr.node);
         let delay_ns = fabric.link(q.addr.node, peer_node).delay_ns;
+        let target = core
+            .peer
+            .as_ref()
+            .map_or(q.node.clone(), |p| p.node.clone());
+        let mut first_due = u64::MAX;
         for wr in wrs {
             let seq = core.posted;
             core.posted += 1;
@@ -1096,7 +1312,32 @@ impl QueuePair for LoopbackQp {
                 q.push_send_completion(&mut core, wc, seq);
                 continue;
             }
-            if delay_ns == 0 && core.pending.is_empty() {
+            if let Some(model) = fabric.model {
+                let shape = shape_of(&wr.op, wr.persist, core.last_was_send);
+                core.last_was_send = matches!(wr.op, Op::Send { .. });
+                let due = model.schedule(
+                    fabric.clock.now_ns(),
+                    shape,
+                    &q.node.tx_free_ns,
+                    &target.rx_free_ns,
+                    delay_ns,
+                );
+                let due = Due {
+                    land: due.land.max(core.last_due.land),
+                    complete: due.complete.max(core.last_due.complete),
+                };
+                core.last_due = due;
+                first_due = first_due.min(due.land);
+                core.pending.push_back(PendingWr {
+                    deadline_ns: due.land,
+                    complete_ns: due.complete,
+                    seq,
+                    wr_id: wr.wr_id,
+                    signaled: wr.signaled,
+                    persist: wr.persist,
+                    op: OwnedOp::from_op(&wr.op),
+                });
+            } else if delay_ns == 0 && core.pending.is_empty() {
                 q.execute(
                     &fabric,
                     &mut core,
@@ -1107,8 +1348,10 @@ impl QueuePair for LoopbackQp {
                     wr.persist,
                 );
             } else {
+                let deadline_ns = fabric.clock.now_ns() + delay_ns;
                 core.pending.push_back(PendingWr {
-                    deadline_ns: fabric.clock.now_ns() + delay_ns,
+                    deadline_ns,
+                    complete_ns: deadline_ns,
                     seq,
                     wr_id: wr.wr_id,
                     signaled: wr.signaled,
@@ -1119,19 +1362,25 @@ impl QueuePair for LoopbackQp {
         }
         // Drive delayed work whenever some is queued, also after the delay was
         // removed (the module doc promises progress on every post).
-        let delayed = !core.pending.is_empty();
-        q.pending_len.store(core.pending.len(), Ordering::Release);
+        let delayed = !core.pending.is_empty() || !core.held.is_empty();
+        q.pending_len
+            .store(core.pending.len() + core.held.len(), Ordering::Release);
+        // With a model, the target's pollers drive the landings too.
+        let peer_recv_cq = match fabric.model {
+            Some(_) => core.peer.as_ref().map(|p| p.recv_cq.clone()),
+            None => None,
+        };
         drop(core);
         if delayed {
             // Register with the send CQ (after raising `pending_len`) so that
             // polling it drives this queue pair.
-            let cq = &q.send_cq;
-            let mut d = cq.delayed_qps.lock();
-            if !d.iter().any(|w| w.as_ptr() == Arc::as_ptr(q)) {
-                d.push(Arc::downgrade(q));
+            q.send_cq.enlist(q);
+            if let Some(cq) = peer_recv_cq {
+                cq.enlist(q);
             }
-            cq.delayed_any.store(true, Ordering::Release);
-            drop(d);
+            if let Some(engine) = &fabric.engine {
+                engine.enlist(q, first_due);
+            }
             q.progress();
         }
         Ok(())
