@@ -151,6 +151,7 @@ impl JoinDesk {
             let answer = JoinAnswer {
                 node: node.0,
                 added: adds_a_member(config, Some(node)),
+                term: config.map_or(0, |c| c.term.0),
                 ..self.answer.clone()
             };
             Ok(Accepted {
@@ -352,6 +353,7 @@ pub fn run(dep: &CmDeployment, stop: Arc<AtomicBool>) -> Result<(), ProcessError
             lease_ms: dep.lease_ms,
             strategy: dep.strategy.name().to_string(),
             added: false,
+            term: 0,
         },
         joins: Joins::default(),
         leaves: Leaves::default(),

@@ -70,6 +70,30 @@ pub struct JoinAnswer {
     /// ([`MembershipWait`]), not from this.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub added: bool,
+    /// The term of the configuration the answer was decided on (the CM's
+    /// join desk reads it every 50 ms, so it may lag): a server whose pool
+    /// records membership of this term or a newer one knows `added` came
+    /// from a stale view ([`removal_is_news`]). 0: unknown (a CM of the
+    /// previous version, or no configuration yet).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub term: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
+/// Whether a sign that the CM removed this server — a join answer that adds
+/// it, decided on the configuration of `sign_term`, or a configuration of
+/// `sign_term` that lacks it — is news: only if that configuration is newer
+/// than the newest one the server was a member of when it last came up on its
+/// pool (`member_term`, `rowankv_engine::member_term`). An older one is a
+/// lagging CM's view, from before the server was (re)added: believing it
+/// would mark a pool stale, and format it, that the CM may count as a full
+/// replica. A sign of unknown term (0) is believed, as before terms were
+/// recorded.
+pub fn removal_is_news(sign_term: u64, member_term: u64) -> bool {
+    sign_term == 0 || sign_term > member_term
 }
 
 /// The CM's service that removes a server on purpose.
@@ -185,6 +209,14 @@ impl MembershipWait {
         }
     }
 
+    /// Configurations older than `term` are ignored from the start: the
+    /// server knows one at least that new (its pool's member term, or a
+    /// removal it believed).
+    pub fn not_before(mut self, term: Term) -> Self {
+        self.newest = self.newest.max(term);
+        self
+    }
+
     /// A configuration read at `now_ns`.
     pub fn read(&mut self, config: &Config, now_ns: u64) -> Awaited {
         let stale = config.term < self.newest;
@@ -278,12 +310,13 @@ mod tests {
             r#"{"node":null,"address":"a:1","workers":1,"extra":1}"#
         )
         .is_err());
-        for added in [false, true] {
+        for (added, term) in [(false, 0), (true, 17)] {
             let a = JoinAnswer {
                 node: 10_000,
                 lease_ms: 200,
                 strategy: "rowan".into(),
                 added,
+                term,
             };
             let bytes = serde_json::to_vec(&a).unwrap();
             assert!(bytes.len() <= rowankv_rpc::directory::PRIVATE_BYTES_MAX);
@@ -293,5 +326,6 @@ mod tests {
         let old: JoinAnswer =
             serde_json::from_str(r#"{"node":1,"lease_ms":200,"strategy":"rowan"}"#).unwrap();
         assert!(!old.added);
+        assert_eq!(old.term, 0, "an answer of unknown term");
     }
 }

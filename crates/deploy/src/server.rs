@@ -45,11 +45,11 @@ use rowankv_server::control::CM_PORT;
 use rowankv_server::deploy::ServerDeployment;
 use rowankv_server::node::{assemble, roles_on_demand, ServerSpec};
 use rowankv_server::{EventLog, Executor, Placement, ServerSettings, ServerShared, Strategy};
-use rowankv_types::{Clock, NodeId, SteppedClock, SystemClock};
+use rowankv_types::{Clock, NodeId, SteppedClock, SystemClock, Term};
 use rowankv_wire::config::{Config, ConfigSource};
 
 use crate::cm::failover_settings;
-use crate::join::{join, refused_as_left, Awaited, JoinRequest, MembershipWait};
+use crate::join::{join, refused_as_left, removal_is_news, Awaited, JoinRequest, MembershipWait};
 use crate::metrics::ServerMetrics;
 use crate::{alias_cms, any_port, attach, host_of, perr, ProcessError};
 
@@ -77,13 +77,14 @@ pub fn rejoin_after(lease_ms: u64) -> Duration {
 pub fn await_membership(
     node: NodeId,
     rejoin_after: Duration,
+    not_before: Term,
     mut fetch: impl FnMut() -> Result<Arc<Config>, String>,
     mut rejoin: impl FnMut() -> Result<u32, ProcessError>,
     stopping: &dyn Fn() -> bool,
 ) -> Result<Option<(Arc<Config>, bool)>, ProcessError> {
     let start = Instant::now();
     let now_ns = || start.elapsed().as_nanos() as u64;
-    let mut wait = MembershipWait::new(node, rejoin_after, now_ns());
+    let mut wait = MembershipWait::new(node, rejoin_after, now_ns()).not_before(not_before);
     let mut polls = 0u32;
     loop {
         polls += 1;
@@ -279,7 +280,16 @@ fn run_once(
     // A pool that recorded an identity is marked stale (persisted at once, so
     // that a server killed on its way back still knows it) as soon as this
     // server sees that the CM removed it while it was down: the CM answers
-    // that it adds it, or a configuration read does not hold it.
+    // that it adds it, or a configuration read does not hold it — unless
+    // that answer or configuration is no newer than the newest configuration
+    // this server was a member of when it last came up on the pool (a
+    // lagging CM's view: `removal_is_news`).
+    let member_term = match recorded {
+        Some(_) => {
+            rowankv_engine::member_term(&pool).map_err(perr("reading the pool's identity"))?
+        }
+        None => 0,
+    };
     let mark = |why: &str| -> Result<(), ProcessError> {
         if recorded.is_some() && !rowankv_engine::marked_stale(&pool).unwrap_or(false) {
             rowankv_engine::mark_stale(&pool).map_err(perr("marking the pool stale"))?;
@@ -287,8 +297,16 @@ fn run_once(
         }
         Ok(())
     };
-    if answer.added {
+    let mut floor = Term(member_term);
+    if answer.added && removal_is_news(answer.term, member_term) {
         mark("the CM adds this server to the configuration")?;
+        floor = floor.max(Term(answer.term));
+    } else if answer.added {
+        tracing::info!(
+            %node, answer_term = answer.term, member_term,
+            "the CM answered from a configuration older than one this server was a member of: \
+             not news of a removal"
+        );
     }
     let marked = std::cell::Cell::new(None::<String>);
     let rejoin = JoinRequest {
@@ -298,10 +316,11 @@ fn run_once(
     let waited = await_membership(
         node,
         rejoin_after(answer.lease_ms),
+        floor,
         || {
             let c = source.fetch().map_err(|e| e.to_string())?;
             *latest.write() = Some(c.clone());
-            if c.member(node).is_none() {
+            if c.member(node).is_none() && removal_is_news(c.term.0, member_term) {
                 if let Err(e) = mark(&format!("the configuration of {} does not hold it", c.term)) {
                     marked.set(Some(e.0));
                 }
@@ -386,6 +405,11 @@ fn run_once(
         write_identity(engine.pool(), identity).map_err(perr("recording the node identity"))?;
         (engine, None)
     };
+    // This server comes up as a member of `config`: recorded, so that news
+    // of a removal from a configuration no newer (a lagging CM's view) is
+    // known for what it is on a later start.
+    rowankv_engine::record_member_term(engine.pool(), config.term.0)
+        .map_err(perr("recording the member term"))?;
     let assembled = assemble(
         ServerSpec {
             node,
@@ -474,6 +498,41 @@ mod tests {
         Arc::new(Config::initial(7, &members, 2, 2).unwrap())
     }
 
+    fn at_term(c: &Config, term: u64) -> Config {
+        let mut c = c.clone();
+        c.term = Term(term);
+        c
+    }
+
+    /// A restarted server's pool records that it was a member at term 5 (a
+    /// joining backup whose fill may have completed): a lagging CM's join
+    /// answer, or configuration, from term 4 or 5 that lacks it is no news of
+    /// a removal, and must not mark its pool stale; one from term 6 is; one
+    /// of unknown term (a CM of the previous version) is believed. And a
+    /// configuration older than the member term that holds it is not taken
+    /// for its membership either.
+    #[test]
+    fn news_of_a_removal_counts_only_from_a_configuration_newer_than_the_pools_membership() {
+        assert!(!removal_is_news(4, 5), "a lagging view");
+        assert!(!removal_is_news(5, 5), "the term it was a member of");
+        assert!(removal_is_news(6, 5), "removed after it came up");
+        assert!(removal_is_news(0, 5), "unknown term: believed");
+        assert!(removal_is_news(1, 0), "no member term recorded: believed");
+
+        let holding = config(&[1, 2, 3]);
+        let mut wait =
+            MembershipWait::new(NodeId(3), Duration::from_secs(60), 0).not_before(Term(5));
+        assert_eq!(
+            wait.read(&at_term(&holding, 4), 1),
+            Awaited::Wait,
+            "a configuration older than the pool's membership is ignored"
+        );
+        assert!(matches!(
+            wait.read(&at_term(&holding, 5), 2),
+            Awaited::Member { .. }
+        ));
+    }
+
     /// Stops the wait after `limit` (a wait that never ends fails the test
     /// instead of hanging it).
     fn stop_after(limit: Duration) -> impl Fn() -> bool {
@@ -514,6 +573,7 @@ mod tests {
         let waited = await_membership(
             NodeId(3),
             Duration::from_millis(60),
+            Term(0),
             || {
                 Ok(if asked.get() == 0 {
                     config(&[1, 2])
@@ -543,6 +603,7 @@ mod tests {
             await_membership(
                 NodeId(3),
                 Duration::from_secs(60),
+                Term(0),
                 || {
                     let i = next.get().min(configs.len() - 1);
                     next.set(i + 1);
@@ -586,6 +647,7 @@ mod tests {
         let refused = await_membership(
             NodeId(3),
             Duration::ZERO,
+            Term(0),
             || Ok(config(&[1, 2])),
             || {
                 Err(ProcessError(
@@ -600,6 +662,7 @@ mod tests {
         let other = await_membership(
             NodeId(3),
             Duration::ZERO,
+            Term(0),
             || Ok(config(&[1, 2])),
             || Ok(4),
             &stop_after(Duration::from_secs(10)),
@@ -612,6 +675,7 @@ mod tests {
         let stopped = await_membership(
             NodeId(3),
             Duration::ZERO,
+            Term(0),
             || Ok(config(&[1, 2])),
             || {
                 calls.set(calls.get() + 1);

@@ -3,11 +3,18 @@
 //! page, so that a server restarted on its pool rejoins under the identity it
 //! had, and a pool is never served under another cluster's id by mistake.
 //!
-//! Record (`docs/format/segments.md`), little-endian, at [`IDENTITY_OFFSET`]:
-//! magic `RKVNODE1` (8 bytes), cluster id u64, node u32, flags u32 (0, or 1:
-//! *stale*, below), CRC32C of the first 24 bytes (u32). All zeros: no identity
-//! yet. Formatting a pool clears it; anything else that does not check is
-//! reported as corruption, never trusted.
+//! Record (`docs/format/segments.md`), little-endian, in two slots of one
+//! cache line each at [`IDENTITY_OFFSET`] and [`IDENTITY_OFFSET`]` + 64`:
+//! magic `RKVNODE2` (8 bytes), cluster id u64, node u32, flags u32 (0, or 1:
+//! *stale*, below), member term u64, sequence u32, CRC32C of the first 36 bytes
+//! (u32). A change writes the slot that does not hold the current record, with
+//! the next sequence number, and persists it: a write torn by a power failure
+//! (PM keeps 8-byte words, not records) leaves the other slot, the record as
+//! it was. The valid slot with the higher sequence is the record. A record of
+//! the first format (`RKVNODE1`, 28 bytes in the first slot: no member term,
+//! one slot) still reads, as member term 0. Both slots all zeros: no identity
+//! yet. Formatting a pool clears both; a slot that is neither zeros nor valid
+//! is ignored while the other is valid, and corruption when neither is.
 //!
 //! *Stale* ([`mark_stale`]): the server learned that the CM removed it while it
 //! was down, so the pool's data predates a removal. The mark is persisted
@@ -15,6 +22,14 @@
 //! on its next start; a server that comes back as a joining backup formats a
 //! pool so marked (`crates/deploy/src/server.rs`). Writing the identity again
 //! (after formatting) clears it.
+//!
+//! *Member term* ([`record_member_term`]): the newest configuration term in
+//! which the server was a member when it last came up on this pool. News
+//! that the CM removed it (a join answer, a configuration read) from a term
+//! no newer than that is from a stale view, and must not mark the pool stale:
+//! a joining backup whose fill completed, restarted within its lease and told
+//! by a lagging CM that it is not a member, would otherwise format a pool the
+//! CM may be promoting to a full replica.
 
 use rowankv_pmem::Pool;
 use rowankv_types::NodeId;
@@ -22,11 +37,17 @@ use rowankv_types::NodeId;
 use crate::segment::SUPERBLOCK_BYTES;
 use crate::EngineError;
 
-/// Where the record lives: in the superblock page, past the geometry.
+/// Where the record's first slot lives: in the superblock page, past the
+/// geometry. The second is one cache line further.
 pub const IDENTITY_OFFSET: usize = 2048;
-/// Bytes of the record.
-pub const IDENTITY_BYTES: usize = 28;
-const MAGIC: u64 = u64::from_le_bytes(*b"RKVNODE1");
+/// Bytes of one slot's record.
+pub const IDENTITY_BYTES: usize = 40;
+/// Distance between the two slots.
+const SLOT_STRIDE: usize = 64;
+const MAGIC: u64 = u64::from_le_bytes(*b"RKVNODE2");
+/// The first format: one slot, 28 bytes, no member term.
+const MAGIC_V1: u64 = u64::from_le_bytes(*b"RKVNODE1");
+const V1_BYTES: usize = 28;
 
 /// Whose pool this is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -38,15 +59,85 @@ pub struct Identity {
 /// The flag of a stale pool.
 const STALE: u32 = 1;
 
-fn encode(id: Identity, flags: u32) -> [u8; IDENTITY_BYTES] {
+/// One record as stored.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Record {
+    id: Identity,
+    flags: u32,
+    member_term: u64,
+    seq: u32,
+}
+
+fn encode(r: Record) -> [u8; IDENTITY_BYTES] {
     let mut b = [0u8; IDENTITY_BYTES];
     b[0..8].copy_from_slice(&MAGIC.to_le_bytes());
-    b[8..16].copy_from_slice(&id.cluster_id.to_le_bytes());
-    b[16..20].copy_from_slice(&id.node.0.to_le_bytes());
-    b[20..24].copy_from_slice(&flags.to_le_bytes());
-    let crc = crc32c::crc32c(&b[..24]);
-    b[24..28].copy_from_slice(&crc.to_le_bytes());
+    b[8..16].copy_from_slice(&r.id.cluster_id.to_le_bytes());
+    b[16..20].copy_from_slice(&r.id.node.0.to_le_bytes());
+    b[20..24].copy_from_slice(&r.flags.to_le_bytes());
+    b[24..32].copy_from_slice(&r.member_term.to_le_bytes());
+    b[32..36].copy_from_slice(&r.seq.to_le_bytes());
+    let crc = crc32c::crc32c(&b[..36]);
+    b[36..40].copy_from_slice(&crc.to_le_bytes());
     b
+}
+
+/// What a slot holds.
+enum Slot {
+    Empty,
+    Valid(Record),
+    /// Neither zeros nor a record that checks (a torn write, damage).
+    Bad(String),
+}
+
+fn decode(b: &[u8; IDENTITY_BYTES], first: bool) -> Slot {
+    if b.iter().all(|&x| x == 0) {
+        return Slot::Empty;
+    }
+    let u64_at = |o: usize| u64::from_le_bytes(b[o..o + 8].try_into().expect("8 bytes"));
+    let u32_at = |o: usize| u32::from_le_bytes(b[o..o + 4].try_into().expect("4 bytes"));
+    let id = Identity {
+        cluster_id: u64_at(8),
+        node: NodeId(u32_at(16)),
+    };
+    let flags = u32_at(20);
+    match u64_at(0) {
+        MAGIC => {
+            let (stored, computed) = (u32_at(36), crc32c::crc32c(&b[..36]));
+            if stored != computed {
+                return Slot::Bad(format!(
+                    "checksum mismatch (stored {stored:#x}, computed {computed:#x})"
+                ));
+            }
+            if flags & !STALE != 0 {
+                return Slot::Bad(format!("unknown flags {flags:#x}"));
+            }
+            Slot::Valid(Record {
+                id,
+                flags,
+                member_term: u64_at(24),
+                seq: u32_at(32),
+            })
+        }
+        // The first format lives in the first slot only.
+        MAGIC_V1 if first => {
+            let (stored, computed) = (u32_at(24), crc32c::crc32c(&b[..24]));
+            if stored != computed {
+                return Slot::Bad(format!(
+                    "checksum mismatch (stored {stored:#x}, computed {computed:#x})"
+                ));
+            }
+            if flags & !STALE != 0 {
+                return Slot::Bad(format!("unknown flags {flags:#x}"));
+            }
+            Slot::Valid(Record {
+                id,
+                flags,
+                member_term: 0,
+                seq: 0,
+            })
+        }
+        _ => Slot::Bad("bad magic".into()),
+    }
 }
 
 fn check_room(pool: &Pool) -> Result<(), EngineError> {
@@ -58,71 +149,135 @@ fn check_room(pool: &Pool) -> Result<(), EngineError> {
     Ok(())
 }
 
+fn read_slot(pool: &Pool, slot: usize) -> Slot {
+    let mut b = [0u8; IDENTITY_BYTES];
+    pool.read(IDENTITY_OFFSET + slot * SLOT_STRIDE, &mut b);
+    if slot == 0 && u64::from_le_bytes(b[0..8].try_into().expect("8 bytes")) == MAGIC_V1 {
+        // A first-format record is 28 bytes; what follows it is not its own.
+        b[V1_BYTES..].fill(0);
+    }
+    decode(&b, slot == 0)
+}
+
+/// The current record and the slot it is in; `None` if there is none.
+fn read_current(pool: &Pool) -> Result<Option<(Record, usize)>, EngineError> {
+    check_room(pool)?;
+    let slots = [read_slot(pool, 0), read_slot(pool, 1)];
+    let mut best: Option<(Record, usize)> = None;
+    let mut bad = Vec::new();
+    for (i, s) in slots.iter().enumerate() {
+        match s {
+            Slot::Empty => {}
+            Slot::Valid(r) => {
+                if best.is_none_or(|(b, _)| r.seq > b.seq) {
+                    best = Some((*r, i));
+                }
+            }
+            Slot::Bad(why) => bad.push(format!("slot {i}: {why}")),
+        }
+    }
+    match best {
+        Some(b) => Ok(Some(b)),
+        None if bad.is_empty() => Ok(None),
+        None => Err(EngineError::Corrupt(format!(
+            "node identity record: {}",
+            bad.join("; ")
+        ))),
+    }
+}
+
+/// Write `r` (its sequence set here) into the slot not holding the current
+/// record, durably.
+fn write_next(pool: &Pool, r: Record) -> Result<(), EngineError> {
+    let current = read_current(pool).unwrap_or(None);
+    let (slot, seq) = match current {
+        Some((c, i)) => (1 - i, c.seq.wrapping_add(1)),
+        None => (0, 1),
+    };
+    let at = IDENTITY_OFFSET + slot * SLOT_STRIDE;
+    pool.write(at, &encode(Record { seq, ..r }));
+    pool.persist(at, IDENTITY_BYTES);
+    Ok(())
+}
+
 /// The identity recorded in `pool`, `None` if none is.
 pub fn read_identity(pool: &Pool) -> Result<Option<Identity>, EngineError> {
-    Ok(read_record(pool)?.map(|(id, _)| id))
+    Ok(read_current(pool)?.map(|(r, _)| r.id))
 }
 
 /// Whether the pool is marked stale ([`mark_stale`]).
 pub fn marked_stale(pool: &Pool) -> Result<bool, EngineError> {
-    Ok(read_record(pool)?.is_some_and(|(_, flags)| flags & STALE != 0))
+    Ok(read_current(pool)?.is_some_and(|(r, _)| r.flags & STALE != 0))
+}
+
+/// The member term recorded ([`record_member_term`]; 0: none).
+pub fn member_term(pool: &Pool) -> Result<u64, EngineError> {
+    Ok(read_current(pool)?.map_or(0, |(r, _)| r.member_term))
 }
 
 /// Mark the pool's data stale, persisted (the pool must hold an identity).
 pub fn mark_stale(pool: &Pool) -> Result<(), EngineError> {
-    let Some((id, flags)) = read_record(pool)? else {
+    let Some((r, _)) = read_current(pool)? else {
         return Err(EngineError::Corrupt(
             "marking a pool stale: it holds no node identity".into(),
         ));
     };
-    if flags & STALE == 0 {
-        pool.write(IDENTITY_OFFSET, &encode(id, flags | STALE));
-        pool.persist(IDENTITY_OFFSET, IDENTITY_BYTES);
+    if r.flags & STALE == 0 {
+        write_next(
+            pool,
+            Record {
+                flags: r.flags | STALE,
+                ..r
+            },
+        )?;
     }
     Ok(())
 }
 
-fn read_record(pool: &Pool) -> Result<Option<(Identity, u32)>, EngineError> {
-    check_room(pool)?;
-    let mut b = [0u8; IDENTITY_BYTES];
-    pool.read(IDENTITY_OFFSET, &mut b);
-    if b.iter().all(|&x| x == 0) {
-        return Ok(None);
-    }
-    let u64_at = |o: usize| u64::from_le_bytes(b[o..o + 8].try_into().expect("8 bytes"));
-    let u32_at = |o: usize| u32::from_le_bytes(b[o..o + 4].try_into().expect("4 bytes"));
-    if u64_at(0) != MAGIC {
+/// Record that the server is a member of the configuration of `term` (kept
+/// if a newer term is recorded already), persisted. The pool must hold an
+/// identity.
+pub fn record_member_term(pool: &Pool, term: u64) -> Result<(), EngineError> {
+    let Some((r, _)) = read_current(pool)? else {
         return Err(EngineError::Corrupt(
-            "node identity record: bad magic".into(),
+            "recording a member term: the pool holds no node identity".into(),
         ));
+    };
+    if term > r.member_term {
+        write_next(
+            pool,
+            Record {
+                member_term: term,
+                ..r
+            },
+        )?;
     }
-    let (stored, computed) = (u32_at(24), crc32c::crc32c(&b[..24]));
-    if stored != computed || u32_at(20) & !STALE != 0 {
-        return Err(EngineError::Corrupt(format!(
-            "node identity record: checksum mismatch (stored {stored:#x}, computed {computed:#x})"
-        )));
-    }
-    Ok(Some((
-        Identity {
-            cluster_id: u64_at(8),
-            node: NodeId(u32_at(16)),
-        },
-        u32_at(20),
-    )))
+    Ok(())
 }
 
-/// Record `id` in `pool`, durably.
+/// Record `id` in `pool`, durably: not stale, the member term kept if the
+/// identity is the one recorded (0 for another).
 pub fn write_identity(pool: &Pool, id: Identity) -> Result<(), EngineError> {
     check_room(pool)?;
-    pool.write(IDENTITY_OFFSET, &encode(id, 0));
-    pool.persist(IDENTITY_OFFSET, IDENTITY_BYTES);
-    Ok(())
+    let member_term = match read_current(pool) {
+        Ok(Some((r, _))) if r.id == id => r.member_term,
+        _ => 0,
+    };
+    write_next(
+        pool,
+        Record {
+            id,
+            flags: 0,
+            member_term,
+            seq: 0,
+        },
+    )
 }
 
-/// Forget the identity (formatting).
+/// Forget the identity (formatting): both slots.
 pub(crate) fn clear_identity(pool: &Pool) {
-    pool.write(IDENTITY_OFFSET, &[0u8; IDENTITY_BYTES]);
-    pool.persist(IDENTITY_OFFSET, IDENTITY_BYTES);
+    pool.write(IDENTITY_OFFSET, &[0u8; SLOT_STRIDE + IDENTITY_BYTES]);
+    pool.persist(IDENTITY_OFFSET, SLOT_STRIDE + IDENTITY_BYTES);
 }
 
 #[cfg(test)]
@@ -181,9 +336,123 @@ mod tests {
         assert!(marked_stale(&again).unwrap());
         write_identity(&p, id).unwrap();
         assert!(!marked_stale(&p).unwrap());
-        // Any other flag is corruption.
+        // Any other flag is corruption (of the only record there is).
+        clear_identity(&p);
+        write_identity(&p, id).unwrap();
         p.write(IDENTITY_OFFSET + 20, &2u32.to_le_bytes());
         assert!(matches!(read_identity(&p), Err(EngineError::Corrupt(_))));
+    }
+
+    fn crash_pool() -> std::sync::Arc<Pool> {
+        let mut o = PoolOptions::new(Medium::Emulated, 1 << 20);
+        o.crash_sim = true;
+        Pool::anonymous(1 << 20, o).unwrap()
+    }
+
+    #[test]
+    fn a_member_term_only_rises_survives_a_crash_and_is_kept_by_rewriting_the_identity() {
+        let p = crash_pool();
+        let id = Identity {
+            cluster_id: 5,
+            node: NodeId(10_002),
+        };
+        assert!(record_member_term(&p, 3).is_err(), "no identity yet");
+        write_identity(&p, id).unwrap();
+        assert_eq!(member_term(&p).unwrap(), 0);
+        record_member_term(&p, 40).unwrap();
+        record_member_term(&p, 12).unwrap();
+        assert_eq!(
+            member_term(&p).unwrap(),
+            40,
+            "an older term never lowers it"
+        );
+        mark_stale(&p).unwrap();
+        assert_eq!(member_term(&p).unwrap(), 40, "marking keeps it");
+        let image = p
+            .crash()
+            .unwrap()
+            .image(rowankv_pmem::PowerFailure::DropSubset {
+                seed: 3,
+                drop_probability: 1.0,
+            });
+        let again =
+            Pool::from_image(&image, PoolOptions::new(Medium::Emulated, image.len())).unwrap();
+        assert_eq!(member_term(&again).unwrap(), 40);
+        assert!(marked_stale(&again).unwrap());
+        // Clearing the mark keeps the term; another identity, or formatting,
+        // starts from none.
+        write_identity(&p, id).unwrap();
+        assert!(!marked_stale(&p).unwrap());
+        assert_eq!(member_term(&p).unwrap(), 40);
+        clear_identity(&p);
+        write_identity(&p, id).unwrap();
+        assert_eq!(member_term(&p).unwrap(), 0);
+    }
+
+    #[test]
+    fn a_torn_change_leaves_the_record_it_was_to_replace() {
+        let p = pool();
+        let id = Identity {
+            cluster_id: 8,
+            node: NodeId(6),
+        };
+        write_identity(&p, id).unwrap();
+        record_member_term(&p, 9).unwrap();
+        // The change to the stale mark goes to the other slot; tear it as a
+        // power failure between two 8-byte words would (flags written, the
+        // checksum not).
+        mark_stale(&p).unwrap();
+        let newest = (0..2)
+            .max_by_key(|&slot| {
+                let mut b = [0u8; 4];
+                p.read(IDENTITY_OFFSET + slot * SLOT_STRIDE + 32, &mut b);
+                u32::from_le_bytes(b)
+            })
+            .unwrap();
+        p.write(
+            IDENTITY_OFFSET + newest * SLOT_STRIDE + 36,
+            &[0xde, 0xad, 0xbe, 0xef],
+        );
+        assert_eq!(
+            read_identity(&p).unwrap(),
+            Some(id),
+            "the old record stands"
+        );
+        assert!(!marked_stale(&p).unwrap(), "the torn mark never was");
+        assert_eq!(member_term(&p).unwrap(), 9);
+        // The next change overwrites the torn slot, not the good one.
+        mark_stale(&p).unwrap();
+        assert!(marked_stale(&p).unwrap());
+        assert_eq!(member_term(&p).unwrap(), 9);
+    }
+
+    #[test]
+    fn a_first_format_record_still_reads_and_the_next_change_supersedes_it() {
+        let p = pool();
+        let id = Identity {
+            cluster_id: 0x77,
+            node: NodeId(10_004),
+        };
+        // RKVNODE1: magic, cluster, node, flags (stale), CRC of 24 bytes.
+        let mut b = [0u8; V1_BYTES];
+        b[0..8].copy_from_slice(b"RKVNODE1");
+        b[8..16].copy_from_slice(&id.cluster_id.to_le_bytes());
+        b[16..20].copy_from_slice(&id.node.0.to_le_bytes());
+        b[20..24].copy_from_slice(&STALE.to_le_bytes());
+        let crc = crc32c::crc32c(&b[..24]);
+        b[24..28].copy_from_slice(&crc.to_le_bytes());
+        p.write(IDENTITY_OFFSET, &b);
+        assert_eq!(read_identity(&p).unwrap(), Some(id));
+        assert!(marked_stale(&p).unwrap());
+        assert_eq!(member_term(&p).unwrap(), 0);
+        record_member_term(&p, 21).unwrap();
+        assert_eq!(member_term(&p).unwrap(), 21);
+        assert!(marked_stale(&p).unwrap(), "the change keeps the mark");
+        // A first-format record with a bad checksum is corruption.
+        let q = pool();
+        b[24] ^= 1;
+        q.write(IDENTITY_OFFSET, &b);
+        assert!(matches!(read_identity(&q), Err(EngineError::Corrupt(_))));
     }
 
     #[test]

@@ -29,7 +29,10 @@ pub use engine::{
     hash_key, CleanReport, Engine, EngineConfig, InstallReport, RecoveryReport, Stored, Written,
     WORKERS_MAX,
 };
-pub use identity::{mark_stale, marked_stale, read_identity, write_identity, Identity};
+pub use identity::{
+    mark_stale, marked_stale, member_term, read_identity, record_member_term, write_identity,
+    Identity,
+};
 pub use index::{RequestOutcome, RequestStats, REQUEST_CLIENTS_MAX, REQUEST_WINDOW};
 pub use segment::{Owner, SegmentState};
 
