@@ -63,12 +63,12 @@ pub fn key_names(n: usize) -> Vec<String> {
 pub fn client_main(p: &ClientProcess) -> Result<(), ChaosError> {
     let secret = std::fs::read(&p.secret_file)
         .map_err(io_err(format!("reading {}", p.secret_file.display())))?;
-    let start = clients::instant_of_monotonic_ns(p.start_monotonic_ns).ok_or_else(|| {
-        ChaosError::Options(format!(
+    if p.start_monotonic_ns > clients::monotonic_ns() {
+        return Err(ChaosError::Options(format!(
             "--start-monotonic-ns {} is not a past reading of this host's monotonic clock",
             p.start_monotonic_ns
-        ))
-    })?;
+        )));
+    }
     if p.keys == 0 {
         return Err(ChaosError::Options("--keys 0: a client needs keys".into()));
     }
@@ -84,7 +84,7 @@ pub fn client_main(p: &ClientProcess) -> Result<(), ChaosError> {
         cluster_id: p.cluster_id,
         secret,
         cms: p.cms.clone(),
-        start,
+        start_monotonic_ns: p.start_monotonic_ns,
         keys: key_names(p.keys),
         zipf_s: p.zipf,
         seed: p.seed,
@@ -159,7 +159,7 @@ impl Fleet {
             seed: load.seed,
             client: 0,
             reader: None,
-            start_monotonic_ns: clients::monotonic_ns_of(load.start),
+            start_monotonic_ns: load.start_monotonic_ns,
             journal: PathBuf::new(),
         };
         Ok(Fleet {
@@ -211,7 +211,7 @@ impl Fleet {
         let life = slot.lives.len() as u32;
         let client = slot.base + LIFE_STRIDE * life;
         let journal = journal_path(&self.dir, client);
-        let t = self.load.start.elapsed().as_secs_f64();
+        let t = self.load.now_ns() as f64 / 1e9;
         let log = open_log(
             &self.dir,
             &slot.name,
@@ -270,7 +270,6 @@ impl Fleet {
     /// client number and pid.
     pub fn kill(&mut self, i: usize) -> (String, u32, Option<u32>) {
         let n = self.mixed_slot(i);
-        let now = self.load.now_ns();
         let slot = &mut self.slots[n];
         let client = slot.lives.last().map_or(0, |l| l.client);
         let Some((mut child, _stdin)) = slot.child.take() else {
@@ -286,6 +285,8 @@ impl Fleet {
         }
         let _ = child.kill();
         let _ = child.wait();
+        // Read after the kill: no operation of it was called later.
+        let now = self.load.now_ns();
         if let Some(l) = slot.lives.last_mut() {
             l.killed_at = Some(now);
         }

@@ -909,7 +909,7 @@ pub fn run(opts: &ChaosOptions) -> Result<Summary, ChaosError> {
         cluster_id,
         secret: run.cluster.secret.clone(),
         cms: run.cluster.cm_addrs.clone(),
-        start,
+        start_monotonic_ns: clients::monotonic_ns_of(start),
         keys: fleet::key_names(opts.keys),
         zipf_s: opts.zipf,
         seed: opts.seed,

@@ -123,6 +123,8 @@ pub fn plan_join(current: &Config, member: Member) -> Option<Config> {
     }
     let mut next = current.clone();
     next.term = Term(current.term.0 + 1);
+    let mut member = member;
+    member.added = next.term.0;
     next.members.push(member);
     next.members.sort_by_key(|m| m.node);
     refill(&mut next);
@@ -144,6 +146,7 @@ mod tests {
             .iter()
             .all(|s| s.write_target_count() == 1 && s.joining.is_empty()));
         let back = Member {
+            added: 0,
             node: NodeId(2),
             workers: 2,
             address: Some("h:1".into()),
@@ -151,7 +154,14 @@ mod tests {
         };
         let next = plan_join(&short, back.clone()).unwrap();
         assert_eq!(next.term, Term(short.term.0 + 1));
-        assert_eq!(next.member(NodeId(2)), Some(&back));
+        // The member records the term that added it.
+        assert_eq!(
+            next.member(NodeId(2)),
+            Some(&Member {
+                added: next.term.0,
+                ..back.clone()
+            })
+        );
         for s in &next.shards {
             assert_eq!(s.joining, vec![NodeId(2)], "{s:?}");
             assert_eq!(s.write_target_count(), 2);
@@ -159,6 +169,7 @@ mod tests {
         assert!(plan_join(&next, back).is_none(), "already a member");
         // A cluster at full strength gains a member and moves nothing.
         let extra = Member {
+            added: 0,
             node: NodeId(7),
             workers: 1,
             address: None,
@@ -172,6 +183,7 @@ mod tests {
     fn config(servers: u32, per_server: u16, rf: u8) -> Config {
         let members: Vec<Member> = (0..servers)
             .map(|i| Member {
+                added: 0,
                 node: NodeId(i),
                 workers: 2,
                 address: None,

@@ -45,6 +45,7 @@ fn unavailable_message(result: Result<impl std::fmt::Debug, StoreError>) -> Stri
 fn initial(cluster_id: u64) -> Config {
     let members: Vec<Member> = (0..3)
         .map(|i| Member {
+            added: 0,
             node: NodeId(i),
             workers: 2,
             address: None,

@@ -16,6 +16,7 @@ const TTL_NS: u64 = 10_000_000;
 fn initial(cluster_id: u64) -> Config {
     let members: Vec<Member> = (0..3)
         .map(|i| Member {
+            added: 0,
             node: NodeId(i),
             workers: 2,
             address: None,

@@ -368,6 +368,7 @@ pub fn build(
         None => {
             let members: Vec<Member> = (0..config.servers)
                 .map(|i| Member {
+                    added: 0,
                     node: NodeId(i as u32),
                     workers: s.workers as u16,
                     address: None,

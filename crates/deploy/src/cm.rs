@@ -234,6 +234,7 @@ impl JoinDesk {
                 let mut joins = self.joins.lock();
                 joins.retain(|m| m.node != node);
                 joins.push(Member {
+                    added: 0,
                     node,
                     workers: r.workers,
                     address: Some(r.address.clone()),
@@ -450,6 +451,7 @@ fn joined_servers(store: &dyn CoordStore) -> Result<Joined, CmError> {
         .filter(|(_, r)| r.kind == "server" && r.workers > 0 && !r.left)
         .map(|(node, r)| {
             let member = Member {
+                added: 0,
                 node,
                 workers: r.workers,
                 address: Some(r.address),

@@ -83,6 +83,16 @@ fn is_zero(n: &u64) -> bool {
     *n == 0
 }
 
+/// Whether a membership the CM `added` (`Member::added`, the term of the
+/// configuration that added the server) is newer than the newest
+/// configuration the server was a member of when it last came up on its pool
+/// (`member_term`): then the CM removed it and added it again while it was
+/// down, and the pool predates the removal, whatever news of it reached the
+/// server. 0 on either side: unknown, decided by the stale mark alone.
+pub fn readded_since(added: u64, member_term: u64) -> bool {
+    added > 0 && member_term > 0 && added > member_term
+}
+
 /// Whether a sign that the CM removed this server — a join answer that adds
 /// it, decided on the configuration of `sign_term`, or a configuration of
 /// `sign_term` that lacks it — is news: only if that configuration is newer

@@ -49,7 +49,9 @@ use rowankv_types::{Clock, NodeId, SteppedClock, SystemClock, Term};
 use rowankv_wire::config::{Config, ConfigSource};
 
 use crate::cm::failover_settings;
-use crate::join::{join, refused_as_left, removal_is_news, Awaited, JoinRequest, MembershipWait};
+use crate::join::{
+    join, readded_since, refused_as_left, removal_is_news, Awaited, JoinRequest, MembershipWait,
+};
 use crate::metrics::ServerMetrics;
 use crate::{alias_cms, any_port, attach, host_of, perr, ProcessError};
 
@@ -375,7 +377,22 @@ fn run_once(
     // (a member all along) is recovered.
     let stale = recorded.is_some()
         && rowankv_engine::marked_stale(&pool).map_err(perr("reading the pool's identity"))?;
-    let removed = stale && !full_replica;
+    // Added again after this pool last came up as a member (the CM removed
+    // and re-added it while it was down): the pool predates the removal,
+    // whatever news of it reached this server (a lagging CM's join answer
+    // may have been disbelieved, or no configuration without it was read).
+    // Such a membership never came up on this pool, so it cannot count the
+    // pool as a full replica.
+    let added = config.member(node).map_or(0, |m| m.added);
+    let readded = recorded.is_some() && readded_since(added, member_term);
+    let removed = (stale && !full_replica) || readded;
+    if readded && !stale {
+        tracing::info!(
+            %node, added, member_term,
+            "added again (term {added}) since this pool last came up as a member (term \
+             {member_term}): the pool is stale"
+        );
+    }
     if removed {
         tracing::info!(
             %node, term = %config.term,
@@ -489,6 +506,7 @@ mod tests {
         let members: Vec<Member> = nodes
             .iter()
             .map(|&n| Member {
+                added: 0,
                 node: NodeId(n),
                 workers: 1,
                 address: Some(format!("h:{n}")),
@@ -533,6 +551,23 @@ mod tests {
         ));
     }
 
+    /// A lagging CM's join answer was disbelieved (its term older than the
+    /// pool's member term), yet the CM had removed the server and adds it
+    /// again: the membership it finds says so (`added` newer than the member
+    /// term), and the pool is taken for stale. A membership added before the
+    /// pool last came up is the pool's own.
+    #[test]
+    fn a_membership_added_after_the_pool_last_came_up_makes_the_pool_stale() {
+        assert!(readded_since(9, 5), "removed and added again at 9");
+        assert!(!readded_since(5, 5), "added at the term it came up in");
+        assert!(!readded_since(3, 5), "added earlier, came up later");
+        assert!(!readded_since(0, 5), "an initial member");
+        assert!(
+            !readded_since(9, 0),
+            "no member term recorded: the marks decide"
+        );
+    }
+
     /// Stops the wait after `limit` (a wait that never ends fails the test
     /// instead of hanging it).
     fn stop_after(limit: Duration) -> impl Fn() -> bool {
@@ -553,6 +588,7 @@ mod tests {
         .clone();
         c.term = rowankv_types::Term(c.term.0 + 1);
         c.members.push(Member {
+            added: 0,
             node: NodeId(joining),
             workers: 1,
             address: Some(format!("h:{joining}")),

@@ -274,10 +274,19 @@ pub fn write_identity(pool: &Pool, id: Identity) -> Result<(), EngineError> {
     )
 }
 
-/// Forget the identity (formatting): both slots.
+/// Forget the identity (formatting): the slot not holding the record first,
+/// persisted, then the record's. A power failure between the two leaves the
+/// record as it was (never an older one, which might lack the stale mark).
 pub(crate) fn clear_identity(pool: &Pool) {
-    pool.write(IDENTITY_OFFSET, &[0u8; SLOT_STRIDE + IDENTITY_BYTES]);
-    pool.persist(IDENTITY_OFFSET, SLOT_STRIDE + IDENTITY_BYTES);
+    let order = match read_current(pool) {
+        Ok(Some((_, current))) => [1 - current, current],
+        _ => [0, 1],
+    };
+    for slot in order {
+        let at = IDENTITY_OFFSET + slot * SLOT_STRIDE;
+        pool.write(at, &[0u8; IDENTITY_BYTES]);
+        pool.persist(at, IDENTITY_BYTES);
+    }
 }
 
 #[cfg(test)]
@@ -424,6 +433,56 @@ mod tests {
         mark_stale(&p).unwrap();
         assert!(marked_stale(&p).unwrap());
         assert_eq!(member_term(&p).unwrap(), 9);
+    }
+
+    /// A crash at every persist point of clearing (formatting) leaves the
+    /// record as it was or none at all — never the older record of the other
+    /// slot, which lacks the stale mark the current one holds.
+    #[test]
+    fn clearing_never_exposes_the_older_record_at_any_crash_point() {
+        let p = crash_pool();
+        let id = Identity {
+            cluster_id: 12,
+            node: NodeId(10_009),
+        };
+        write_identity(&p, id).unwrap();
+        record_member_term(&p, 4).unwrap();
+        mark_stale(&p).unwrap();
+        let images = std::sync::Arc::new(parking_lot::Mutex::new(Vec::new()));
+        let (p2, i2) = (p.clone(), images.clone());
+        // At each persist point, what a power failure would keep: every
+        // unpersisted line dropped, or a random half of them (a clear that
+        // spanned both slots' lines at once could lose one and keep the other).
+        p.crash().unwrap().set_persist_hook(Some(Box::new(move |_| {
+            let c = p2.crash().unwrap();
+            let mut i = i2.lock();
+            for seed in 0..16 {
+                i.push(c.image(rowankv_pmem::PowerFailure::DropSubset {
+                    seed,
+                    drop_probability: if seed == 0 { 1.0 } else { 0.5 },
+                }));
+            }
+        })));
+        clear_identity(&p);
+        p.crash().unwrap().set_persist_hook(None);
+        let images = images.lock();
+        assert_eq!(images.len(), 2 * 16, "two persist points");
+        for (k, image) in images.iter().enumerate() {
+            let q =
+                Pool::from_image(image, PoolOptions::new(Medium::Emulated, image.len())).unwrap();
+            match read_identity(&q).unwrap() {
+                None => {}
+                Some(got) => {
+                    assert_eq!(got, id);
+                    assert!(
+                        marked_stale(&q).unwrap(),
+                        "crash point {k}: the older, unmarked record"
+                    );
+                    assert_eq!(member_term(&q).unwrap(), 4);
+                }
+            }
+        }
+        assert_eq!(read_identity(&p).unwrap(), None);
     }
 
     #[test]

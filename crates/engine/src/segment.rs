@@ -277,11 +277,15 @@ impl Segments {
     /// Format `pool`: superblock and an all-free meta table, persisted.
     pub fn format(pool: Arc<Pool>, segment_size_bytes: usize) -> Result<Segments, EngineError> {
         let layout = Layout::for_pool(pool.len_bytes(), segment_size_bytes)?;
-        // Invalidate first, so a crash mid-format never leaves a valid superblock
-        // over a half-written table.
+        // The identity goes first: a crash before the superblock is
+        // invalidated leaves a pool without an identity, which a server
+        // formats (a new server), never an identity over an invalid
+        // superblock, which it could neither recover nor trust to format.
+        crate::identity::clear_identity(&pool);
+        // Then invalidate, so a crash mid-format never leaves a valid
+        // superblock over a half-written table.
         pool.write(0, &[0u8; SUPERBLOCK_COVERED + 4]);
         pool.persist(0, SUPERBLOCK_COVERED + 4);
-        crate::identity::clear_identity(&pool);
         let table_bytes = 8 * layout.segment_count;
         pool.write(META_OFFSET, &vec![0u8; table_bytes]);
         pool.persist(META_OFFSET, table_bytes);

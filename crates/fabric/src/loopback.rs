@@ -1308,6 +1308,12 @@ impl QueuePair for LoopbackQp {
             core.posted += 1;
             q.posted.store(core.posted, Ordering::Release);
             if q.state.load(Ordering::Acquire) == STATE_ERROR {
+                // Moved to the error state without flushing (a receive
+                // completion that overflowed): what is queued or held goes
+                // first, in order.
+                if !core.pending.is_empty() || !core.held.is_empty() {
+                    q.enter_error(&mut core);
+                }
                 let wc = q.completion(wr.wr_id, WcStatus::WrFlushError, opcode_of(&wr.op));
                 q.push_send_completion(&mut core, wc, seq);
                 continue;

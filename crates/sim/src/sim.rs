@@ -1225,6 +1225,7 @@ impl World {
             let mut joins = desk.joins.lock();
             joins.retain(|m| m.node != n);
             joins.push(Member {
+                added: 0,
                 node: n,
                 workers: self.config.settings.workers as u16,
                 address: None,

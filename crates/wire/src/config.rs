@@ -103,6 +103,17 @@ pub struct Member {
     /// one: what `CLUSTER SLOTS` and `-MOVED` name.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resp: Option<String>,
+    /// The term of the configuration that (last) added it to a running
+    /// cluster (`plan_join`); 0 for a member of the initial configuration (or
+    /// of one written before the field). A server whose pool last came up as
+    /// a member of an older term was removed and added again while it was
+    /// down: its pool predates the removal (`docs/deployment.md`).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub added: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// One shard's range of the routing hash space and its replicas.
@@ -408,6 +419,7 @@ mod tests {
     fn members(n: u32) -> Vec<Member> {
         (0..n)
             .map(|i| Member {
+                added: 0,
                 node: NodeId(i),
                 workers: 1,
                 address: None,

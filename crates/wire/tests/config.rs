@@ -11,6 +11,7 @@ use rowankv_wire::config::{
 fn members(n: u32) -> Vec<Member> {
     (1..=n)
         .map(|i| Member {
+            added: 0,
             node: NodeId(i),
             workers: 4,
             address: None,
@@ -188,12 +189,14 @@ fn initial_rejects_impossible_requests() {
             1,
             &[
                 Member {
+                    added: 0,
                     node: NodeId(1),
                     workers: 1,
                     address: None,
                     resp: None,
                 },
                 Member {
+                    added: 0,
                     node: NodeId(1),
                     workers: 1,
                     address: None,
@@ -280,6 +283,7 @@ fn validate_rejects_each_broken_invariant() {
     });
     rejects("too many with the joining ones", "backups", |c| {
         c.members.push(Member {
+            added: 0,
             node: NodeId(4),
             workers: 1,
             address: None,
@@ -289,6 +293,7 @@ fn validate_rejects_each_broken_invariant() {
     });
     rejects("too many backups", "backups", |c| {
         c.members.push(Member {
+            added: 0,
             node: NodeId(4),
             workers: 1,
             address: None,
