@@ -1178,7 +1178,8 @@ impl QpInner {
 
 /// What the wire model needs of a request: bytes each way, whether the target
 /// persists before it acknowledges, whether the sender must first look up
-/// where an earlier SEND landed (a FLUSH right after a SEND: SFlush).
+/// where a SEND lands before it can be flushed (SFlush: a SEND posted with
+/// `persist`, or a FLUSH right after a SEND).
 fn shape_of(op: &Op<'_>, persist: bool, after_send: bool) -> Shape {
     let (out_bytes, back_bytes) = match op {
         Op::Send { data, .. } | Op::Write { data, .. } => (data.len(), 0),
@@ -1200,7 +1201,8 @@ fn shape_of(op: &Op<'_>, persist: bool, after_send: bool) -> Shape {
         out_bytes,
         back_bytes,
         persist: persist || flush_persists,
-        lookup: after_send && matches!(op, Op::Flush { .. }),
+        lookup: (after_send && matches!(op, Op::Flush { .. }))
+            || (persist && matches!(op, Op::Send { .. })),
     }
 }
 

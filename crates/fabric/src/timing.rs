@@ -8,9 +8,10 @@
 //!   payload (message rate, link bandwidth), the message crosses the wire
 //!   (one-way latency), the target's NIC takes a message slot and DMAs it;
 //!   a request posted with `persist`, or a persisting FLUSH, adds the PCIe
-//!   round trip that makes the bytes durable; a FLUSH that follows a SEND on
-//!   its queue pair first adds the sender-side lookup of where that message
-//!   landed (the SFlush of seed 002, which must ask the target NIC);
+//!   round trip that makes the bytes durable; a SEND posted with `persist`,
+//!   or a FLUSH that follows a SEND on its queue pair, first adds the
+//!   sender-side lookup of where that message lands (the SFlush of seed 002,
+//!   which must ask the target NIC);
 //! - **completion**: the acknowledgement (or the READ's data) crosses back.
 //!
 //! The requests of one queue pair land and complete in posting order. A NIC's

@@ -177,6 +177,48 @@ fn a_flush_after_a_send_pays_the_lookup_and_the_persist_dma() {
     assert_eq!(poll(&s.pair.a.send_cq).len(), 1, "the FLUSH is done");
 }
 
+/// A SEND posted with `persist` is SFlush in one request: the lookup, then
+/// the message, then the persist DMA at the target.
+#[test]
+fn a_persisted_send_pays_the_lookup_and_the_persist_dma() {
+    let s = setup();
+    s.pair
+        .b
+        .srq
+        .post_recv(&[rowankv_fabric::RecvBuffer {
+            wr_id: 9,
+            mr: s.target.clone(),
+            offset: 0,
+            len_bytes: 4096,
+        }])
+        .unwrap();
+    let data = [2u8; 100];
+    s.pair
+        .qa
+        .post_send(&[WorkRequest::new(
+            1,
+            Op::Send {
+                data: &data,
+                imm: None,
+            },
+        )
+        .persisted()])
+        .unwrap();
+    // Lookup 7000, leaves at 7000 + 100 + 100, lands 7200 + 1000 + 100 + 500
+    // (persist) = 8800; done at 9800.
+    to_ns(&s.clock, 8_799);
+    assert!(
+        poll(&s.pair.b.recv_cq).is_empty(),
+        "landed before the lookup and the DMA"
+    );
+    to_ns(&s.clock, 8_800);
+    assert_eq!(poll(&s.pair.b.recv_cq).len(), 1);
+    to_ns(&s.clock, 9_799);
+    assert!(poll(&s.pair.a.send_cq).is_empty());
+    to_ns(&s.clock, 9_800);
+    assert_eq!(poll(&s.pair.a.send_cq).len(), 1);
+}
+
 #[test]
 fn a_nics_message_rate_bounds_many_small_writes() {
     let s = setup();
