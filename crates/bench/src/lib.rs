@@ -17,6 +17,8 @@
 //! - [`resp_load`]: RowanKV's RESP load generator (`rowankv bench resp`), the one
 //!   client driver of the comparison with Redis (`scripts/redis-compare`), with its
 //!   table, ratios and plot.
+//! - [`rpc`]: seed 002 Figures 8 and 9 — the four durable RPCs against the seven
+//!   classic RDMA RPC designs on the loopback fabric's wire model.
 //!
 //! [`plot`] draws the results of `dlwa`, `ycsb` and the failover run as PNG files
 //! (`--plot`), from the result records alone, with a font compiled in.
@@ -27,5 +29,6 @@ pub mod dlwa;
 pub mod engine_bench;
 pub mod plot;
 pub mod resp_load;
+pub mod rpc;
 pub mod table;
 pub mod ycsb;

@@ -4,7 +4,8 @@
 //! a comparison of the replication strategies), `sim` (the deterministic
 //! simulation with faults), `bench dlwa` (seed 000 Figures 2 and
 //! 8), `bench engine` (one server's engine), `bench ycsb` (seed 000 §6.3) and
-//! `bench resp` (the RESP load generator of the comparison with Redis). The command line only
+//! `bench resp` (the RESP load generator of the comparison with Redis) and `bench rpc`
+//! (seed 002's durable RPCs against the classic RDMA RPC designs). The command line only
 //! parses options, runs a library entry point and prints; all logic lives in the
 //! crates below it.
 #![forbid(unsafe_code)]
@@ -16,6 +17,7 @@ use clap::{Args, Parser, Subcommand};
 use rowankv_bench::dlwa::{self, DlwaOptions, Mode};
 use rowankv_bench::plot::{self, PlotError};
 
+mod bench_rpc;
 mod chaos_cmd;
 mod demo;
 mod deploy_cmd;
@@ -101,6 +103,10 @@ enum BenchCommand {
     /// against one RESP address (a RowanKV server's Redis port or a redis-server);
     /// the driver of scripts/redis-compare. With --from: report saved records.
     Resp(Box<RespArgs>),
+    /// Durable RPCs (SFlush, WFlush, S-RFlush, W-RFlush) against seven classic RDMA
+    /// RPC designs at 32 B, 1 KiB, 64 KiB, light and heavy load, wire model on
+    /// (seed 002 Figures 8 and 9); the goals, met or missed.
+    Rpc(bench_rpc::RpcArgs),
 }
 
 #[derive(Args)]
@@ -347,6 +353,9 @@ fn run() -> Result<()> {
         Command::Bench {
             which: BenchCommand::Resp(args),
         } => bench_resp(*args),
+        Command::Bench {
+            which: BenchCommand::Rpc(args),
+        } => bench_rpc::run(args),
         Command::Demo(args) => demo::run(args),
         Command::Server(args) => deploy_cmd::server(args),
         Command::Cm(args) => deploy_cmd::cm(args),
