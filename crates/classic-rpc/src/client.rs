@@ -18,7 +18,7 @@ use std::sync::Arc;
 
 use rowankv_fabric::{
     Completion, CompletionQueue, MemoryRegion, Nic, Op, QueuePair, RecvBuffer, RemoteRegion,
-    SharedReceiveQueue, WcOpcode, WcStatus, WorkRequest,
+    SharedReceiveQueue, WcOpcode, WorkRequest,
 };
 use rowankv_types::Clock;
 
@@ -377,12 +377,7 @@ impl<N: Nic> Client<N> {
         loop {
             let n = self.send_cq.poll(&mut wcs)?;
             for wc in &wcs[..n] {
-                if wc.status != WcStatus::Success {
-                    return Err(RpcError::Completion {
-                        opcode: wc.opcode,
-                        status: wc.status,
-                    });
-                }
+                crate::succeeded(wc)?;
                 if let Some(f) = self.fetch.as_mut() {
                     if f.wr_id == wc.wr_id {
                         f.done = true;
@@ -402,12 +397,7 @@ impl<N: Nic> Client<N> {
         loop {
             let n = self.recv_cq.poll(&mut wcs)?;
             for wc in &wcs[..n] {
-                if wc.status != WcStatus::Success {
-                    return Err(RpcError::Completion {
-                        opcode: wc.opcode,
-                        status: wc.status,
-                    });
-                }
+                crate::succeeded(wc)?;
                 let buffer = usize::try_from(wc.wr_id)
                     .ok()
                     .filter(|&b| b < self.layout.slots())

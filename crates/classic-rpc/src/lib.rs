@@ -287,6 +287,17 @@ pub enum RpcError {
     ServerPanicked,
 }
 
+/// A completion that did not succeed, as the error both ends report.
+pub(crate) fn succeeded(wc: &rowankv_fabric::Completion) -> Result<(), RpcError> {
+    if wc.status != WcStatus::Success {
+        return Err(RpcError::Completion {
+            opcode: wc.opcode,
+            status: wc.status,
+        });
+    }
+    Ok(())
+}
+
 fn mtu_note(design: &Design) -> &'static str {
     if *design == Design::Fasst {
         " (one unreliable-datagram message of at most the 4 KiB MTU, header included)"

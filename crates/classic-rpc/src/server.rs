@@ -271,12 +271,7 @@ impl<N: Nic> Server<N> {
         loop {
             let n = self.send_cq.poll(&mut wcs)?;
             for wc in &wcs[..n] {
-                if wc.status != WcStatus::Success {
-                    return Err(RpcError::Completion {
-                        opcode: wc.opcode,
-                        status: wc.status,
-                    });
-                }
+                crate::succeeded(wc)?;
                 if wc.opcode == WcOpcode::Read {
                     let fetch = self
                         .conns

@@ -19,8 +19,11 @@
 //!    marked stale and the configuration counts the server as a full replica
 //!    of no shard. The mark (`rowankv_engine::mark_stale`, persisted at once)
 //!    is set as soon as the server learns the CM removed it while it was down:
-//!    the join answer says the CM adds it, or a configuration read lacks it.
-//!    A new pool, or a stale one, is formatted for the configuration's shards,
+//!    the join answer says the CM adds it, or a configuration read lacks it —
+//!    believed only from a configuration newer than the pool's member term
+//!    (the newest it came up as a member of, recorded before it serves). A
+//!    membership added after that term (`Member::added`) makes the pool stale
+//!    whatever news came. A new pool, or a stale one, is formatted for the configuration's shards,
 //!    and the server comes back as a joining backup filled by the primaries.
 //!    A server's calendar clock may be stepped while it runs
 //!    (`crate::admin`, `rowankv clock-step`).

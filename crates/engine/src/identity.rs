@@ -186,10 +186,9 @@ fn read_current(pool: &Pool) -> Result<Option<(Record, usize)>, EngineError> {
     }
 }
 
-/// Write `r` (its sequence set here) into the slot not holding the current
-/// record, durably.
-fn write_next(pool: &Pool, r: Record) -> Result<(), EngineError> {
-    let current = read_current(pool).unwrap_or(None);
+/// Write `r` (its sequence set here) into the slot not holding `current`
+/// (the record as read, and its slot), durably.
+fn write_next(pool: &Pool, current: Option<(Record, usize)>, r: Record) -> Result<(), EngineError> {
     let (slot, seq) = match current {
         Some((c, i)) => (1 - i, c.seq.wrapping_add(1)),
         None => (0, 1),
@@ -217,7 +216,8 @@ pub fn member_term(pool: &Pool) -> Result<u64, EngineError> {
 
 /// Mark the pool's data stale, persisted (the pool must hold an identity).
 pub fn mark_stale(pool: &Pool) -> Result<(), EngineError> {
-    let Some((r, _)) = read_current(pool)? else {
+    let current = read_current(pool)?;
+    let Some((r, _)) = current else {
         return Err(EngineError::Corrupt(
             "marking a pool stale: it holds no node identity".into(),
         ));
@@ -225,6 +225,7 @@ pub fn mark_stale(pool: &Pool) -> Result<(), EngineError> {
     if r.flags & STALE == 0 {
         write_next(
             pool,
+            current,
             Record {
                 flags: r.flags | STALE,
                 ..r
@@ -238,7 +239,8 @@ pub fn mark_stale(pool: &Pool) -> Result<(), EngineError> {
 /// if a newer term is recorded already), persisted. The pool must hold an
 /// identity.
 pub fn record_member_term(pool: &Pool, term: u64) -> Result<(), EngineError> {
-    let Some((r, _)) = read_current(pool)? else {
+    let current = read_current(pool)?;
+    let Some((r, _)) = current else {
         return Err(EngineError::Corrupt(
             "recording a member term: the pool holds no node identity".into(),
         ));
@@ -246,6 +248,7 @@ pub fn record_member_term(pool: &Pool, term: u64) -> Result<(), EngineError> {
     if term > r.member_term {
         write_next(
             pool,
+            current,
             Record {
                 member_term: term,
                 ..r
@@ -259,12 +262,15 @@ pub fn record_member_term(pool: &Pool, term: u64) -> Result<(), EngineError> {
 /// identity is the one recorded (0 for another).
 pub fn write_identity(pool: &Pool, id: Identity) -> Result<(), EngineError> {
     check_room(pool)?;
-    let member_term = match read_current(pool) {
-        Ok(Some((r, _))) if r.id == id => r.member_term,
+    // A record that does not read (both slots damaged) is replaced whole.
+    let current = read_current(pool).unwrap_or(None);
+    let member_term = match current {
+        Some((r, _)) if r.id == id => r.member_term,
         _ => 0,
     };
     write_next(
         pool,
+        current,
         Record {
             id,
             flags: 0,

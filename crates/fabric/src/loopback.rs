@@ -1300,10 +1300,13 @@ impl QueuePair for LoopbackQp {
         }
         let peer_node = core.peer.as_ref().map(|p| p.node.id).unwrap_or(q.addr.node);
         let delay_ns = fabric.link(q.addr.node, peer_node).delay_ns;
-        let target = core
-            .peer
-            .as_ref()
-            .map_or(q.node.clone(), |p| p.node.clone());
+        // The target's NIC, for the model's reservations only (no reference
+        // count touched on the unmodelled path).
+        let target = fabric.model.map(|_| {
+            core.peer
+                .as_ref()
+                .map_or(q.node.clone(), |p| p.node.clone())
+        });
         let mut first_due = u64::MAX;
         for wr in wrs {
             let seq = core.posted;
@@ -1327,7 +1330,7 @@ impl QueuePair for LoopbackQp {
                     fabric.clock.now_ns(),
                     shape,
                     &q.node.tx_free_ns,
-                    &target.rx_free_ns,
+                    &target.as_ref().expect("set with the model").rx_free_ns,
                     delay_ns,
                 );
                 let due = Due {
