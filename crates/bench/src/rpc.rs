@@ -535,6 +535,7 @@ fn geometry(size_bytes: usize, flow: &FlowConfig) -> RingGeometry {
         chunk_bytes,
         state_bytes: 64,
         apply_bytes: 64,
+        base: 0,
     }
 }
 

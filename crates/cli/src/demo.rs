@@ -55,6 +55,7 @@ pub fn run(args: DemoArgs) -> Result<()> {
             Strategy::Rwrite,
             Strategy::Batch,
             Strategy::Share,
+            Strategy::Drpc,
         ],
         ..base.clone()
     })

@@ -183,7 +183,7 @@ struct YcsbArgs {
     /// Object sizes: zippydb, up2x, udb, etc, sys, fixed:K:V.
     #[arg(long, default_value = "zippydb")]
     sizes: String,
-    /// Strategies to run side by side, comma-separated (rowan, rpc, rwrite, batch, share).
+    /// Strategies to run side by side, comma-separated (rowan, rpc, rwrite, batch, share, drpc).
     #[arg(long, value_delimiter = ',', default_value = "rowan")]
     compare: Vec<String>,
     /// Objects loaded before the measured phase.

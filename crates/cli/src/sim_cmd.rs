@@ -50,7 +50,7 @@ pub struct SimArgs {
     #[arg(long)]
     planted: Option<String>,
     /// Replicate with this strategy in every seed (default: the seed picks one of
-    /// rowan, rpc, rwrite, batch, share in turn).
+    /// rowan, rpc, rwrite, batch, share, drpc in turn).
     #[arg(long)]
     strategy: Option<String>,
     /// Threads running seeds.

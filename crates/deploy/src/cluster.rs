@@ -18,14 +18,14 @@ use std::sync::Arc;
 use rowankv_cm::role::{CmStats, CmTask, Joins};
 use rowankv_cm::{ConfigManager, CoordStore, EmbeddedStore, StoreSource};
 use rowankv_engine::{Engine, EngineConfig};
-use rowankv_fabric::{Fabric, FaultInjector, LoopbackFabric, LoopbackNic, Nic, QpAddr, QueuePair};
+use rowankv_fabric::{Fabric, FaultInjector, LoopbackFabric, LoopbackNic, QpAddr};
 use rowankv_pmem::{MediaModelConfig, MediaStats, Medium, Pool, PoolOptions};
 use rowankv_rpc::directory::{Accepted, Directory};
 use rowankv_rpc::endpoint::{connect_pair, Endpoint};
 use rowankv_server::control::CM_PORT;
 use rowankv_server::events::EventLog;
 use rowankv_server::node::{assemble, on_demand, replication_qp_depth, roles, ServerSpec};
-use rowankv_server::replication::{link, Replicator, SharedLogs, Strategy};
+use rowankv_server::replication::{link, PathQp, Replicator, SharedLogs, Strategy};
 use rowankv_server::runtime::{Executor, Placement, Task};
 use rowankv_server::server::{ServerSettings, ServerShared};
 use rowankv_server::services::{encode_path_request, PathKey, ReplicationServices};
@@ -310,6 +310,8 @@ impl Cluster {
             if s.stopped() {
                 continue;
             }
+            // `drpc`: what the redo rings hold goes to the b-log first.
+            s.drain_redo();
             for d in 0..s.settings.blog.digest_count {
                 while s.blog.digest_step(d).map_err(err("digest"))? > 0 {}
             }
@@ -431,6 +433,13 @@ pub fn build(
                         reuse_newest_first: s.reuse_newest_first,
                         unsafe_commit_unsettled_tlog_segments: s
                             .unsafe_commit_unsettled_tlog_segments,
+                        // `drpc`: a ring per sending worker of every other
+                        // server, and spares (a removed server's rings are
+                        // freed, a re-dial takes its worker's again).
+                        reserved_tail_bytes: config.strategy.reserved_pool_bytes(
+                            EngineConfig::default().mtu_bytes,
+                            (config.servers * s.workers + 4).min(256) as u32,
+                        ),
                         ..EngineConfig::default()
                     },
                 )
@@ -499,8 +508,7 @@ pub fn build(
                 let qp = match strategy.path_service() {
                     Some(service) => {
                         let ep = eps[a][w].as_ref().expect("endpoint");
-                        let qp = nics[a]
-                            .create_qp(ep.cq(), ep.cq(), None, qp_depth)
+                        let qp = PathQp::new(strategy, &nics[a], ep.cq(), qp_depth)
                             .map_err(err("a replication queue pair"))?;
                         let accepted = connect_path(
                             &directory,

@@ -370,6 +370,10 @@ fn run_once(
         cleaners: settings.cleaners,
         clock: clock.clone(),
         clean_grace: Duration::from_nanos(settings.clean_grace_ns),
+        reserved_tail_bytes: strategy.reserved_pool_bytes(
+            EngineConfig::default().mtu_bytes,
+            rowankv_server::replication::redo::CONNECTIONS_DEFAULT,
+        ),
         ..EngineConfig::default()
     };
     drop(joining);

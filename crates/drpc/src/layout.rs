@@ -90,12 +90,20 @@ pub struct RingGeometry {
     pub state_bytes: usize,
     /// Bytes of the apply record area: bounds one request's state writes.
     pub apply_bytes: usize,
+    /// Where the receiver's area starts in its pool (a multiple of 4 KiB): 0
+    /// for a pool of its own, else the part of a larger pool its owner gives
+    /// it (RowanKV's `drpc` strategy: the engine's reserved area). Not recorded
+    /// in the header — whoever opens the area says where it is.
+    pub base: usize,
 }
 
 impl RingGeometry {
     /// Checks the relations the ring relies on.
     pub fn validate(&self) -> Result<(), String> {
         let g = self;
+        if !g.base.is_multiple_of(PAGE_BYTES) {
+            return Err(format!("base {} is not a multiple of 4 KiB", g.base));
+        }
         if g.connections == 0 || g.connections > CONNECTIONS_MAX {
             return Err(format!(
                 "connections {} not in 1..={CONNECTIONS_MAX}",
@@ -146,14 +154,15 @@ impl RingGeometry {
             conn.0 < self.connections,
             "connection {conn:?} out of range"
         );
-        POOL_HEADER_BYTES + conn.0 as usize * CONN_HEADER_BYTES
+        self.base + POOL_HEADER_BYTES + conn.0 as usize * CONN_HEADER_BYTES
     }
 
     pub fn apply_offset(&self) -> usize {
-        align_up(
-            POOL_HEADER_BYTES + self.connections as usize * CONN_HEADER_BYTES,
-            PAGE_BYTES,
-        )
+        self.base
+            + align_up(
+                POOL_HEADER_BYTES + self.connections as usize * CONN_HEADER_BYTES,
+                PAGE_BYTES,
+            )
     }
 
     fn rings_offset(&self) -> usize {
@@ -175,9 +184,14 @@ impl RingGeometry {
         )
     }
 
-    /// The pool size this geometry needs.
+    /// The pool size this geometry needs: the end of its area.
     pub fn pool_bytes(&self) -> usize {
         align_up(self.state_offset() + self.state_bytes, PAGE_BYTES)
+    }
+
+    /// Bytes of the area itself, from `base`.
+    pub fn area_bytes(&self) -> usize {
+        self.pool_bytes() - self.base
     }
 
     /// Where an entry of `len` bytes goes when the ring's tail is at `tail_abs`: at the
@@ -245,6 +259,7 @@ impl RingGeometry {
             chunk_bytes: le_u64(h, 24) as usize,
             state_bytes: le_u64(h, 32) as usize,
             apply_bytes: le_u64(h, 40) as usize,
+            base: 0,
         };
         g.validate()?;
         Ok(g)
@@ -552,6 +567,7 @@ mod tests {
             chunk_bytes: 512,
             state_bytes: 1024,
             apply_bytes: 512,
+            base: 0,
         }
     }
 

@@ -164,34 +164,50 @@ impl<N: Nic, O: Operator> Receiver<N, O> {
                 geometry.pool_bytes()
             )));
         }
-        let headers = geometry.apply_offset() + geometry.apply_bytes;
-        pool.write(0, &vec![0u8; headers]);
+        let base = geometry.base;
+        let headers = geometry.apply_offset() + geometry.apply_bytes - base;
+        pool.write(base, &vec![0u8; headers]);
         let rings = geometry.ring_offset(ConnId(0));
         let rest = geometry.pool_bytes() - rings;
         pool.write(rings, &vec![0u8; rest]);
-        pool.persist(0, geometry.pool_bytes());
-        pool.write(0, &geometry.encode_pool_header());
-        pool.persist(0, POOL_HEADER_BYTES);
+        pool.persist(base, geometry.area_bytes());
+        pool.write(base, &geometry.encode_pool_header());
+        pool.persist(base, POOL_HEADER_BYTES);
         Ok(())
     }
 
-    /// Opens a formatted pool and recovers it: redoes the logged effect of a request
-    /// that had committed but not completed, then re-executes, in seq order, every
-    /// durable request of every ring past its connection's `done_seq`. Afterwards
-    /// every ring is empty and each connection resumes at a fresh chunk.
+    /// Opens the area of a pool of its own (at offset 0): [`Receiver::open_at`].
     pub fn open(
         pool: Arc<Pool>,
         nic: N,
         flow: FlowConfig,
         operator: O,
     ) -> Result<(Self, RecoveryReport), DrpcError> {
+        Self::open_at(pool, 0, nic, flow, operator)
+    }
+
+    /// Opens a formatted pool and recovers it: redoes the logged effect of a request
+    /// that had committed but not completed, then re-executes, in seq order, every
+    /// durable request of every ring past its connection's `done_seq`. Afterwards
+    /// every ring is empty and each connection resumes at a fresh chunk.
+    ///
+    /// `base`: where the area starts in `pool` (the geometry's `base`).
+    pub fn open_at(
+        pool: Arc<Pool>,
+        base: usize,
+        nic: N,
+        flow: FlowConfig,
+        operator: O,
+    ) -> Result<(Self, RecoveryReport), DrpcError> {
         flow.validate().map_err(DrpcError::Config)?;
         let mut h = [0u8; POOL_HEADER_BYTES];
-        if pool.len_bytes() < POOL_HEADER_BYTES {
+        if pool.len_bytes() < base.saturating_add(POOL_HEADER_BYTES) {
             return Err(DrpcError::Pool("pool smaller than its header".into()));
         }
-        pool.read(0, &mut h);
-        let geometry = RingGeometry::decode_pool_header(&h).map_err(DrpcError::Pool)?;
+        pool.read(base, &mut h);
+        let mut geometry = RingGeometry::decode_pool_header(&h).map_err(DrpcError::Pool)?;
+        geometry.base = base;
+        geometry.validate().map_err(DrpcError::Pool)?;
         if pool.len_bytes() < geometry.pool_bytes() {
             return Err(DrpcError::Pool(format!(
                 "pool of {} bytes, its header needs {}",
@@ -476,12 +492,85 @@ impl<N: Nic, O: Operator> Receiver<N, O> {
         }
     }
 
+    /// Closes `conn`, so that it can be accepted again (its sender dialled anew,
+    /// restarted or left). Every request that landed on it is executed first — its
+    /// sender may have seen it durable — then its queue pair is closed and its ring
+    /// deregistered (nothing more lands), the ring is scanned once more for what
+    /// landed meanwhile, and the connection resumes at a fresh chunk, as after
+    /// recovery. Requests executed here get no reply. Returns how many.
+    pub fn release(&mut self, conn: ConnId) -> Result<usize, DrpcError> {
+        if conn.0 >= self.geometry.connections {
+            return Err(DrpcError::BadConnection(conn));
+        }
+        let Some(variant) = self.conns[conn.0 as usize].as_ref().map(|c| c.variant) else {
+            return Ok(0);
+        };
+        let mut done = self.execute_landed(conn, variant);
+        if let Some(c) = self.conns[conn.0 as usize].take() {
+            c.qp.close();
+            // The region goes with the connection: a WRITE still on its way fails.
+            let _ = self.nic.deregister(c.ring_mr.remote().rkey);
+        }
+        done += self.execute_landed(conn, variant);
+        let g = self.geometry;
+        let log = &mut self.logs[conn.0 as usize];
+        let resume =
+            layout::align_up(log.scan_abs.max(log.head_abs) as usize, g.chunk_bytes) as u64;
+        if resume != log.head_abs {
+            log.head_abs = resume;
+            let off = g.conn_header_offset(conn);
+            self.pool.write_u64(off, resume);
+            self.persist(off, CONN_HEADER_BYTES);
+        }
+        let log = &mut self.logs[conn.0 as usize];
+        log.scan_abs = resume;
+        log.expect_seq = log.done_seq + 1;
+        Ok(done)
+    }
+
+    /// Executes every request that has landed on `conn`, in order.
+    fn execute_landed(&mut self, conn: ConnId, variant: Variant) -> usize {
+        let mut done = 0;
+        loop {
+            self.discover_as(conn, variant);
+            if self.logs[conn.0 as usize].backlog.is_empty() {
+                return done;
+            }
+            while !self.logs[conn.0 as usize].backlog.is_empty() {
+                if self.front_is_done(conn) {
+                    self.retire_front(conn);
+                    continue;
+                }
+                self.complete_next(conn);
+                done += 1;
+            }
+        }
+    }
+
+    /// Executes every request that has landed on any connection (each replied to
+    /// as [`Receiver::poll`] does). Returns how many.
+    pub fn drain(&mut self) -> Result<usize, DrpcError> {
+        let mut done = 0;
+        loop {
+            let n = self.poll()?;
+            done += n;
+            let idle = n == 0 && self.logs.iter().all(|l| l.backlog.is_empty());
+            if idle {
+                return Ok(done);
+            }
+        }
+    }
+
     /// Finds the entries that have landed on an accepted connection, in order, up to
     /// one in-flight window of them.
     fn discover(&mut self, conn: ConnId) {
         let Some(variant) = self.conns[conn.0 as usize].as_ref().map(|c| c.variant) else {
             return;
         };
+        self.discover_as(conn, variant);
+    }
+
+    fn discover_as(&mut self, conn: ConnId, variant: Variant) {
         let ring = self.geometry.ring_offset(conn);
         for _ in 0..self.flow.inflight_max {
             let log = &self.logs[conn.0 as usize];

@@ -415,6 +415,12 @@ impl<N: Nic> Sender<N> {
         self.variant
     }
 
+    /// Tears the connection down for good (its queue pair destroyed): the
+    /// receiver's replies fail from now on, and nothing more is posted.
+    pub fn close(&self) {
+        self.qp.close();
+    }
+
     pub fn stats(&self) -> SenderStats {
         self.stats
     }

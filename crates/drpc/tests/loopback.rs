@@ -4,9 +4,12 @@
 mod common;
 
 use common::*;
-use rowankv_drpc::{persisted_header, ConnId, DrpcError, Event, FlowConfig, Variant};
+use rowankv_drpc::{
+    persisted_header, ConnId, DrpcError, Event, FlowConfig, Receiver, RingGeometry, Sender, Variant,
+};
 use rowankv_fabric::LoopbackFabric;
 use rowankv_pmem::PoolOptions;
+use rowankv_types::NodeId;
 
 const REQUESTS: u64 = 40;
 
@@ -375,4 +378,132 @@ fn receiver_power_failure_mid_run_then_resume() {
         "{reexecuted} runs re-executed, {resent} resent"
     );
     println!("power failures: {reexecuted} of 24 runs re-executed on restart, {resent} resent");
+}
+
+/// A sender that dials again gets its connection back through `release`: every
+/// request that landed on the old connection — acknowledged durable or not — is
+/// executed once, its queue pair is closed (a late request of the old sender
+/// fails), and the new sender goes on from the next seq at a fresh chunk.
+#[test]
+fn a_released_connection_executes_what_landed_and_is_accepted_again() {
+    for variant in Variant::ALL {
+        let v = variant.name();
+        let pool = formatted_pool(PoolOptions::default());
+        let flow = FlowConfig {
+            inflight_max: 6,
+            requests_per_poll_max: 1,
+            slow_down_threshold: 16,
+            ..flow()
+        };
+        let fabric = LoopbackFabric::new();
+        let (mut r, mut old, _) = connect(&fabric, pool.clone(), variant, flow, ConnId(0));
+        for i in 1..=5u64 {
+            assert_eq!(old.call(OP_INCREMENT, &payload(i)).unwrap(), i);
+        }
+        assert_eq!(r.poll().unwrap(), 1, "{v}: one executed before the release");
+        assert_eq!(
+            r.release(ConnId(0)).unwrap(),
+            4,
+            "{v}: the other four landed"
+        );
+        assert_eq!(r.done_seq(ConnId(0)), 5);
+        assert_eq!(r.backlog(ConnId(0)), 0);
+        for i in 1..=5 {
+            assert_eq!(counter(&r, i), 1, "{v}: request {i} exactly once");
+        }
+        // The old sender's connection is gone: what it posts now fails.
+        let late = old
+            .call(OP_INCREMENT, &payload(6))
+            .and_then(|_| old.flush());
+        let mut events = Vec::new();
+        let mut failed = late.is_err();
+        for _ in 0..1000 {
+            if failed {
+                break;
+            }
+            failed = old.poll(&mut events).is_err() || old.call(OP_INCREMENT, &payload(6)).is_err();
+            std::thread::yield_now();
+        }
+        assert!(
+            failed,
+            "{v}: the released connection still carries requests"
+        );
+        assert_eq!(
+            counter(&r, 6),
+            0,
+            "{v}: nothing of the old sender lands any more"
+        );
+        // The same connection, accepted again, for a new sender.
+        let nic = rowankv_fabric::Fabric::attach(&fabric, NodeId(9)).unwrap();
+        let mut new = Sender::new(&nic, variant, flow).unwrap();
+        let offer = r.accept(ConnId(0), variant, new.qp_addr()).unwrap();
+        assert_eq!(offer.next_seq, 6, "{v}");
+        assert_eq!(
+            offer.tail_abs % geometry().chunk_bytes as u64,
+            0,
+            "{v}: a fresh chunk"
+        );
+        new.connect(&offer).unwrap();
+        let seen = drive(&mut r, &mut new, &[7, 8], |_| {});
+        assert_eq!(
+            seen.completed.keys().copied().collect::<Vec<_>>(),
+            vec![6, 7]
+        );
+        for i in [1, 2, 3, 4, 5, 7, 8] {
+            assert_eq!(counter(&r, i), 1, "{v}: request {i} exactly once");
+        }
+        // And after a restart the ring holds nothing to run again.
+        drop(r);
+        let fabric = LoopbackFabric::new();
+        let (_r, _s, report) = connect(&fabric, pool, variant, flow, ConnId(0));
+        assert!(report.reexecuted.is_empty(), "{v}: {:?}", report.reexecuted);
+        assert_eq!(report.next_seq[0], 8);
+    }
+}
+
+/// A ring set can live inside a larger pool, at `base` (RowanKV's `drpc`
+/// strategy keeps it after the engine's segments): it formats, opens and
+/// recovers there and leaves the bytes before `base` alone.
+#[test]
+fn a_ring_set_at_a_base_offset_leaves_the_rest_of_the_pool_alone() {
+    let base = 3 * 4096;
+    let g = RingGeometry { base, ..geometry() };
+    assert_eq!(g.pool_bytes(), base + geometry().pool_bytes());
+    let pool = rowankv_pmem::Pool::anonymous(g.pool_bytes(), PoolOptions::default()).unwrap();
+    pool.write(0, &vec![0xA5; base]);
+    Receiver::<rowankv_fabric::LoopbackNic, Counters>::format(&pool, g).unwrap();
+    let fabric = LoopbackFabric::new();
+    let nic_r = rowankv_fabric::Fabric::attach(&fabric, RECEIVER).unwrap();
+    let nic_s = rowankv_fabric::Fabric::attach(&fabric, SENDER).unwrap();
+    let (mut r, _) = Receiver::open_at(pool.clone(), base, nic_r, flow(), Counters).unwrap();
+    assert_eq!(r.geometry(), g);
+    let mut s = Sender::new(&nic_s, Variant::WFlush, flow()).unwrap();
+    let offer = r.accept(ConnId(1), Variant::WFlush, s.qp_addr()).unwrap();
+    s.connect(&offer).unwrap();
+    drive(&mut r, &mut s, &[1, 2, 3], |_| {});
+    let mut before = vec![0u8; base];
+    pool.read(0, &mut before);
+    assert!(
+        before.iter().all(|&b| b == 0xA5),
+        "bytes before the base touched"
+    );
+    assert!(
+        Receiver::open_at(
+            pool.clone(),
+            base + 4096,
+            rowankv_fabric::Fabric::attach(&fabric, NodeId(7)).unwrap(),
+            flow(),
+            Counters
+        )
+        .is_err(),
+        "no ring set one page further on"
+    );
+    let err = Receiver::<rowankv_fabric::LoopbackNic, Counters>::format(
+        &pool,
+        RingGeometry { base: 100, ..g },
+    );
+    assert!(
+        matches!(err, Err(DrpcError::Config(_))),
+        "an unaligned base"
+    );
 }

@@ -101,6 +101,12 @@ pub struct EngineConfig {
     /// full t-log segment is committed at once, although entries in it may still
     /// wait for their ACKs (so the cleaner may free them). Never set outside tests.
     pub unsafe_commit_unsettled_tlog_segments: bool,
+    /// Bytes at the end of the pool left out of the segments when it is
+    /// formatted: the *reserved area*, for a structure the engine does not own
+    /// (the redo rings of the `drpc` replication strategy). Formatting zeroes
+    /// its first 4 KiB, so nothing there from an earlier life of the pool looks
+    /// valid. Opening ignores this field: the layout comes from the superblock.
+    pub reserved_tail_bytes: usize,
 }
 
 /// Bound on worker threads: the meta table's owner index is one byte.
@@ -122,6 +128,7 @@ impl Default for EngineConfig {
             clock: SystemClock::new(),
             reuse_newest_first: false,
             unsafe_commit_unsettled_tlog_segments: false,
+            reserved_tail_bytes: 0,
         }
     }
 }
@@ -344,7 +351,11 @@ impl Engine {
     /// Format `pool` and start an empty engine.
     pub fn create(pool: Arc<Pool>, config: EngineConfig) -> Result<Engine, EngineError> {
         config.validate()?;
-        let segments = Segments::format(pool.clone(), config.segment_size_bytes)?;
+        let segments = Segments::format(
+            pool.clone(),
+            config.segment_size_bytes,
+            config.reserved_tail_bytes,
+        )?;
         Ok(Self::assemble(pool, config, segments))
     }
 
@@ -1101,6 +1112,13 @@ impl Engine {
 
     pub fn layout(&self) -> &Layout {
         self.segments.layout()
+    }
+
+    /// The pool's reserved area (`EngineConfig::reserved_tail_bytes`): offset
+    /// and length of the bytes after the last segment, as the superblock's
+    /// layout leaves them (length 0: none).
+    pub fn reserved_area(&self) -> (usize, usize) {
+        self.segments.layout().reserved_area(self.pool.len_bytes())
     }
 
     pub fn pool(&self) -> &Arc<Pool> {

@@ -180,6 +180,13 @@ impl Layout {
         (META_OFFSET + 8 * count).div_ceil(4096) * 4096
     }
 
+    /// The reserved area of a pool of `pool_bytes` with this layout: offset and
+    /// length of everything after the last segment (length 0: none).
+    pub fn reserved_area(&self, pool_bytes: usize) -> (usize, usize) {
+        let end = self.data_offset + self.segment_count * self.segment_size_bytes;
+        (end, pool_bytes.saturating_sub(end))
+    }
+
     pub fn segment_offset(&self, seg: SegmentId) -> usize {
         assert!(
             (seg.0 as usize) < self.segment_count,
@@ -274,9 +281,25 @@ pub struct Segments {
 }
 
 impl Segments {
-    /// Format `pool`: superblock and an all-free meta table, persisted.
-    pub fn format(pool: Arc<Pool>, segment_size_bytes: usize) -> Result<Segments, EngineError> {
-        let layout = Layout::for_pool(pool.len_bytes(), segment_size_bytes)?;
+    /// Format `pool`: superblock and an all-free meta table, persisted; at
+    /// least `reserved_tail_bytes` at the pool's end are left out of the
+    /// segments (the reserved area, [`Layout::reserved_area`]), its first
+    /// 4 KiB zeroed before the superblock is written.
+    pub fn format(
+        pool: Arc<Pool>,
+        segment_size_bytes: usize,
+        reserved_tail_bytes: usize,
+    ) -> Result<Segments, EngineError> {
+        let usable = pool
+            .len_bytes()
+            .checked_sub(reserved_tail_bytes)
+            .ok_or_else(|| {
+                EngineError::Config(format!(
+                    "a reserved area of {reserved_tail_bytes} B does not fit a pool of {} B",
+                    pool.len_bytes()
+                ))
+            })?;
+        let layout = Layout::for_pool(usable, segment_size_bytes)?;
         // The identity goes first: a crash before the superblock is
         // invalidated leaves a pool without an identity, which a server
         // formats (a new server), never an identity over an invalid
@@ -289,6 +312,12 @@ impl Segments {
         let table_bytes = 8 * layout.segment_count;
         pool.write(META_OFFSET, &vec![0u8; table_bytes]);
         pool.persist(META_OFFSET, table_bytes);
+        let (tail, tail_len) = layout.reserved_area(pool.len_bytes());
+        let clear = tail_len.min(4096);
+        if clear > 0 {
+            pool.write(tail, &vec![0u8; clear]);
+            pool.persist(tail, clear);
+        }
         pool.write(0, &layout.encode_superblock());
         pool.persist(0, SUPERBLOCK_COVERED + 4);
         Ok(Segments {
@@ -458,7 +487,7 @@ mod tests {
     #[test]
     fn format_open_alloc_release() {
         let pool = Pool::anonymous(1 << 20, PoolOptions::default()).unwrap();
-        let s = Segments::format(pool.clone(), 64 << 10).unwrap();
+        let s = Segments::format(pool.clone(), 64 << 10, 0).unwrap();
         let n = s.layout().segment_count;
         assert!(n >= 14, "{n} segments");
         let a = s.alloc(Owner::Worker, 1).unwrap();
@@ -477,17 +506,54 @@ mod tests {
     }
 
     #[test]
+    fn a_reserved_tail_is_left_out_of_the_segments_zeroed_and_kept_on_open() {
+        let pool = Pool::anonymous(1 << 20, PoolOptions::default()).unwrap();
+        // An earlier life of the pool left bytes everywhere.
+        pool.write(0, &vec![0xA5; 1 << 20]);
+        pool.persist(0, 1 << 20);
+        let s = Segments::format(pool.clone(), 64 << 10, 200 << 10).unwrap();
+        let (tail, len) = s.layout().reserved_area(pool.len_bytes());
+        assert!(len >= 200 << 10, "reserved {len} B");
+        assert_eq!(tail + len, 1 << 20);
+        assert_eq!(
+            tail,
+            s.layout().data_offset + s.layout().segment_count * (64 << 10)
+        );
+        let mut head = vec![1u8; 4096];
+        pool.read(tail, &mut head);
+        assert!(
+            head.iter().all(|&b| b == 0),
+            "the area's first 4 KiB zeroed"
+        );
+        let mut rest = [0u8; 8];
+        pool.read(tail + 4096, &mut rest);
+        assert_eq!(rest, [0xA5; 8], "past them, untouched");
+        let (opened, _, _) = Segments::open(pool.clone()).unwrap();
+        assert_eq!(
+            opened.layout().reserved_area(pool.len_bytes()),
+            (tail, len),
+            "the superblock keeps the area"
+        );
+        let none = Segments::format(pool.clone(), 64 << 10, 0).unwrap();
+        assert!(none.layout().reserved_area(pool.len_bytes()).1 < 64 << 10);
+        let err = Segments::format(pool.clone(), 64 << 10, 2 << 20)
+            .err()
+            .unwrap();
+        assert!(err.to_string().contains("does not fit"), "{err}");
+    }
+
+    #[test]
     fn bad_superblocks_are_errors() {
         let pool = Pool::anonymous(1 << 20, PoolOptions::default()).unwrap();
         assert!(matches!(
             Segments::open(pool.clone()),
             Err(EngineError::Corrupt(_))
         ));
-        Segments::format(pool.clone(), 64 << 10).unwrap();
+        Segments::format(pool.clone(), 64 << 10, 0).unwrap();
         pool.write(20, &[0xFF]);
         let err = Segments::open(pool.clone()).err().unwrap();
         assert!(err.to_string().contains("checksum"), "{err}");
         let small = Pool::anonymous(64 << 10, PoolOptions::default()).unwrap();
-        assert!(Segments::format(small, 64 << 10).is_err());
+        assert!(Segments::format(small, 64 << 10, 0).is_err());
     }
 }

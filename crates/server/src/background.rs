@@ -1,5 +1,6 @@
 //! The background roles of a server (seed 000 §4.1): digest roles and clean
-//! roles (the control role is in [`crate::control`]).
+//! roles (the control role is in [`crate::control`]), and under `drpc` the redo
+//! role, which executes the redo rings into the b-log.
 
 use std::sync::Arc;
 
@@ -90,6 +91,51 @@ impl<N: Nic> Task for CleanTask<N> {
                 tracing::error!(role = %self.name, error = %e, "clean pass");
                 Step::Idle
             }
+        }
+    }
+}
+
+/// The redo role (`drpc`): executes the requests that landed in the server's
+/// redo rings, appending their entries to the b-log
+/// ([`crate::replication::redo`]).
+pub struct RedoTask<N: Nic> {
+    name: String,
+    shared: Arc<ServerShared<N>>,
+}
+
+impl<N: Nic> RedoTask<N> {
+    pub fn new(shared: Arc<ServerShared<N>>) -> Self {
+        RedoTask {
+            name: format!("s{}-redo", shared.node.0),
+            shared,
+        }
+    }
+}
+
+impl<N: Nic> Task for RedoTask<N> {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn step(&mut self, _now_ns: u64) -> Step {
+        if self.shared.stopped() {
+            return Step::Done;
+        }
+        let Some(rings) = self.shared.redo.get() else {
+            return Step::Done;
+        };
+        if self.shared.buggify("redo.skip-step") {
+            return Step::Idle;
+        }
+        let executed = rings.lock().poll();
+        if executed > 0 {
+            self.shared
+                .stats
+                .replicated_in
+                .fetch_add(executed as u64, std::sync::atomic::Ordering::Relaxed);
+            Step::Worked
+        } else {
+            Step::Idle
         }
     }
 }

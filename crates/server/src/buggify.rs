@@ -23,7 +23,8 @@
 //!   re-replication or b-log control step comes later);
 //! - `control.install-fails`: installing a promotion's gathered union fails, as
 //!   running out of space would;
-//! - `digest.skip-step`, `clean.skip-step`: digest and cleaning run late.
+//! - `digest.skip-step`, `clean.skip-step`, `redo.skip-step`: digest, cleaning
+//!   and the redo role (`drpc`) run late.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};

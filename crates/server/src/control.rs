@@ -600,6 +600,7 @@ impl<N: Nic> ControlTask<N> {
                     .map(|s| s.shard)
                     .collect()
             };
+            self.shared.drain_redo();
             match self
                 .shared
                 .engine
@@ -913,6 +914,7 @@ impl<N: Nic> ControlTask<N> {
                 // then install the union here.
                 if self.own.as_ref().is_none_or(|(t, _)| *t != self.jobs_term) {
                     let shards: Vec<ShardId> = self.recoveries.keys().copied().collect();
+                    self.shared.drain_redo();
                     match self
                         .shared
                         .engine

@@ -10,6 +10,8 @@
 
 use std::sync::Arc;
 
+use parking_lot::Mutex;
+
 use rowankv_engine::{register_data_area, BackupLog, Engine};
 use rowankv_fabric::{CqKind, Nic};
 use rowankv_rpc::directory::Directory;
@@ -17,14 +19,18 @@ use rowankv_rpc::endpoint::Endpoint;
 use rowankv_types::{Clock, NodeId, SegmentId};
 use rowankv_wire::config::{Config, ConfigSource};
 
-use crate::background::{CleanTask, DigestTask};
+use crate::background::{CleanTask, DigestTask, RedoTask};
 use crate::control::{ControlTask, CONTROL_PORT};
 use crate::events::EventLog;
 use crate::lease::LeaseTask;
-use crate::replication::{BackupSide, Dialer, OnDemand, Replicator, SharedLogs, Strategy};
+use crate::replication::{
+    BackupSide, Dialer, OnDemand, RedoRings, Replicator, SharedLogs, Strategy,
+};
 use crate::runtime::Task;
 use crate::server::{ServerSettings, ServerShared};
-use crate::services::{RemoteLog, ReplicationServices, REMOTE_LOG_SERVICE, ROWAN_SERVICE};
+use crate::services::{
+    RemoteLog, ReplicationServices, DRPC_SERVICE, REMOTE_LOG_SERVICE, ROWAN_SERVICE,
+};
 use crate::worker::Worker;
 
 /// Errors of building a cluster.
@@ -107,7 +113,21 @@ pub fn assemble<N: Nic>(
             RemoteLog { cq, region },
         )
     });
-    let services = ReplicationServices::new(shared.clone(), spec.nic.clone(), rowan, remote_log);
+    let mut services =
+        ReplicationServices::new(shared.clone(), spec.nic.clone(), rowan, remote_log);
+    if side == BackupSide::RedoRing {
+        // Before the server serves: recovery re-executes what the rings hold.
+        let (rings, reexecuted) =
+            RedoRings::open(shared.engine.clone(), shared.blog.clone(), spec.nic.clone())
+                .map_err(|e| ClusterError(format!("redo rings: {e}")))?;
+        if reexecuted > 0 {
+            tracing::info!(node = %spec.node, reexecuted, "redo rings recovered into the b-log");
+        }
+        if shared.redo.set(Mutex::new(rings)).is_err() {
+            unreachable!("a new server's redo rings are set once");
+        }
+        services = services.with_redo(directory.register(spec.node, DRPC_SERVICE));
+    }
     Ok(Assembled {
         shared,
         nic: spec.nic,
@@ -189,6 +209,9 @@ pub fn roles<N: Nic>(
     }
     for c in 0..s.cleaners {
         tasks.push(Box::new(CleanTask::new(shared.clone(), c)));
+    }
+    if shared.redo.get().is_some() {
+        tasks.push(Box::new(RedoTask::new(shared.clone())));
     }
     Ok(tasks)
 }

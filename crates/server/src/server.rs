@@ -427,6 +427,9 @@ pub struct ServerShared<N: Nic> {
     stopped: AtomicBool,
     /// Fault sites: random in the simulator, forced by tests, else off.
     pub buggify: crate::buggify::Buggify,
+    /// `drpc`: the redo rings other servers' entries land in (set once, when
+    /// the server is assembled; see `replication::redo`).
+    pub redo: std::sync::OnceLock<Mutex<crate::replication::RedoRings<N>>>,
     /// Writes with a request record in flight here (appended, not yet published
     /// or abandoned), striped by hash: a duplicate that arrives meanwhile is
     /// answered `Busy` and retried by its client, never executed a second time.
@@ -517,6 +520,7 @@ impl<N: Nic> ServerShared<N> {
             incarnation,
             stopped: AtomicBool::new(false),
             buggify,
+            redo: std::sync::OnceLock::new(),
             requests_in_flight: (0..REQUEST_STRIPES)
                 .map(|_| Mutex::new(FxHashSet::default()))
                 .collect(),
@@ -581,7 +585,8 @@ impl<N: Nic> ServerShared<N> {
         for m in &cur.members {
             if next.member(m.node).is_none() && m.node != self.node {
                 let (closed, sealed) = self.end_remote_logs_of(m.node);
-                tracing::info!(server = %self.node, removed = %m.node, closed, sealed, "connections destroyed");
+                let rings = self.redo.get().map_or(0, |r| r.lock().disconnect(m.node));
+                tracing::info!(server = %self.node, removed = %m.node, closed, sealed, rings, "connections destroyed");
             }
         }
         for s in &next.shards {
@@ -779,6 +784,14 @@ impl<N: Nic> ServerShared<N> {
         self.grants.lock().insert(segment, (sender, log));
         self.stats.grants.fetch_add(1, Ordering::Relaxed);
         true
+    }
+
+    /// `drpc`: execute everything that has landed in the redo rings, so that
+    /// the b-logs hold every entry a ring acknowledged. Called before a walk of
+    /// the b-logs looks for a shard's uncommitted entries (promotion, cold
+    /// start, a new primary's gather). Returns how many requests it executed.
+    pub fn drain_redo(&self) -> usize {
+        self.redo.get().map_or(0, |r| r.lock().drain())
     }
 
     /// The ids of the remote logs `sender` holds here, in order.

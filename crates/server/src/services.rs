@@ -18,6 +18,11 @@
 //!   digested and reused instead of held for good, and its id is refused from
 //!   then on.
 //!
+//! - [`DRPC_SERVICE`] (`drpc`): the server's redo rings accept the sender's
+//!   durable-RPC queue pair on the connection of its worker (released first if
+//!   it had one: what landed on it is executed), and answer with the ring's
+//!   offer ([`crate::replication::redo::encode_offer`]).
+//!
 //! Every request names its sender's worker and process ([`PathKey`]).
 //!
 //! The requests arrive through the [`Directory`](rowankv_rpc::directory::Directory)
@@ -37,6 +42,8 @@ use crate::server::ServerShared;
 pub const ROWAN_SERVICE: u16 = u16::MAX - 1;
 /// The passive remote log of a server (the WRITE strategies).
 pub const REMOTE_LOG_SERVICE: u16 = u16::MAX - 2;
+/// The redo rings of a server (`drpc`).
+pub const DRPC_SERVICE: u16 = u16::MAX - 3;
 
 /// Bytes of an encoded region descriptor.
 pub const REGION_BYTES: usize = 16;
@@ -132,9 +139,17 @@ pub struct ReplicationServices<N: Nic> {
     nic: N,
     rowan: Option<Acceptor>,
     remote_log: Option<(Acceptor, RemoteLog<N>)>,
+    redo: Option<Acceptor>,
 }
 
 impl<N: Nic> ReplicationServices<N> {
+    /// The acceptor of [`DRPC_SERVICE`] (`drpc`: the server's redo rings are
+    /// in [`ServerShared::redo`]).
+    pub fn with_redo(mut self, redo: Acceptor) -> Self {
+        self.redo = Some(redo);
+        self
+    }
+
     /// `rowan`: the acceptor of [`ROWAN_SERVICE`] (Rowan strategy);
     /// `remote_log`: that of [`REMOTE_LOG_SERVICE`] with the log it offers
     /// (WRITE strategies).
@@ -149,6 +164,7 @@ impl<N: Nic> ReplicationServices<N> {
             nic,
             rowan,
             remote_log,
+            redo: None,
         }
     }
 
@@ -190,6 +206,18 @@ impl<N: Nic> ReplicationServices<N> {
                     Ok(Accepted {
                         qp,
                         private: encode_log_answer(&log.region, epoch),
+                    })
+                })
+            });
+        }
+        if let (Some(a), Some(rings)) = (&self.redo, server.redo.get()) {
+            served += a.serve_pending(|from: QpAddr, private| {
+                server.with_config(|config| {
+                    let key = admit(server, config, from, private)?;
+                    let offer = rings.lock().accept(from, key)?;
+                    Ok(Accepted {
+                        qp: offer.qp,
+                        private: crate::replication::redo::encode_offer(&offer),
                     })
                 })
             });

@@ -553,6 +553,42 @@ fn an_acknowledged_write_survives_a_power_failure_of_any_replica(strategy: Strat
     cluster.shutdown();
 }
 
+/// `drpc`: a write is acknowledged once its entry is durable in each backup's
+/// redo ring, before any CPU of the backup has touched it. With every server's
+/// redo role held back, so that the rings alone hold the entries, each
+/// acknowledged write must still be on every replica after a power failure at
+/// its ACK: the WFlush made the entry durable, and a restarted backup's
+/// recovery re-executes it into its b-log (`recover_power_failure_image` does
+/// what a restart does).
+#[test]
+fn drpc_a_write_acknowledged_by_the_redo_rings_alone_survives_a_power_failure() {
+    let mut cluster = start(Strategy::Drpc, None);
+    for s in cluster.servers() {
+        s.buggify.force("redo.skip-step", u32::MAX / 2);
+    }
+    let mut c = client(&mut cluster, 0);
+    let config = cluster.cm().current();
+    let keys = keys_over_shards(&config, "ring-", config.shard_count() as usize);
+    for (i, key) in keys.iter().enumerate() {
+        let value = format!("acknowledged by the rings {i}").into_bytes();
+        let version = c
+            .put(key, &value)
+            .unwrap_or_else(|e| panic!("drpc PUT #{i}: {e}"));
+        let ctx = format!("drpc, redo roles held back, PUT #{i} v{version}");
+        check_durable_everywhere(&cluster, key, Some((value, Version(version))), &ctx);
+    }
+    let executed: u64 = cluster
+        .servers()
+        .iter()
+        .map(|s| s.redo.get().expect("drpc's rings").lock().counts().0)
+        .sum();
+    assert_eq!(
+        executed, 0,
+        "the redo roles were held back: the rings alone held the entries"
+    );
+    cluster.shutdown();
+}
+
 fn backups_index_what_primaries_index(strategy: Strategy, seed: u64) {
     let mut cluster = start(strategy, None);
     let model = run_random_clients(
@@ -793,6 +829,7 @@ for_strategy!(rpc, Strategy::Rpc, 0x0e2e_0002);
 for_strategy!(rwrite, Strategy::Rwrite, 0x0e2e_0003);
 for_strategy!(batch, Strategy::Batch, 0x0e2e_0004);
 for_strategy!(share, Strategy::Share, 0x0e2e_0005);
+for_strategy!(drpc, Strategy::Drpc, 0x0e2e_0006);
 
 /// SCAN (`Client::scan`, answered by each shard's primary): every live key once,
 /// deleted ones not at all, in pages that end at whole index buckets; a page

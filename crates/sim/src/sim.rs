@@ -1608,6 +1608,8 @@ impl World {
     fn digest_all(&self, n: NodeId) {
         use rowankv_engine::{Owner, SegmentState};
         let Some(s) = self.live(n) else { return };
+        // `drpc`: what the redo rings hold goes to the b-log first.
+        s.drain_redo();
         let segs = s.engine.segments_in(
             &[Owner::Control, Owner::Backup],
             &[SegmentState::Using, SegmentState::Used],

@@ -59,6 +59,7 @@ pub fn geometry() -> RingGeometry {
         chunk_bytes: 512,
         state_bytes: 4096,
         apply_bytes: 512,
+        base: 0,
     }
 }
 

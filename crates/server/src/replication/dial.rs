@@ -20,6 +20,7 @@
 //! | `rpc` | an RPC connection to the backup's worker `w mod workers` |
 //! | `rwrite`, `batch` | a queue pair to the backup's remote log (`REMOTE_LOG_SERVICE`, whose answer carries the region) and an RPC connection for grants |
 //! | `share` | as `rwrite`, and the remote log the server's workers share |
+//! | `drpc` | a durable-RPC sender's queue pair to the backup's redo rings (`DRPC_SERVICE`, whose answer is the ring's offer) |
 //!
 //! A dial that gets no answer within [`DIAL_TIMEOUT_NS`], or is refused, is
 //! dropped and tried again on a later entry, no sooner than [`REDIAL_NS`] after.
@@ -107,13 +108,59 @@ impl SharedLogSet {
 
 type Answer = Receiver<Result<Accepted, String>>;
 
+/// The sender's end of a path to a backup's service: a raw queue pair (on the
+/// worker's completion queue), or a durable-RPC sender with its own queues
+/// (`drpc`).
+pub enum PathQp<N: Nic> {
+    Raw(N::Qp),
+    Drpc(Box<rowankv_drpc::Sender<N>>),
+}
+
+impl<N: Nic> PathQp<N> {
+    /// The end `strategy`'s path needs, on `nic`; raw queue pairs complete on
+    /// `cq` and take `depth` work requests.
+    pub fn new(strategy: Strategy, nic: &N, cq: &N::Cq, depth: usize) -> Result<Self, String> {
+        if strategy.backup_side() == BackupSide::RedoRing {
+            let s = rowankv_drpc::Sender::new(nic, super::redo::VARIANT, super::redo::flow())
+                .map_err(|e| format!("a durable-RPC sender: {e}"))?;
+            Ok(PathQp::Drpc(Box::new(s)))
+        } else {
+            let qp = nic
+                .create_qp(cq, cq, None, depth)
+                .map_err(|e| format!("a queue pair: {e}"))?;
+            Ok(PathQp::Raw(qp))
+        }
+    }
+
+    pub fn addr(&self) -> rowankv_fabric::QpAddr {
+        match self {
+            PathQp::Raw(q) => q.addr(),
+            PathQp::Drpc(s) => s.qp_addr(),
+        }
+    }
+
+    fn close(&self) {
+        match self {
+            PathQp::Raw(q) => q.close(),
+            PathQp::Drpc(s) => s.close(),
+        }
+    }
+
+    fn raw(self) -> Result<N::Qp, String> {
+        match self {
+            PathQp::Raw(q) => Ok(q),
+            PathQp::Drpc(_) => Err("a durable-RPC sender where a queue pair was needed".into()),
+        }
+    }
+}
+
 /// One dial in progress: the parts the strategy needs, each asked for, then
 /// answered.
 struct Dial<N: Nic> {
     started_ns: u64,
-    /// A raw queue pair and the answer of the service it asked.
-    qp: Option<(N::Qp, Answer)>,
-    qp_done: Option<(N::Qp, Accepted)>,
+    /// The path's queue pair and the answer of the service it asked.
+    qp: Option<(PathQp<N>, Answer)>,
+    qp_done: Option<(PathQp<N>, Accepted)>,
     /// An RPC connection and its answer.
     rpc: Option<(PeerId, Answer)>,
     rpc_done: Option<PeerId>,
@@ -197,12 +244,7 @@ impl<N: Nic> Dialer<N> {
             rpc_done: None,
         };
         if let Some(service) = self.strategy.path_service() {
-            let cq = cx.ep.cq();
-            let qp = cx
-                .ep
-                .nic()
-                .create_qp(cq, cq, None, self.qp_depth)
-                .map_err(|e| format!("a queue pair: {e}"))?;
+            let qp = PathQp::new(self.strategy, cx.ep.nic(), cx.ep.cq(), self.qp_depth)?;
             let answer = self
                 .directory
                 .request(
@@ -313,20 +355,31 @@ impl<N: Nic> Dialer<N> {
 pub fn link<N: Nic>(
     strategy: Strategy,
     backup: NodeId,
-    qp: Option<(N::Qp, Accepted)>,
+    qp: Option<(PathQp<N>, Accepted)>,
     rpc: Option<PeerId>,
     mtu_bytes: usize,
     shared_logs: &SharedLogs,
 ) -> Result<Link<N>, String> {
     let kind = match strategy.backup_side() {
+        BackupSide::RedoRing => {
+            let (end, a) = qp.ok_or("no redo ring answered")?;
+            let PathQp::Drpc(mut sender) = end else {
+                return Err("a raw queue pair where a durable-RPC sender was needed".into());
+            };
+            let offer = super::redo::decode_offer(&a.private, backup, mtu_bytes)?;
+            sender.connect(&offer).map_err(|e| e.to_string())?;
+            LinkKind::Drpc(sender)
+        }
         BackupSide::Receiver => {
             let (qp, a) = qp.ok_or("no Rowan receiver answered")?;
+            let qp = qp.raw()?;
             qp.connect(a.qp).map_err(|e| e.to_string())?;
             LinkKind::Rowan(RowanSender::new(qp, mtu_bytes))
         }
         BackupSide::Appender => LinkKind::Rpc(rpc.ok_or("no worker answered")?),
         BackupSide::RemoteLog => {
             let (qp, a) = qp.ok_or("no remote log answered")?;
+            let qp = qp.raw()?;
             let (region, epoch) = decode_log_answer(&a.private, backup)?;
             let peer = rpc.ok_or("no worker answered")?;
             // Checked before the queue pair is connected: a stale answer's

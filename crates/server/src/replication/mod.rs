@@ -1,4 +1,4 @@
-//! Replication strategies: one trait, five implementations, all writing the same
+//! Replication strategies: one trait, six implementations, all writing the same
 //! log-entry format (seed 000 §6.1 "Comparing targets").
 //!
 //! | strategy | primary side | backup side |
@@ -8,6 +8,7 @@
 //! | `rwrite` | each worker owns a remote log on every other server and appends with persisted WRITEs (FaRM) | segments granted on request; digested once sealed |
 //! | `batch` | `rwrite`, entries batched per backup until 256 B or 5 µs | as `rwrite` |
 //! | `share` | one remote log per server pair, shared by the server's workers; space reserved with a local atomic | as `rwrite` |
+//! | `drpc` | a WFlush durable RPC per entry into the backup's redo ring (seed 002): acknowledged once durable there | the redo role executes the ring into b-log 0, later (`redo.rs`) |
 //!
 //! Each strategy is described in one place, [`Strategy`]'s methods: its backup
 //! side ([`BackupSide`]: what `node::assemble` sets up and which requests a
@@ -21,6 +22,7 @@
 //! is durable in that backup's log, or in `failed` if it cannot be.
 
 mod dial;
+pub mod redo;
 mod rowan;
 mod rpc;
 mod rwrite;
@@ -39,12 +41,13 @@ use rowankv_types::NodeId;
 use rowankv_wire::frame::{Envelope, Response};
 
 use crate::server::ServerSettings;
-use crate::services::{REMOTE_LOG_SERVICE, ROWAN_SERVICE};
+use crate::services::{DRPC_SERVICE, REMOTE_LOG_SERVICE, ROWAN_SERVICE};
 
-pub use dial::link;
 pub(crate) use dial::Dialer;
 pub use dial::OnDemand;
+pub use dial::{link, PathQp};
 pub use dial::{SharedLogSet, SharedLogs};
+pub use redo::{DrpcReplicator, RedoRings};
 pub use rowan::RowanReplicator;
 pub use rpc::RpcReplicator;
 pub use rwrite::BatchConfig;
@@ -62,15 +65,17 @@ pub enum Strategy {
     Rwrite,
     Batch,
     Share,
+    Drpc,
 }
 
 impl Strategy {
-    pub const ALL: [Strategy; 5] = [
+    pub const ALL: [Strategy; 6] = [
         Strategy::Rowan,
         Strategy::Rpc,
         Strategy::Rwrite,
         Strategy::Batch,
         Strategy::Share,
+        Strategy::Drpc,
     ];
 
     pub fn name(self) -> &'static str {
@@ -80,6 +85,7 @@ impl Strategy {
             Strategy::Rwrite => "rwrite",
             Strategy::Batch => "batch",
             Strategy::Share => "share",
+            Strategy::Drpc => "drpc",
         }
     }
 
@@ -99,6 +105,7 @@ impl Strategy {
             Strategy::Rowan => BackupSide::Receiver,
             Strategy::Rpc => BackupSide::Appender,
             Strategy::Rwrite | Strategy::Batch | Strategy::Share => BackupSide::RemoteLog,
+            Strategy::Drpc => BackupSide::RedoRing,
         }
     }
 
@@ -109,13 +116,28 @@ impl Strategy {
             BackupSide::Receiver => Some(ROWAN_SERVICE),
             BackupSide::Appender => None,
             BackupSide::RemoteLog => Some(REMOTE_LOG_SERVICE),
+            BackupSide::RedoRing => Some(DRPC_SERVICE),
         }
     }
 
     /// Whether a sender also needs an RPC connection to one of the backup's
     /// workers (the entries themselves, or segment grants).
     pub fn path_needs_rpc(self) -> bool {
-        self.backup_side() != BackupSide::Receiver
+        matches!(
+            self.backup_side(),
+            BackupSide::Appender | BackupSide::RemoteLog
+        )
+    }
+
+    /// Bytes a server's pool keeps out of its segments for this strategy
+    /// (`EngineConfig::reserved_tail_bytes`): `drpc`'s redo rings, for
+    /// `connections` sending workers and entries of `mtu_bytes`; 0 for the
+    /// others.
+    pub fn reserved_pool_bytes(self, mtu_bytes: usize, connections: u32) -> usize {
+        match self.backup_side() {
+            BackupSide::RedoRing => redo::redo_area_bytes(mtu_bytes, connections),
+            _ => 0,
+        }
     }
 
     /// A worker's replicator, with no connection yet: they are made on demand
@@ -137,6 +159,7 @@ impl Strategy {
                 timeout,
             )),
             Strategy::Rwrite => Box::new(RwriteReplicator::new(HashMap::new(), None, timeout)),
+            Strategy::Drpc => Box::new(DrpcReplicator::new(mtu_bytes, timeout)),
         }
     }
 }
@@ -154,6 +177,9 @@ pub enum BackupSide {
     /// through a passive queue pair; sealed segments are digested (`rwrite`,
     /// `batch`, `share`).
     RemoteLog,
+    /// The sender puts each entry into the backup's redo ring with a durable
+    /// RPC; the backup's redo role appends it to a b-log later (`drpc`).
+    RedoRing,
 }
 
 impl fmt::Display for Strategy {
@@ -168,7 +194,9 @@ impl FromStr for Strategy {
         Strategy::ALL
             .into_iter()
             .find(|x| x.name().eq_ignore_ascii_case(s))
-            .ok_or_else(|| format!("unknown strategy {s:?} (rowan, rpc, rwrite, batch, share)"))
+            .ok_or_else(|| {
+                format!("unknown strategy {s:?} (rowan, rpc, rwrite, batch, share, drpc)")
+            })
     }
 }
 
@@ -221,6 +249,8 @@ pub(crate) enum LinkKind<N: Nic> {
     RemoteLog(RemoteLogTarget<N::Qp>),
     /// `share`: as `RemoteLog`, with the log the sending server's workers share.
     Shared(std::sync::Arc<SharedLog>, RemoteLogTarget<N::Qp>),
+    /// `drpc`: a durable-RPC sender connected to the backup's redo ring.
+    Drpc(Box<rowankv_drpc::Sender<N>>),
 }
 
 /// Whether a backup's connection failed and was reset, and has carried

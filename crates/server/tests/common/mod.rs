@@ -3,10 +3,15 @@
 use rowankv_engine::Engine;
 use rowankv_fabric::LoopbackNic;
 use rowankv_pmem::{Medium, Pool, PoolOptions, PowerFailure};
-use rowankv_server::ServerShared;
+use std::sync::Arc;
+
+use rowankv_server::replication::redo::replay_rings;
+use rowankv_server::{ServerShared, Strategy};
 
 /// The image a power failure of `server` would leave now, recovered by a fresh
-/// engine with the server's own engine configuration.
+/// engine with the server's own engine configuration — under `drpc`, as a
+/// restarted server recovers it: its redo rings re-executed into the b-log
+/// first (then the pool recovered again, so the b-log's entries are indexed).
 pub fn recover_power_failure_image(server: &ServerShared<LoopbackNic>) -> Engine {
     let image = server
         .engine
@@ -16,7 +21,14 @@ pub fn recover_power_failure_image(server: &ServerShared<LoopbackNic>) -> Engine
         .image(PowerFailure::DropAll);
     let pool = Pool::from_image(&image, PoolOptions::new(Medium::Emulated, image.len()))
         .expect("a pool from the image");
-    let (engine, _report) = Engine::open_replica(pool, server.engine.config().clone())
+    let config = server.engine.config().clone();
+    if server.strategy == Strategy::Drpc {
+        let (engine, _report) = Engine::open_replica(pool.clone(), config.clone())
+            .unwrap_or_else(|e| panic!("recovering {}'s image: {e}", server.node));
+        replay_rings(Arc::new(engine))
+            .unwrap_or_else(|e| panic!("{}'s image: the redo rings: {e}", server.node));
+    }
+    let (engine, _report) = Engine::open_replica(pool, config)
         .unwrap_or_else(|e| panic!("recovering {}'s image: {e}", server.node));
     engine
 }
