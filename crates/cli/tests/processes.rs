@@ -543,6 +543,14 @@ fn a_share_backup_restarted_within_its_lease_is_dialled_again() {
     restarted_within_its_lease("share");
 }
 
+/// `drpc`: the restarted server's redo rings are reopened on its pool (what
+/// they held re-executed into its b-log), and its peers' durable-RPC senders,
+/// whose connections failed, dial again and get their worker's ring back.
+#[test]
+fn a_drpc_backup_restarted_within_its_lease_is_dialled_again() {
+    restarted_within_its_lease("drpc");
+}
+
 fn restarted_within_its_lease(strategy: &str) {
     let _serial = one_at_a_time();
     let dir = tempfile::tempdir().unwrap();

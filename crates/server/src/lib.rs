@@ -1,7 +1,8 @@
 //! The RowanKV server (seed 000 §4.1, §4.5, §4.7, §5): worker roles that do
 //! network I/O and KV logic, the control role (the Rowan receiver's control path,
 //! leases, failover, re-replication, cold start), digest and clean roles, the
-//! five replication strategies the paper compares, the runtime that schedules
+//! five replication strategies the paper compares and a sixth on seed 002's
+//! durable RPCs (`drpc`), the runtime that schedules
 //! the roles, and the assembly of one server on its NIC (`node`).
 //!
 //! It also reads the deployment files of `rowankv server` and `rowankv cm`

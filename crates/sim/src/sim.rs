@@ -142,7 +142,7 @@ pub struct SimConfig {
     /// Roles are preempted inside their steps now and then (with `faults`).
     pub preempt: bool,
     pub planted: Option<PlantedBug>,
-    /// The replication strategy; `None`: drawn from the seed (all five in turn).
+    /// The replication strategy; `None`: drawn from the seed (all six in turn).
     pub strategy: Option<Strategy>,
     /// About a third of PUTs carry an expiry time ([`expiry_of_value`]), far
     /// past the run's end: values never expire, but entries with a request
