@@ -19,6 +19,9 @@
 //!   table, ratios and plot.
 //! - [`rpc`]: seed 002 Figures 8 and 9 — the four durable RPCs against the seven
 //!   classic RDMA RPC designs on the loopback fabric's wire model.
+//! - [`rpc_figs`]: seed 002 Figures 12, 13, 15, 17, 18, 19 — recovery under receiver
+//!   crashes, object size, receiver CPU load, concurrent senders, read/write ratio,
+//!   batch size, on the same fabric and wire model.
 //!
 //! [`plot`] draws the results of `dlwa`, `ycsb` and the failover run as PNG files
 //! (`--plot`), from the result records alone, with a font compiled in.
@@ -30,5 +33,6 @@ pub mod engine_bench;
 pub mod plot;
 pub mod resp_load;
 pub mod rpc;
+pub mod rpc_figs;
 pub mod table;
 pub mod ycsb;

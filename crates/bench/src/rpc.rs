@@ -86,17 +86,17 @@ pub const THROUGHPUT_GAIN_GOAL: f64 = 0.40;
 /// The tail-latency goal: WFlush/W-RFlush p99 below the WRITE classics' at 1 KiB.
 pub const P99_CUT_GOAL: f64 = 0.30;
 /// Reply of every request: 8 bytes (the request's length), for both kinds.
-const REPLY_BYTES: usize = 8;
+pub(crate) const REPLY_BYTES: usize = 8;
 /// Latencies recorded up to 10 s, 3 significant digits.
 const LATENCY_NS_MAX: u64 = 10_000_000_000;
 /// A point gives up if its sender sees no progress for this long (a stuck design
 /// must fail the run, not hang it).
-const STALL_NS_MAX: u64 = 5_000_000_000;
+pub(crate) const STALL_NS_MAX: u64 = 5_000_000_000;
 /// Idle spins of the durable receiver's and sender's loops before they yield the
 /// core (the classic server's loop and client's `call` do the same).
-const IDLE_SPINS_BEFORE_YIELD: u32 = 64;
-const SENDER: NodeId = NodeId(1);
-const RECEIVER: NodeId = NodeId(0);
+pub(crate) const IDLE_SPINS_BEFORE_YIELD: u32 = 64;
+pub(crate) const SENDER: NodeId = NodeId(1);
+pub(crate) const RECEIVER: NodeId = NodeId(0);
 
 /// Receiver load per request.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -226,6 +226,9 @@ impl RpcOptions {
 /// One measured point (or one that does not apply: FaSST above its MTU).
 #[derive(Clone, Debug, Serialize)]
 pub struct RpcPoint {
+    /// The paper's figure this point belongs to: 8 (Figure 9's latencies are the
+    /// same points' p50/p99).
+    pub figure: u32,
     pub design: String,
     /// `classic` or `durable`.
     pub kind: String,
@@ -233,6 +236,9 @@ pub struct RpcPoint {
     pub family: String,
     pub size_bytes: usize,
     pub load: Load,
+    /// The swept parameter of the figure (`size_bytes` for Figure 8) and its value.
+    pub param: String,
+    pub param_value: f64,
     /// Receiver processing per request (busy CPU), ns.
     pub processing_ns: u64,
     /// False when the design cannot carry the size (FaSST above the 4 KiB UD MTU);
@@ -327,6 +333,7 @@ pub fn run_point(
 
 fn blank(design: RpcDesign, size_bytes: usize, load: Load, model: &WireModel) -> RpcPoint {
     RpcPoint {
+        figure: 8,
         design: design.name().to_string(),
         kind: if design.is_durable() {
             "durable"
@@ -337,6 +344,8 @@ fn blank(design: RpcDesign, size_bytes: usize, load: Load, model: &WireModel) ->
         family: design.family().to_string(),
         size_bytes,
         load,
+        param: "size_bytes".to_string(),
+        param_value: size_bytes as f64,
         processing_ns: load.processing_ns(),
         applicable: true,
         note: None,
@@ -364,25 +373,25 @@ fn blank(design: RpcDesign, size_bytes: usize, load: Load, model: &WireModel) ->
     }
 }
 
-fn histogram() -> Histogram<u64> {
+pub(crate) fn histogram() -> Histogram<u64> {
     Histogram::new_with_bounds(1, LATENCY_NS_MAX, 3).expect("valid bounds")
 }
 
-fn us(h: &Histogram<u64>, q: f64) -> Option<f64> {
+pub(crate) fn us(h: &Histogram<u64>, q: f64) -> Option<f64> {
     (!h.is_empty()).then(|| h.value_at_quantile(q) as f64 / 1e3)
 }
 
-fn record(h: &mut Histogram<u64>, ns: u64) {
+pub(crate) fn record(h: &mut Histogram<u64>, ns: u64) {
     h.saturating_record(ns.clamp(1, LATENCY_NS_MAX));
 }
 
 /// The request every point sends: `size_bytes` of a pattern.
-fn request(size_bytes: usize) -> Vec<u8> {
+pub(crate) fn request(size_bytes: usize) -> Vec<u8> {
     (0..size_bytes).map(|i| (i % 251) as u8).collect()
 }
 
 /// Busy receiver CPU for `ns` (the paper's injected processing, §5.2).
-fn spin_ns(ns: u64) {
+pub(crate) fn spin_ns(ns: u64) {
     if ns == 0 {
         return;
     }
@@ -392,7 +401,7 @@ fn spin_ns(ns: u64) {
     }
 }
 
-fn elapsed_ns(since: Instant) -> u64 {
+pub(crate) fn elapsed_ns(since: Instant) -> u64 {
     since.elapsed().as_nanos() as u64
 }
 
@@ -506,7 +515,7 @@ impl Operator for BenchOperator {
     }
 }
 
-const OP_STORE: u16 = 1;
+pub(crate) const OP_STORE: u16 = 1;
 
 /// The durable connections' bounds: the crate's defaults (window 16, 2 while
 /// slowed, slow-down above a backlog of 8, no batching), except that the receiver
@@ -862,7 +871,7 @@ pub fn goals(points: &[RpcPoint]) -> Vec<Goal> {
     out
 }
 
-fn size_name(b: usize) -> String {
+pub(crate) fn size_name(b: usize) -> String {
     if b >= 1024 && b.is_multiple_of(1024) {
         format!("{} KiB", b / 1024)
     } else {
@@ -870,7 +879,7 @@ fn size_name(b: usize) -> String {
     }
 }
 
-fn opt(v: Option<f64>, digits: usize) -> String {
+pub(crate) fn opt(v: Option<f64>, digits: usize) -> String {
     v.map_or("-".to_string(), |x| format!("{x:.digits$}"))
 }
 
