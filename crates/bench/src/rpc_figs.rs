@@ -669,6 +669,7 @@ fn durable_geometry(s: &Spec, flow: &FlowConfig) -> RingGeometry {
         chunk_bytes,
         state_bytes: 64,
         apply_bytes: 64,
+        base: 0,
     }
 }
 

@@ -105,7 +105,9 @@ enum BenchCommand {
     Resp(Box<RespArgs>),
     /// Durable RPCs (SFlush, WFlush, S-RFlush, W-RFlush) against seven classic RDMA
     /// RPC designs at 32 B, 1 KiB, 64 KiB, light and heavy load, wire model on
-    /// (seed 002 Figures 8 and 9); the goals, met or missed.
+    /// (seed 002 Figures 8 and 9); the goals, met or missed. --figures
+    /// adds Figures 12, 13, 15, 17, 18 and 19 (failures, object size, receiver
+    /// CPU load, senders, read/write ratio, batch size).
     Rpc(bench_rpc::RpcArgs),
 }
 
