@@ -551,6 +551,95 @@ fn a_drpc_backup_restarted_within_its_lease_is_dialled_again() {
     restarted_within_its_lease("drpc");
 }
 
+/// `drpc`, with a real process killed while its redo rings hold entries: server
+/// 0 runs with its redo role held back (`test_hold_redo_role`), so the entries
+/// its peers replicate to it are acknowledged by its rings alone and stay
+/// there; it is killed (`kill -9`) and started again without the knob, and its
+/// recovery re-executes them into its b-log (its log says how many). Then every
+/// key is read back, and the two other servers are killed one after the other,
+/// each time the survivors promoted: the last key reads come from server 0's
+/// data alone.
+#[test]
+fn a_drpc_backup_killed_while_its_rings_hold_entries_re_executes_them_on_restart() {
+    let _serial = one_at_a_time();
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = Cluster::start_with_lease(
+        dir.path(),
+        1,
+        3,
+        "kind = \"embedded\"\npath = \"data/cm.store\"",
+        10_000,
+        "drpc",
+    );
+    c.wait_ready(3);
+    let nodes: Vec<u64> = (0..3).map(|i| c.node_of(i)).collect();
+    // Restart server 0, within its lease, with its redo role held back.
+    let file = dir.path().join("server-0.toml");
+    let plain = std::fs::read_to_string(&file).unwrap();
+    c.kill_server(0);
+    std::fs::write(&file, format!("test_hold_redo_role = true\n{plain}")).unwrap();
+    c.restart_server(0);
+    let keys: Vec<String> = (0..18).map(|i| format!("held-{i}")).collect();
+    for k in &keys {
+        let out = c.cli(&["put", k, &format!("v-{k}"), "--timeout-s", "20"]);
+        assert!(
+            out.status.success(),
+            "put {k}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    // Killed with the entries in its rings; back without the knob.
+    c.kill_server(0);
+    std::fs::write(&file, &plain).unwrap();
+    c.restart_server(0);
+    c.wait_ready(3);
+    let log = std::fs::read_to_string(dir.path().join("logs/server-0-again.log")).unwrap();
+    let reexecuted: u64 = log
+        .lines()
+        .filter(|l| l.contains("redo rings recovered into the b-log"))
+        .filter_map(|l| {
+            l.split("reexecuted=")
+                .nth(1)?
+                .split_whitespace()
+                .next()?
+                .parse::<u64>()
+                .ok()
+        })
+        .sum();
+    assert!(
+        reexecuted >= 1,
+        "the restarted server re-executed nothing from its rings: {log}"
+    );
+    eprintln!("server 0 re-executed {reexecuted} requests from its redo rings");
+    for k in &keys {
+        let out = c.cli(&["get", k, "--timeout-s", "20"]);
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout).trim_end(),
+            format!("v-{k}"),
+            "{k}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    // Server 0's copy alone: the other two go, one at a time.
+    for i in [1, 2] {
+        c.kill_server(i);
+        let deadline = Instant::now() + Duration::from_secs(90);
+        while c.status().is_none_or(|(_, m)| m.contains(&nodes[i])) {
+            assert!(Instant::now() < deadline, "server {i} was not removed");
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+    for k in &keys {
+        let out = c.cli(&["get", k, "--timeout-s", "30"]);
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout).trim_end(),
+            format!("v-{k}"),
+            "{k}, from server 0 alone: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
 fn restarted_within_its_lease(strategy: &str) {
     let _serial = one_at_a_time();
     let dir = tempfile::tempdir().unwrap();

@@ -356,6 +356,7 @@ fn run_once(
         failover: failover_settings(answer.lease_ms),
         ..ServerSettings::default()
     };
+    settings.test_hold_redo_role = dep.test_hold_redo_role;
     if dep.unsafe_serve_without_lease {
         tracing::warn!(
             "unsafe_serve_without_lease: this server is deliberately broken (it answers \

@@ -13,6 +13,17 @@ use rowankv_types::NodeId;
 
 const REQUESTS: u64 = 40;
 
+/// A window of six, one request executed per receiver poll, no slow-down: a test
+/// can leave requests landed and not executed.
+fn one_per_poll() -> FlowConfig {
+    FlowConfig {
+        inflight_max: 6,
+        requests_per_poll_max: 1,
+        slow_down_threshold: 16,
+        ..flow()
+    }
+}
+
 /// Every variant: each request is durable before it completes, completes once and in
 /// seq order, its effect is applied once; the ring wraps several times and its
 /// truncation point is persisted.
@@ -230,12 +241,7 @@ fn restart_reexecutes_durable_requests_and_the_sender_does_not_resend() {
     for variant in Variant::ALL {
         let v = variant.name();
         let pool = formatted_pool(PoolOptions::default());
-        let flow = FlowConfig {
-            inflight_max: 6,
-            requests_per_poll_max: 1,
-            slow_down_threshold: 16,
-            ..flow()
-        };
+        let flow = one_per_poll();
         {
             let fabric = LoopbackFabric::new();
             let (mut r, mut s, _) = connect(&fabric, pool.clone(), variant, flow, ConnId(0));
@@ -389,12 +395,7 @@ fn a_released_connection_executes_what_landed_and_is_accepted_again() {
     for variant in Variant::ALL {
         let v = variant.name();
         let pool = formatted_pool(PoolOptions::default());
-        let flow = FlowConfig {
-            inflight_max: 6,
-            requests_per_poll_max: 1,
-            slow_down_threshold: 16,
-            ..flow()
-        };
+        let flow = one_per_poll();
         let fabric = LoopbackFabric::new();
         let (mut r, mut old, _) = connect(&fabric, pool.clone(), variant, flow, ConnId(0));
         for i in 1..=5u64 {

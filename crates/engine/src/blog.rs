@@ -41,7 +41,7 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 use rowankv_fabric::{Access, MemoryRegion, Nic, QpAddr, QueuePair, RegionMemory};
 use rowankv_rowan::{ReceiverConfig, RowanReceiver};
-use rowankv_types::{NodeId, SegmentId, ShardId};
+use rowankv_types::{NodeId, SegmentId, ShardId, Version};
 
 use crate::engine::Ingested;
 use crate::entry::Assembler;
@@ -92,6 +92,13 @@ struct UsedSegment {
     seg: SegmentId,
     max_ver: BTreeMap<u16, u64>,
     digested_by: usize,
+    /// Entries whose blocks a digest role had not all seen when it finished
+    /// this segment (some of them may lie here): the segment is not committed
+    /// while any is incomplete, whatever its MaxVer — committed, it would
+    /// leave the walks that gather uncommitted entries (a promotion, a cold
+    /// start), which could then not assemble the entry. Cleared as the digest
+    /// completes them in later segments.
+    incomplete: Vec<(ShardId, Version)>,
 }
 
 struct DigestCursor {
@@ -199,6 +206,7 @@ impl<N: Nic> BackupLog<N> {
                 seg,
                 max_ver: BTreeMap::new(),
                 digested_by: 0,
+                incomplete: Vec::new(),
             })
             .collect();
         let queued = queue.len() as u64;
@@ -349,6 +357,7 @@ impl<N: Nic> BackupLog<N> {
                     seg,
                     max_ver: BTreeMap::new(),
                     digested_by: 0,
+                    incomplete: Vec::new(),
                 });
             }
         }
@@ -378,6 +387,7 @@ impl<N: Nic> BackupLog<N> {
             seg,
             max_ver: BTreeMap::new(),
             digested_by: 0,
+            incomplete: Vec::new(),
         });
     }
 
@@ -436,11 +446,13 @@ impl<N: Nic> BackupLog<N> {
         let owns = |s: ShardId| s.0 as usize % count == d;
         for &(pos, seg) in &todo {
             let mut max_ver: BTreeMap<u16, u64> = BTreeMap::new();
+            let mut completed: Vec<(ShardId, Version)> = Vec::new();
             let commit_ver = &self.commit_ver;
             let mut sink = |i: Ingested| match i {
                 Ingested::Entry { shard, version, .. } => {
                     let m = max_ver.entry(shard.0).or_default();
                     *m = (*m).max(version.0);
+                    completed.push((shard, version));
                 }
                 Ingested::Commit { shard, version } => {
                     if let Some(c) = commit_ver.get(shard.0 as usize) {
@@ -452,11 +464,17 @@ impl<N: Nic> BackupLog<N> {
             self.engine
                 .ingest_segment(seg, &owns, &mut cursor.assembler, &mut sink)?;
             let mut q = self.used.lock();
+            if !completed.is_empty() {
+                for u in q.0.iter_mut().filter(|u| !u.incomplete.is_empty()) {
+                    u.incomplete.retain(|id| !completed.contains(id));
+                }
+            }
             if let Some(u) = q.0.iter_mut().find(|u| u.pos == pos) {
                 for (s, v) in max_ver {
                     let m = u.max_ver.entry(s).or_default();
                     *m = (*m).max(v);
                 }
+                u.incomplete.extend(cursor.assembler.pending_ids());
                 u.digested_by += 1;
             }
             cursor.next_pos = pos + 1;
@@ -474,6 +492,7 @@ impl<N: Nic> BackupLog<N> {
         let segments = self.engine.segments();
         q.0.retain(|u| {
             let done = u.digested_by == count
+                && u.incomplete.is_empty()
                 && u.max_ver.iter().all(|(&s, &v)| {
                     commit_ver
                         .get(s as usize)

@@ -925,6 +925,11 @@ impl Assembler {
         self.pending.len()
     }
 
+    /// The incomplete entries held, by shard and version.
+    pub fn pending_ids(&self) -> impl Iterator<Item = (ShardId, Version)> + '_ {
+        self.pending.keys().copied()
+    }
+
     /// Payload bytes held in incomplete entries.
     pub fn pending_bytes(&self) -> usize {
         self.bytes

@@ -407,3 +407,106 @@ fn a_reused_per_thread_blog_segment_commits_once_its_new_entries_are_committed()
     );
     assert!(blog.pending_segments().is_empty());
 }
+
+/// Regression (found by review of the `drpc` strategy, whose backups append an
+/// entry larger than a ring chunk in pieces): the blocks of one entry straddle
+/// two b-log segments, and a CommitVer covering every *complete* entry of the
+/// first lands before the second piece. The first segment must not commit while
+/// the entry is incomplete: committed, it would leave the walk a promotion takes
+/// (`uncommitted_entries_of`: using and used segments only), which then holds
+/// only the second piece and cannot assemble the acknowledged entry — the new
+/// primary served the old value. Rowan's b-log, whose blocks land apart, had the
+/// same exposure. Before the fix `try_commit` committed the first segment and the
+/// key read v1.
+#[test]
+fn a_segment_holding_part_of_an_incomplete_entry_is_not_committed_until_it_completes() {
+    let pool = Pool::anonymous(1 << 20, PoolOptions::default()).unwrap();
+    let engine = Arc::new(Engine::create(pool, config()).unwrap());
+    let blog = BackupLog::<rowankv_fabric::LoopbackNic>::passive(
+        engine.clone(),
+        BackupLogConfig::default(),
+    )
+    .unwrap();
+    let shard = 1u16;
+    let big = vec![7u8; 3000];
+    let whole = encoded(Kind::Put, shard, 1_000, b"big", &big);
+    let mut pieces = Vec::new();
+    let mut at = 0;
+    while at < whole.len() {
+        let (h, _) = entry::parse_block(&whole[at..]).unwrap();
+        pieces.push(whole[at..at + h.padded_len()].to_vec());
+        at += h.padded_len();
+    }
+    assert_eq!(pieces.len(), 2, "two blocks at an MTU of {MTU}");
+    let filler = |v: u64| {
+        encoded(
+            Kind::Put,
+            shard,
+            v,
+            format!("k{v:05}").as_bytes(),
+            &[1u8; 90],
+        )
+    };
+    let commit = |v: u64| encoded(Kind::Commit, shard, v, b"", b"");
+    // Fill the first segment so that the first piece fits and the second does not.
+    let n = (SEGMENT - commit(0).len() - pieces[0].len()) / filler(2).len();
+    let mut sealed = Vec::new();
+    sealed.extend(
+        engine
+            .append_backup(0, &encoded(Kind::Put, shard, 1, b"big", &[1u8; 90]))
+            .unwrap(),
+    );
+    for v in 2..=n as u64 {
+        sealed.extend(engine.append_backup(0, &filler(v)).unwrap());
+    }
+    sealed.extend(engine.append_backup(0, &commit(n as u64)).unwrap());
+    for p in &pieces {
+        sealed.extend(engine.append_backup(0, p).unwrap());
+    }
+    assert_eq!(
+        sealed.len(),
+        1,
+        "the first segment sealed by the second piece"
+    );
+    blog.enqueue_used(sealed[0]);
+    let digest_all = || {
+        for d in 0..BackupLogConfig::default().digest_count {
+            blog.digest_step(d).unwrap();
+        }
+    };
+    digest_all();
+    assert_eq!(
+        blog.try_commit(),
+        0,
+        "the first segment holds part of an incomplete entry: not committed"
+    );
+    // A promotion now: its walk assembles the entry from both segments.
+    let found = engine
+        .uncommitted_entries_of(&[ShardId(shard)], &[])
+        .unwrap();
+    let list = found.get(&ShardId(shard)).cloned().unwrap_or_default();
+    assert!(
+        list.iter()
+            .any(|e| entry::parse_entry(e).unwrap().version == Version(1_000)),
+        "the acknowledged entry is missing from the promotion's walk"
+    );
+    // The second segment fills and is digested: the entry completes, and the
+    // first segment commits once a CommitVer covers it.
+    let mut more = Vec::new();
+    let mut v = 1_001;
+    while more.is_empty() {
+        more.extend(engine.append_backup(0, &filler(v)).unwrap());
+        v += 1;
+    }
+    more.extend(engine.append_backup(0, &commit(v)).unwrap());
+    for seg in more {
+        blog.enqueue_used(seg);
+    }
+    digest_all();
+    assert_eq!(
+        engine.get(ShardId(shard), b"big").unwrap().map(|(v, _)| v),
+        Some(big),
+        "the digest assembled the entry"
+    );
+    assert!(blog.try_commit() >= 1, "the first segment commits at last");
+}

@@ -124,7 +124,7 @@ impl<N: Nic> Task for RedoTask<N> {
         let Some(rings) = self.shared.redo.get() else {
             return Step::Done;
         };
-        if self.shared.buggify("redo.skip-step") {
+        if self.shared.settings.test_hold_redo_role || self.shared.buggify("redo.skip-step") {
             return Step::Idle;
         }
         let executed = rings.lock().poll();

@@ -120,6 +120,12 @@ pub struct ServerFile {
     /// Never set it for data you keep.
     #[serde(default)]
     pub unsafe_serve_without_lease: bool,
+    /// For tests of the `drpc` strategy: the redo role does not run, so
+    /// entries other servers replicate here stay in the redo rings until the
+    /// server restarts without it (writes block once a sender's window of 32
+    /// fills). Loses nothing; never useful outside tests.
+    #[serde(default)]
+    pub test_hold_redo_role: bool,
 }
 
 /// `[metrics]`: the Prometheus text endpoint of a server or CM (`GET /metrics`).
@@ -263,6 +269,8 @@ pub struct ServerDeployment {
     pub metrics: Option<SocketAddr>,
     /// [`ServerFile::unsafe_serve_without_lease`].
     pub unsafe_serve_without_lease: bool,
+    /// [`ServerFile::test_hold_redo_role`].
+    pub test_hold_redo_role: bool,
 }
 
 /// A checked `[resp]` section.
@@ -517,6 +525,7 @@ impl ServerDeployment {
             resp: f.resp.map(|r| c.resp(path, r, &advertise)).transpose()?,
             advertise,
             unsafe_serve_without_lease: f.unsafe_serve_without_lease,
+            test_hold_redo_role: f.test_hold_redo_role,
         })
     }
 

@@ -92,6 +92,10 @@ pub struct ServerSettings {
     /// `None`: twice the lease, by when a dead backup is out of the
     /// configuration. See [`ServerSettings::replicate_timeout`].
     pub replicate_timeout_ns: Option<u64>,
+    /// For tests (`drpc`): the redo role does not run, so replicated entries
+    /// stay in the redo rings until the server restarts without it (or a
+    /// failover walk drains them). A sender's window fills after 32 requests.
+    pub test_hold_redo_role: bool,
 }
 
 impl ServerSettings {
@@ -202,6 +206,7 @@ impl Default for ServerSettings {
             blog: BackupLogConfig::default(),
             failover: FailoverSettings::default(),
             replicate_timeout_ns: None,
+            test_hold_redo_role: false,
         }
     }
 }
