@@ -56,6 +56,21 @@ const FAILOVER_PANEL_HEIGHT_PX: u32 = 380;
 pub const FAILOVER_RUNS_MAX: usize = 10;
 
 const GREY: RGBColor = RGBColor(110, 110, 110);
+/// Colours of a plot's series, in order: matplotlib's "tab10", then black. A plot
+/// that cycles through fewer takes the first ones (`PALETTE.split_at(n).0`).
+pub(crate) const PALETTE: [RGBColor; 11] = [
+    RGBColor(31, 119, 180),
+    RGBColor(255, 127, 14),
+    RGBColor(44, 160, 44),
+    RGBColor(214, 39, 40),
+    RGBColor(148, 103, 189),
+    RGBColor(140, 86, 75),
+    RGBColor(227, 119, 194),
+    RGBColor(127, 127, 127),
+    RGBColor(188, 189, 34),
+    RGBColor(23, 190, 207),
+    RGBColor(0, 0, 0),
+];
 /// Strategies in the order and colours of every plot.
 const STRATEGY_COLOURS: [(&str, RGBColor); 5] = [
     ("rowan", RGBColor(31, 119, 180)),
@@ -109,8 +124,8 @@ pub enum PlotError {
     Font,
 }
 
-type DrawResult<T> = Result<T, Box<dyn Error>>;
-type Area<'a> = DrawingArea<BitMapBackend<'a>, Shift>;
+pub(crate) type DrawResult<T> = Result<T, Box<dyn Error>>;
+pub(crate) type Area<'a> = DrawingArea<BitMapBackend<'a>, Shift>;
 
 /// Check, before a long run, that `path` can take a plot: it ends in `.png` and
 /// its directory exists. (Whether the directory is writable shows only when the
@@ -150,7 +165,7 @@ pub(crate) fn register_font() -> Result<(), PlotError> {
 }
 
 /// Draw onto a `size` canvas with `draw` and write it to `path` as PNG.
-fn render(
+pub(crate) fn render(
     path: &Path,
     size: (u32, u32),
     draw: impl FnOnce(&Area<'_>) -> DrawResult<()>,
@@ -262,8 +277,54 @@ fn legend_line(colour: RGBColor) -> impl Fn((i32, i32)) -> PathElement<(i32, i32
 }
 
 /// A legend box sample in `colour`.
-fn legend_box(colour: RGBColor) -> impl Fn((i32, i32)) -> Rectangle<(i32, i32)> {
+pub(crate) fn legend_box(colour: RGBColor) -> impl Fn((i32, i32)) -> Rectangle<(i32, i32)> {
     move |(x, y)| Rectangle::new([(x, y - 6), (x + 16, y + 6)], colour.filled())
+}
+
+/// The label of tick `x` of a category axis (category `i` centred on x = i); every
+/// other tick unlabelled.
+pub(crate) fn category_label<S: AsRef<str>>(labels: &[S], x: f64) -> String {
+    let i = x.round();
+    if (x - i).abs() < 1e-6 && i >= 0.0 && (i as usize) < labels.len() {
+        labels[i as usize].as_ref().to_string()
+    } else {
+        String::new()
+    }
+}
+
+/// The legend of `chart`'s labelled series at `position`, on a light box.
+pub(crate) fn draw_legend<'a, DB: DrawingBackend + 'a, CT: CoordTranslate>(
+    chart: &mut ChartContext<'a, DB, CT>,
+    position: SeriesLabelPosition,
+    font_px: u32,
+) -> DrawResult<()>
+where
+    DB::ErrorType: 'static,
+{
+    chart
+        .configure_series_labels()
+        .position(position)
+        .label_font((FONT_FAMILY, font_px))
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .draw()?;
+    Ok(())
+}
+
+/// Caption `lines` in `area`, black, `font_px` high, the first at `top` and each
+/// next `step` lower, 14 px from the left.
+pub(crate) fn caption_lines(
+    area: &Area<'_>,
+    lines: &[String],
+    font_px: u32,
+    top: i32,
+    step: i32,
+) -> DrawResult<()> {
+    let style = TextStyle::from((FONT_FAMILY, font_px)).color(&BLACK);
+    for (i, line) in lines.iter().enumerate() {
+        area.draw_text(line, &style, (14, top + step * i as i32))?;
+    }
+    Ok(())
 }
 
 fn strategy_colour(name: &str) -> RGBColor {
@@ -407,13 +468,7 @@ pub fn dlwa(points: &[DlwaPoint], path: &Path) -> Result<(), PlotError> {
                     }
                 }
                 if legend {
-                    chart
-                        .configure_series_labels()
-                        .position(SeriesLabelPosition::UpperLeft)
-                        .label_font((FONT_FAMILY, LABEL_PX))
-                        .background_style(WHITE.mix(0.85))
-                        .border_style(BLACK)
-                        .draw()?;
+                    draw_legend(&mut chart, SeriesLabelPosition::UpperLeft, LABEL_PX)?;
                 }
                 Ok(())
             };
@@ -603,13 +658,7 @@ pub fn ycsb_compare(results: &[YcsbResult], path: &Path) -> Result<(), PlotError
                     .label(*label)
                     .legend(legend_box(colour));
             }
-            chart
-                .configure_series_labels()
-                .position(SeriesLabelPosition::UpperLeft)
-                .label_font((FONT_FAMILY, LABEL_PX))
-                .background_style(WHITE.mix(0.85))
-                .border_style(BLACK)
-                .draw()?;
+            draw_legend(&mut chart, SeriesLabelPosition::UpperLeft, LABEL_PX)?;
         }
         Ok(())
     })
@@ -756,13 +805,7 @@ pub fn failover(runs: &[YcsbResult], path: &Path) -> Result<(), PlotError> {
                         .legend(legend_line(colour));
                 }
             }
-            chart
-                .configure_series_labels()
-                .position(SeriesLabelPosition::UpperRight)
-                .label_font((FONT_FAMILY, LABEL_PX))
-                .background_style(WHITE.mix(0.85))
-                .border_style(BLACK)
-                .draw()?;
+            draw_legend(&mut chart, SeriesLabelPosition::UpperRight, LABEL_PX)?;
         }
         Ok(())
     })

@@ -997,14 +997,7 @@ pub fn ratios_markdown(ratios: &[Ratio]) -> String {
 pub const PLOT_RECORDS_MAX: usize = 16;
 const PLOT_SIZE_PX: (u32, u32) = (1500, 700);
 const PLOT_FONT_FAMILY: &str = crate::plot::FONT_FAMILY;
-const PLOT_COLOURS: [RGBColor; 6] = [
-    RGBColor(31, 119, 180),
-    RGBColor(255, 127, 14),
-    RGBColor(44, 160, 44),
-    RGBColor(214, 39, 40),
-    RGBColor(148, 103, 189),
-    RGBColor(140, 86, 75),
-];
+const PLOT_COLOURS: &[RGBColor] = crate::plot::PALETTE.split_at(6).0;
 
 /// Draws throughput, and p50/p99/p99.9 latency (log scale), per record into a PNG
 /// file, one bar per record in the order given, the label under it.
@@ -1018,25 +1011,14 @@ pub fn plot(results: &[RespLoadResult], path: &Path) -> Result<(), PlotError> {
             results.len()
         )));
     }
-    crate::plot::check_target(path)?;
-    crate::plot::register_font()?;
-    std::fs::File::create(path).map_err(|source| PlotError::Write {
-        path: path.to_path_buf(),
-        source,
-    })?;
-    let drawn = draw_plot(results, path);
-    drawn.map_err(|e| {
-        let _ = std::fs::remove_file(path);
-        PlotError::Draw {
-            path: path.to_path_buf(),
-            message: e.to_string(),
-        }
-    })
+    crate::plot::render(path, PLOT_SIZE_PX, |root| draw_plot(results, root))
 }
 
-fn draw_plot(results: &[RespLoadResult], path: &Path) -> Result<(), Box<dyn std::error::Error>> {
+fn draw_plot(
+    results: &[RespLoadResult],
+    root: &crate::plot::Area<'_>,
+) -> crate::plot::DrawResult<()> {
     let first = &results[0];
-    let root = BitMapBackend::new(path, PLOT_SIZE_PX).into_drawing_area();
     root.fill(&WHITE)?;
     let title = format!(
         "RESP load: {} connections x pipeline {}, {} B values, {} keys, {} — RowanKV and Redis side by side",
@@ -1136,7 +1118,7 @@ fn draw_plot(results: &[RespLoadResult], path: &Path) -> Result<(), Box<dyn std:
                 )
             }))?
             .label(*name)
-            .legend(move |(x, y)| Rectangle::new([(x, y - 6), (x + 16, y + 6)], shade.filled()));
+            .legend(crate::plot::legend_box(shade));
     }
     chart
         .configure_series_labels()
@@ -1145,7 +1127,6 @@ fn draw_plot(results: &[RespLoadResult], path: &Path) -> Result<(), Box<dyn std:
         .border_style(BLACK)
         .label_font((PLOT_FONT_FAMILY, 13))
         .draw()?;
-    root.present()?;
     Ok(())
 }
 

@@ -51,21 +51,23 @@
 #![forbid(unsafe_code)]
 
 use std::collections::VecDeque;
+use std::ops::Range;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
 use plotters::prelude::*;
 use rowankv_classic_rpc::{
-    Design, Handler, Layout, RpcError, Server, ServerConfig, Totals, VerbFamily,
-    HEAVY_LOAD_PROCESSING_NS,
+    Client, Design, Handler, Layout, RpcError, RunningServer, Server, ServerConfig, Totals,
+    VerbFamily, HEAVY_LOAD_PROCESSING_NS,
 };
 use rowankv_drpc::layout::{align_up, entry_bytes, request_bytes, REPLY_HEADER_BYTES};
 use rowankv_drpc::{
-    ConnId, DrpcError, Effect, Event, FlowConfig, Operator, Receiver, Request, RingGeometry,
-    Sender, StateView, Variant,
+    ConnId, DrpcError, Effect, Event, FlowConfig, Operator, Receiver, ReceiverStats, Request,
+    RingGeometry, Sender, SenderStats, StateView, Variant,
 };
 use rowankv_fabric::{Fabric, FabricError, LoopbackFabric, LoopbackNic, WireModel};
 use rowankv_pmem::{Pool, PoolError, PoolOptions};
@@ -94,7 +96,7 @@ const LATENCY_NS_MAX: u64 = 10_000_000_000;
 pub(crate) const STALL_NS_MAX: u64 = 5_000_000_000;
 /// Idle spins of the durable receiver's and sender's loops before they yield the
 /// core (the classic server's loop and client's `call` do the same).
-pub(crate) const IDLE_SPINS_BEFORE_YIELD: u32 = 64;
+const IDLE_SPINS_BEFORE_YIELD: u32 = 64;
 pub(crate) const SENDER: NodeId = NodeId(1);
 pub(crate) const RECEIVER: NodeId = NodeId(0);
 
@@ -172,6 +174,15 @@ impl RpcDesign {
 
     pub fn is_durable(self) -> bool {
         matches!(self, RpcDesign::Durable(_))
+    }
+
+    /// `classic` or `durable`.
+    pub fn kind(self) -> &'static str {
+        if self.is_durable() {
+            "durable"
+        } else {
+            "classic"
+        }
     }
 
     /// What one op of `ops_per_sec` is, for this design.
@@ -335,12 +346,7 @@ fn blank(design: RpcDesign, size_bytes: usize, load: Load, model: &WireModel) ->
     RpcPoint {
         figure: 8,
         design: design.name().to_string(),
-        kind: if design.is_durable() {
-            "durable"
-        } else {
-            "classic"
-        }
-        .to_string(),
+        kind: design.kind().to_string(),
         family: design.family().to_string(),
         size_bytes,
         load,
@@ -370,6 +376,45 @@ fn blank(design: RpcDesign, size_bytes: usize, load: Load, model: &WireModel) ->
         receiver_persists_per_op: None,
         empty_fetches_per_op: None,
         wire_model: model.label(),
+    }
+}
+
+impl RpcPoint {
+    /// The sender's measure. The durable RPCs' completions are measured apart; a
+    /// classic op is its completion.
+    fn set_measure(&mut self, m: &SenderMeasure, durable: bool) {
+        // A durable measure's interval is at least 1 ns.
+        self.ops_per_sec = Some(if m.secs > 0.0 {
+            m.ops as f64 / m.secs
+        } else {
+            0.0
+        });
+        self.ops_measured = Some(m.ops);
+        self.measured_secs = Some(m.secs);
+        self.p50_us = us(&m.hist, 0.50);
+        self.p99_us = us(&m.hist, 0.99);
+        self.p999_us = us(&m.hist, 0.999);
+        if durable {
+            self.completed_per_sec = Some(m.completed_ops as f64 / m.secs);
+            self.completed_p50_us = us(&m.completed, 0.50);
+            self.completed_p99_us = us(&m.completed, 0.99);
+        } else {
+            self.completed_per_sec = self.ops_per_sec;
+            self.completed_p50_us = self.p50_us;
+            self.completed_p99_us = self.p99_us;
+        }
+    }
+
+    fn set_counts(&mut self, c: &OpCounts) {
+        self.requests_counted = Some(c.requests);
+        self.round_trips_per_op = Some(c.round_trips);
+        self.messages_per_op = Some(c.messages);
+        self.verbs_per_op = Some(c.verbs);
+        self.sender_verbs_per_op = Some(c.sender_verbs);
+        self.receiver_verbs_per_op = Some(c.receiver_verbs);
+        self.bytes_to_receiver_per_op = Some(c.bytes_to_receiver);
+        self.bytes_to_sender_per_op = Some(c.bytes_to_sender);
+        self.receiver_persists_per_op = Some(c.receiver_persists);
     }
 }
 
@@ -405,8 +450,266 @@ pub(crate) fn elapsed_ns(since: Instant) -> u64 {
     since.elapsed().as_nanos() as u64
 }
 
+/// Whether op `i` of a workload with `write_pct` % writes is a write: exactly
+/// `write_pct` of every 100 consecutive ops, evenly spread.
+pub fn is_write(i: u64, write_pct: u32) -> bool {
+    let w = u64::from(write_pct.min(100));
+    (i + 1) * w / 100 > i * w / 100
+}
+
+/// The wait of a polling loop that found nothing: spin, yielding the core every
+/// [`IDLE_SPINS_BEFORE_YIELD`] idle rounds (2 cores hold sender, receiver and the
+/// fabric's engine).
+#[derive(Default)]
+pub(crate) struct Idle(u32);
+
+impl Idle {
+    /// The loop found work.
+    pub(crate) fn reset(&mut self) {
+        self.0 = 0;
+    }
+
+    /// The loop found nothing.
+    pub(crate) fn wait(&mut self) {
+        self.0 = self.0.wrapping_add(1);
+        if self.0.is_multiple_of(IDLE_SPINS_BEFORE_YIELD) {
+            std::thread::yield_now();
+        } else {
+            std::hint::spin_loop();
+        }
+    }
+}
+
+/// Per-op counts that need no timing model (see the module documentation).
+pub(crate) struct OpCounts {
+    pub requests: u64,
+    pub round_trips: f64,
+    pub messages: f64,
+    pub verbs: f64,
+    pub sender_verbs: f64,
+    pub receiver_verbs: f64,
+    pub bytes_to_receiver: f64,
+    pub bytes_to_sender: f64,
+    pub receiver_persists: f64,
+}
+
+impl OpCounts {
+    /// A classic run's totals over `ops` ops (per call: `totals.calls`, at least 1).
+    pub(crate) fn classic(t: &Totals, ops: u64) -> OpCounts {
+        let n = ops as f64;
+        OpCounts {
+            requests: t.calls,
+            round_trips: t.round_trips as f64 / n,
+            messages: t.messages as f64 / n,
+            verbs: (t.client_verbs.total() + t.server_verbs.total()) as f64 / n,
+            sender_verbs: t.client_verbs.total() as f64 / n,
+            receiver_verbs: t.server_verbs.total() as f64 / n,
+            bytes_to_receiver: t.bytes_to_server as f64 / n,
+            bytes_to_sender: t.bytes_to_client as f64 / n,
+            receiver_persists: t.receiver_persists as f64 / n,
+        }
+    }
+
+    /// A durable run's, per request completed, of its senders and its receiver;
+    /// `reply_payload_bytes`: the replies' payloads, every reply.
+    pub(crate) fn durable(
+        ss: &[SenderStats],
+        rs: &ReceiverStats,
+        reply_payload_bytes: u64,
+    ) -> OpCounts {
+        let n = rs.requests_completed.max(1) as f64;
+        let sum = |f: fn(&SenderStats) -> u64| ss.iter().map(f).sum::<u64>();
+        let sender_verbs = sum(|x| x.work_requests_posted) as f64 / n;
+        let receiver_verbs = rs.replies_sent as f64 / n;
+        // Every reply's header (completions and RFlush notices) and the replies' bytes.
+        let headers = (rs.durable_notices + rs.requests_completed) * REPLY_HEADER_BYTES as u64;
+        OpCounts {
+            requests: rs.requests_completed,
+            // One entry, one round trip to what the sender waits for (SFlush, WFlush:
+            // the pipelined verbs' acknowledgement; RFlush: the request, then the
+            // notice); a batch of k requests shares one.
+            round_trips: sum(|x| x.entries_posted) as f64 / n,
+            // Every verb here is one one-way message (no READ).
+            messages: sender_verbs + receiver_verbs,
+            verbs: sender_verbs + receiver_verbs,
+            sender_verbs,
+            receiver_verbs,
+            bytes_to_receiver: sum(|x| x.bytes_posted) as f64 / n,
+            bytes_to_sender: (headers + reply_payload_bytes) as f64 / n,
+            receiver_persists: rs.persists as f64 / n,
+        }
+    }
+}
+
+/// What one sender sends, and when it measures.
+#[derive(Clone, Copy)]
+pub(crate) struct Workload<'a> {
+    /// A write's payload (durable: op [`OP_STORE`]) and a read's ([`OP_READ`]).
+    pub write: &'a [u8],
+    pub read: &'a [u8],
+    pub write_pct: u32,
+    /// Where in the pattern of [`is_write`] this sender starts.
+    pub first_op: u64,
+    /// Durable: writes per entry; the sender waits for the durable ack of a batch's
+    /// last request.
+    pub batch: usize,
+    /// Durable: bytes of a read's reply (a write's is [`REPLY_BYTES`]).
+    pub read_reply_bytes: usize,
+    /// Run unmeasured for this long, then measure for `measure_ms`.
+    pub warmup_ms: u64,
+    pub measure_ms: u64,
+}
+
+impl<'a> Workload<'a> {
+    /// Op `i` of the pattern: whether it is a write, its durable op code, its payload.
+    pub(crate) fn op(&self, i: u64) -> (bool, u16, &'a [u8]) {
+        if is_write(i, self.write_pct) {
+            (true, OP_STORE, self.write)
+        } else {
+            (false, OP_READ, self.read)
+        }
+    }
+
+    /// Figure 8's: every op a write of `req`, one sender.
+    fn writes(req: &'a [u8], opts: &RpcOptions) -> Workload<'a> {
+        Workload {
+            write: req,
+            read: req,
+            write_pct: 100,
+            first_op: 0,
+            batch: 1,
+            read_reply_bytes: REPLY_BYTES,
+            warmup_ms: opts.warmup_ms,
+            measure_ms: opts.measure_ms,
+        }
+    }
+}
+
+/// One sender's measure over its measured interval.
+pub(crate) struct SenderMeasure {
+    /// Classic: replies received. Durable: durable acks of writes and replies of
+    /// reads.
+    pub ops: u64,
+    pub secs: f64,
+    /// Latency of an op: call to that event.
+    pub hist: Histogram<u64>,
+    /// Durable: requests completed in the interval, and call to completion.
+    pub completed_ops: u64,
+    pub completed: Histogram<u64>,
+    /// Durable: bytes of the replies' payloads over every call.
+    pub reply_bytes: u64,
+}
+
 // ---------------------------------------------------------------------------
 // Classic designs
+
+/// A classic server of `senders` clients, one call outstanding each; requests and
+/// replies up to the sizes given (64 B at least).
+pub(crate) fn classic_config(
+    senders: usize,
+    request_bytes_max: usize,
+    reply_bytes_max: usize,
+    processing_ns: u64,
+) -> ServerConfig {
+    ServerConfig {
+        clients_max: senders,
+        inflight_max: 1,
+        request_bytes_max: request_bytes_max.max(64),
+        reply_bytes_max: reply_bytes_max.max(64),
+        processing_delay_ns: processing_ns,
+        ..ServerConfig::default()
+    }
+}
+
+/// Why `design` cannot carry `size_bytes` (FaSST above its MTU), if it cannot: the
+/// request, or (with `reads`) the reply. `per` names the message in the note.
+pub(crate) fn classic_limit(
+    design: Design,
+    config: &ServerConfig,
+    size_bytes: usize,
+    reads: bool,
+    per: &str,
+) -> Option<String> {
+    let req = design.request_bytes_limit(config);
+    let rep = design.reply_bytes_limit(config);
+    let limit = if size_bytes > req {
+        req
+    } else if reads && size_bytes > rep {
+        rep
+    } else {
+        return None;
+    };
+    Some(format!(
+        "not applicable: {design} carries at most {limit} B per {per} (one UD message within the 4 KiB MTU, §5.1)"
+    ))
+}
+
+/// An anonymous pool of at least `bytes` (the crash simulator on if asked).
+pub(crate) fn pool(bytes: usize, crash_sim: bool) -> Result<Arc<Pool>, RpcBenchError> {
+    Ok(Pool::anonymous(
+        align_up(bytes, 4096),
+        PoolOptions {
+            crash_sim,
+            ..PoolOptions::default()
+        },
+    )?)
+}
+
+/// A classic server of `design` on `fabric` over `pool`, a client connected from
+/// each node of `senders`, the server's thread running.
+pub(crate) fn classic_server(
+    design: Design,
+    fabric: &LoopbackFabric,
+    pool: Arc<Pool>,
+    config: ServerConfig,
+    handler: Handler,
+    senders: Range<u32>,
+) -> Result<(RunningServer<LoopbackNic>, Vec<Client<LoopbackNic>>), RpcBenchError> {
+    let mut server = Server::new(design, fabric.attach(RECEIVER)?, pool, config, handler)?;
+    let mut clients = Vec::new();
+    for node in senders {
+        clients.push(server.connect(&fabric.attach(NodeId(node))?)?);
+    }
+    Ok((server.spawn()?, clients))
+}
+
+/// A classic sender's timed loop: call, wait for the reply, call the next.
+pub(crate) fn drive_classic(
+    client: &mut Client<LoopbackNic>,
+    w: &Workload<'_>,
+) -> Result<SenderMeasure, RpcError> {
+    let mut hist = histogram();
+    let start = Instant::now();
+    let warmup = Duration::from_millis(w.warmup_ms);
+    let measure_end = warmup + Duration::from_millis(w.measure_ms);
+    let mut ops = 0u64;
+    let mut measured_from = None;
+    let mut i = w.first_op;
+    let end = loop {
+        let now = start.elapsed();
+        if now >= measure_end {
+            break now;
+        }
+        let (_, _, req) = w.op(i);
+        i += 1;
+        let t = Instant::now();
+        client.call(req)?;
+        let ns = elapsed_ns(t);
+        if now >= warmup {
+            measured_from.get_or_insert(now);
+            ops += 1;
+            record(&mut hist, ns);
+        }
+    };
+    Ok(SenderMeasure {
+        ops,
+        secs: (end - measured_from.unwrap_or(end)).as_secs_f64(),
+        hist,
+        completed_ops: 0,
+        completed: histogram(),
+        reply_bytes: 0,
+    })
+}
 
 fn run_classic(
     design: Design,
@@ -416,81 +719,33 @@ fn run_classic(
 ) -> Result<RpcPoint, RpcBenchError> {
     let me = RpcDesign::Classic(design);
     let mut point = blank(me, size_bytes, load, &opts.model);
-    let config = ServerConfig {
-        clients_max: 1,
-        inflight_max: 1,
-        request_bytes_max: size_bytes.max(64),
-        reply_bytes_max: 64,
-        processing_delay_ns: load.processing_ns(),
-        ..ServerConfig::default()
-    };
-    let limit = design.request_bytes_limit(&config);
-    if size_bytes > limit {
+    let config = classic_config(1, size_bytes, REPLY_BYTES, load.processing_ns());
+    if let Some(note) = classic_limit(design, &config, size_bytes, false, "request") {
         point.applicable = false;
-        point.note = Some(format!(
-            "not applicable: {design} carries at most {limit} B per request (one UD message within the 4 KiB MTU, §5.1)"
-        ));
+        point.note = Some(note);
         return Ok(point);
     }
     let fabric = LoopbackFabric::with_model(opts.model)?;
-    let layout = Layout::new(&config);
-    let pool = Pool::anonymous(
-        align_up(layout.server_bytes(), 4096),
-        PoolOptions::default(),
-    )?;
+    let pool = pool(Layout::new(&config).server_bytes(), false)?;
     let handler: Handler = Arc::new(|req: &[u8]| (req.len() as u64).to_le_bytes().to_vec());
-    let mut server = Server::new(design, fabric.attach(RECEIVER)?, pool, config, handler)?;
-    let mut client = server.connect(&fabric.attach(SENDER)?)?;
-    let running = server.spawn()?;
+    let (running, mut clients) = classic_server(
+        design,
+        &fabric,
+        pool,
+        config,
+        handler,
+        SENDER.0..SENDER.0 + 1,
+    )?;
+    let mut client = clients.pop().expect("one client");
     let req = request(size_bytes);
-    let mut hist = histogram();
-    let start = Instant::now();
-    let warmup = Duration::from_millis(opts.warmup_ms);
-    let measure_end = warmup + Duration::from_millis(opts.measure_ms);
-    let mut ops = 0u64;
-    let mut measured_from = None;
-    let outcome = loop {
-        let now = start.elapsed();
-        if now >= measure_end {
-            break Ok(now);
-        }
-        let t = Instant::now();
-        if let Err(e) = client.call(&req) {
-            break Err(e);
-        }
-        let ns = elapsed_ns(t);
-        if now >= warmup {
-            measured_from.get_or_insert(now);
-            ops += 1;
-            record(&mut hist, ns);
-        }
-    };
+    let driven = drive_classic(&mut client, &Workload::writes(&req, opts));
     let server = running.stop()?;
-    let end = outcome?;
-    let secs = (end - measured_from.unwrap_or(end)).as_secs_f64();
+    let m = driven?;
     let totals = Totals::of(&[client.stats()], &server.stats());
-    let per = totals.per_call();
-    let calls = totals.calls.max(1) as f64;
-    point.ops_per_sec = Some(if secs > 0.0 { ops as f64 / secs } else { 0.0 });
-    point.ops_measured = Some(ops);
-    point.measured_secs = Some(secs);
-    point.p50_us = us(&hist, 0.50);
-    point.p99_us = us(&hist, 0.99);
-    point.p999_us = us(&hist, 0.999);
-    point.completed_per_sec = point.ops_per_sec;
-    point.completed_p50_us = point.p50_us;
-    point.completed_p99_us = point.p99_us;
-    point.requests_counted = Some(totals.calls);
-    point.round_trips_per_op = Some(per.round_trips);
-    point.messages_per_op = Some(per.messages);
-    point.verbs_per_op = Some(per.verbs);
-    point.sender_verbs_per_op = Some(totals.client_verbs.total() as f64 / calls);
-    point.receiver_verbs_per_op = Some(totals.server_verbs.total() as f64 / calls);
-    point.bytes_to_receiver_per_op = Some(per.bytes_to_server);
-    point.bytes_to_sender_per_op = Some(per.bytes_to_client);
-    point.receiver_persists_per_op = Some(per.receiver_persists);
+    point.set_measure(&m, false);
+    point.set_counts(&OpCounts::classic(&totals, totals.calls.max(1)));
     if design == Design::Rfp {
-        point.empty_fetches_per_op = Some(per.empty_fetches);
+        point.empty_fetches_per_op = Some(totals.per_call().empty_fetches);
     }
     Ok(point)
 }
@@ -498,24 +753,33 @@ fn run_classic(
 // ---------------------------------------------------------------------------
 // Durable RPCs
 
-/// The receiver's service: answers the request's length and spends the load's
-/// processing time; no state writes (the request itself is what is made durable,
-/// as in the classic designs, whose handler writes nothing either).
-struct BenchOperator {
-    processing_ns: u64,
+/// The receiver's service: spends the processing time, answers a read
+/// ([`OP_READ`]) with `object` and any other request with its length; no state
+/// writes (the request itself is what is made durable, as in the classic designs,
+/// whose handler writes nothing either).
+#[derive(Clone)]
+pub(crate) struct BenchOperator {
+    pub processing_ns: u64,
+    pub object: Arc<Vec<u8>>,
 }
 
 impl Operator for BenchOperator {
     fn execute(&mut self, _state: &StateView<'_>, request: &Request<'_>) -> Effect {
         spin_ns(self.processing_ns);
+        let reply = if request.op == OP_READ {
+            self.object.to_vec()
+        } else {
+            (request.payload.len() as u64).to_le_bytes().to_vec()
+        };
         Effect {
             writes: Vec::new(),
-            reply: (request.payload.len() as u64).to_le_bytes().to_vec(),
+            reply,
         }
     }
 }
 
-pub(crate) const OP_STORE: u16 = 1;
+const OP_STORE: u16 = 1;
+const OP_READ: u16 = 2;
 
 /// The durable connections' bounds: the crate's defaults (window 16, 2 while
 /// slowed, slow-down above a backlog of 8, no batching), except that the receiver
@@ -534,17 +798,84 @@ pub fn flow() -> FlowConfig {
     }
 }
 
-/// A ring of one connection holding a window's worth of entries of `size_bytes`.
-fn geometry(size_bytes: usize, flow: &FlowConfig) -> RingGeometry {
-    let entry = entry_bytes(request_bytes(size_bytes));
-    let chunk_bytes = entry.max(4096);
+/// Rings for `connections` connections, each holding a window's worth of entries
+/// whose body is `body_bytes`.
+pub(crate) fn geometry(connections: u32, body_bytes: usize, flow: &FlowConfig) -> RingGeometry {
+    let chunk_bytes = entry_bytes(body_bytes).max(4096);
     RingGeometry {
-        connections: 1,
+        connections,
         ring_bytes: chunk_bytes * (flow.inflight_max + 2),
         chunk_bytes,
         state_bytes: 64,
         apply_bytes: 64,
         base: 0,
+    }
+}
+
+/// A durable receiver on `fabric`, its rings laid out afresh in `pool`.
+pub(crate) fn durable_receiver<O: Operator>(
+    fabric: &LoopbackFabric,
+    pool: Arc<Pool>,
+    g: RingGeometry,
+    flow: FlowConfig,
+    operator: O,
+) -> Result<Receiver<LoopbackNic, O>, RpcBenchError> {
+    Receiver::<LoopbackNic, O>::format(&pool, g)?;
+    let (receiver, _) = Receiver::open(pool, fabric.attach(RECEIVER)?, flow, operator)?;
+    Ok(receiver)
+}
+
+/// A sender on `node`, connected to `receiver` as connection `conn`.
+pub(crate) fn connect_sender<O: Operator>(
+    fabric: &LoopbackFabric,
+    receiver: &mut Receiver<LoopbackNic, O>,
+    node: NodeId,
+    conn: u32,
+    variant: Variant,
+    flow: FlowConfig,
+) -> Result<Sender<LoopbackNic>, RpcBenchError> {
+    let mut sender = Sender::new(&fabric.attach(node)?, variant, flow)?;
+    let offer = receiver.accept(ConnId(conn), variant, sender.qp_addr())?;
+    sender.connect(&offer)?;
+    Ok(sender)
+}
+
+/// A durable receiver polled on its own thread until stopped.
+pub(crate) struct ReceiverThread<O: Operator + Send + 'static> {
+    stop: Arc<AtomicBool>,
+    thread: JoinHandle<Result<Receiver<LoopbackNic, O>, DrpcError>>,
+}
+
+impl<O: Operator + Send + 'static> ReceiverThread<O> {
+    pub(crate) fn spawn(
+        mut receiver: Receiver<LoopbackNic, O>,
+        name: String,
+    ) -> Result<Self, RpcBenchError> {
+        let stop = Arc::new(AtomicBool::new(false));
+        let stopping = stop.clone();
+        let thread = std::thread::Builder::new()
+            .name(name)
+            .spawn(move || -> Result<_, DrpcError> {
+                let mut idle = Idle::default();
+                while !stopping.load(Ordering::Acquire) {
+                    if receiver.poll()? > 0 {
+                        idle.reset();
+                    } else {
+                        idle.wait();
+                    }
+                }
+                Ok(receiver)
+            })
+            .map_err(RpcBenchError::Thread)?;
+        Ok(ReceiverThread { stop, thread })
+    }
+
+    pub(crate) fn stop(self) -> Result<Receiver<LoopbackNic, O>, RpcBenchError> {
+        self.stop.store(true, Ordering::Release);
+        Ok(self
+            .thread
+            .join()
+            .map_err(|_| RpcBenchError::ReceiverPanicked)??)
     }
 }
 
@@ -557,45 +888,18 @@ fn run_durable(
     let me = RpcDesign::Durable(variant);
     let mut point = blank(me, size_bytes, load, &opts.model);
     let flow = flow();
-    let g = geometry(size_bytes, &flow);
+    let g = geometry(1, request_bytes(size_bytes), &flow);
     let fabric = LoopbackFabric::with_model(opts.model)?;
-    let pool = Pool::anonymous(g.pool_bytes(), PoolOptions::default())?;
-    Receiver::<LoopbackNic, BenchOperator>::format(&pool, g)?;
     let operator = BenchOperator {
         processing_ns: load.processing_ns(),
+        object: Arc::new(Vec::new()),
     };
-    let (mut receiver, _) = Receiver::open(pool, fabric.attach(RECEIVER)?, flow, operator)?;
-    let mut sender = Sender::new(&fabric.attach(SENDER)?, variant, flow)?;
-    let offer = receiver.accept(ConnId(0), variant, sender.qp_addr())?;
-    sender.connect(&offer)?;
-
-    let stop = Arc::new(AtomicBool::new(false));
-    let stopping = stop.clone();
-    let thread = std::thread::Builder::new()
-        .name(format!("drpc-{}", variant.name()))
-        .spawn(move || -> Result<_, DrpcError> {
-            let mut idle = 0u32;
-            while !stopping.load(Ordering::Acquire) {
-                if receiver.poll()? > 0 {
-                    idle = 0;
-                    continue;
-                }
-                idle = idle.wrapping_add(1);
-                if idle.is_multiple_of(IDLE_SPINS_BEFORE_YIELD) {
-                    std::thread::yield_now();
-                } else {
-                    std::hint::spin_loop();
-                }
-            }
-            Ok(receiver)
-        })
-        .map_err(RpcBenchError::Thread)?;
-
-    let driven = drive_durable(&mut sender, size_bytes, opts);
-    stop.store(true, Ordering::Release);
-    let receiver = thread
-        .join()
-        .map_err(|_| RpcBenchError::ReceiverPanicked)??;
+    let mut receiver = durable_receiver(&fabric, pool(g.pool_bytes(), false)?, g, flow, operator)?;
+    let mut sender = connect_sender(&fabric, &mut receiver, SENDER, 0, variant, flow)?;
+    let running = ReceiverThread::spawn(receiver, format!("drpc-{}", variant.name()))?;
+    let req = request(size_bytes);
+    let driven = drive_durable(&mut sender, &Workload::writes(&req, opts));
+    let receiver = running.stop()?;
     let m = driven.map_err(|e| match e {
         DriveError::Drpc(e) => RpcBenchError::Drpc(e),
         DriveError::Stalled(message) => RpcBenchError::Stalled {
@@ -608,40 +912,16 @@ fn run_durable(
 
     let ss = sender.stats();
     let rs = receiver.stats();
-    let n = rs.requests_completed.max(1) as f64;
     assert_eq!(
         ss.requests_sent, rs.requests_completed,
         "every request sent was drained to its completion"
     );
-    point.ops_per_sec = Some(m.durable_ops as f64 / m.secs);
-    point.ops_measured = Some(m.durable_ops);
-    point.measured_secs = Some(m.secs);
-    point.p50_us = us(&m.durable, 0.50);
-    point.p99_us = us(&m.durable, 0.99);
-    point.p999_us = us(&m.durable, 0.999);
-    point.completed_per_sec = Some(m.completed_ops as f64 / m.secs);
-    point.completed_p50_us = us(&m.completed, 0.50);
-    point.completed_p99_us = us(&m.completed, 0.99);
-    point.requests_counted = Some(rs.requests_completed);
-    let sender_verbs = ss.work_requests_posted as f64 / n;
-    let receiver_verbs = rs.replies_sent as f64 / n;
-    // One entry, one round trip to what the sender waits for (SFlush, WFlush: the
-    // pipelined verbs' acknowledgement; RFlush: the request, then the notice).
-    point.round_trips_per_op = Some(ss.entries_posted as f64 / n);
-    // Every verb here is one one-way message (no READ).
-    point.messages_per_op = Some(sender_verbs + receiver_verbs);
-    point.verbs_per_op = Some(sender_verbs + receiver_verbs);
-    point.sender_verbs_per_op = Some(sender_verbs);
-    point.receiver_verbs_per_op = Some(receiver_verbs);
-    point.bytes_to_receiver_per_op = Some(ss.bytes_posted as f64 / n);
-    let reply_bytes = rs.durable_notices * REPLY_HEADER_BYTES as u64
-        + rs.requests_completed * (REPLY_HEADER_BYTES + REPLY_BYTES) as u64;
-    point.bytes_to_sender_per_op = Some(reply_bytes as f64 / n);
-    point.receiver_persists_per_op = Some(rs.persists as f64 / n);
+    point.set_measure(&m, true);
+    point.set_counts(&OpCounts::durable(&[ss], &rs, m.reply_bytes));
     Ok(point)
 }
 
-enum DriveError {
+pub(crate) enum DriveError {
     Drpc(DrpcError),
     Stalled(String),
 }
@@ -652,117 +932,158 @@ impl From<DrpcError> for DriveError {
     }
 }
 
-struct DurableMeasure {
-    secs: f64,
-    durable_ops: u64,
-    completed_ops: u64,
-    durable: Histogram<u64>,
-    completed: Histogram<u64>,
+impl std::fmt::Display for DriveError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DriveError::Drpc(e) => write!(f, "{e}"),
+            DriveError::Stalled(message) => f.write_str(message),
+        }
+    }
 }
 
-/// The sender's loop: call, wait for the durable ack, call the next (within the
-/// flow window); after the measured interval, drain every request to completion.
-fn drive_durable(
+/// What the sender waits for before its next call.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Await {
+    Durable(u64),
+    Completed(u64),
+}
+
+/// A durable sender's timed loop: a write waits for its durable ack (a batch: for
+/// the last request's), a read for its completion; then the next call (within the
+/// flow window). After the measured interval every request is drained to its
+/// completion.
+pub(crate) fn drive_durable(
     sender: &mut Sender<LoopbackNic>,
-    size_bytes: usize,
-    opts: &RpcOptions,
-) -> Result<DurableMeasure, DriveError> {
-    let req = request(size_bytes);
+    w: &Workload<'_>,
+) -> Result<SenderMeasure, DriveError> {
     let start = Instant::now();
-    let warmup_ns = opts.warmup_ms * 1_000_000;
-    let end_ns = warmup_ns + opts.measure_ms * 1_000_000;
-    // Requests called and not completed: (seq, called at ns since start).
-    let mut issued: VecDeque<(u64, u64)> =
-        VecDeque::with_capacity(2 * FlowConfig::default().inflight_max);
-    let mut awaiting_durable: Option<u64> = None;
+    let warmup_ns = w.warmup_ms * 1_000_000;
+    let end_ns = warmup_ns + w.measure_ms * 1_000_000;
+    // Requests called and not completed: (seq, called at ns since start, is a read).
+    let mut issued: VecDeque<(u64, u64, bool)> = VecDeque::new();
+    let mut awaiting: Option<Await> = None;
+    let mut in_batch = 0usize;
     let mut events = Vec::new();
-    let mut m = DurableMeasure {
+    let mut m = SenderMeasure {
+        ops: 0,
         secs: 0.0,
-        durable_ops: 0,
+        hist: histogram(),
         completed_ops: 0,
-        durable: histogram(),
         completed: histogram(),
+        reply_bytes: 0,
     };
     let mut measured_from: Option<u64> = None;
     let mut measured_to = 0u64;
-    let mut last_progress_ns = 0u64;
-    let mut idle = 0u32;
+    let mut last_progress = 0u64;
+    let mut idle = Idle::default();
+    let mut i = w.first_op;
+    // A partial batch goes now (or at the next poll if the ring is full).
+    fn flush(sender: &mut Sender<LoopbackNic>) -> Result<(), DriveError> {
+        match sender.flush() {
+            Ok(()) | Err(DrpcError::WouldBlock) => Ok(()),
+            Err(x) => Err(x.into()),
+        }
+    }
     loop {
         let now = elapsed_ns(start);
         let issuing = now < end_ns;
         if !issuing && measured_to == 0 {
             measured_to = now;
+            flush(sender)?;
         }
         if !issuing && issued.is_empty() {
             break;
         }
-        if now - last_progress_ns > STALL_NS_MAX {
+        if now - last_progress > STALL_NS_MAX {
             return Err(DriveError::Stalled(format!(
                 "no progress for {} s ({} requests outstanding)",
                 STALL_NS_MAX / 1_000_000_000,
                 issued.len()
             )));
         }
-        if issuing && awaiting_durable.is_none() {
-            match sender.call(OP_STORE, &req) {
+        // Calls back to back until a batch is full (the sender's `poll` posts a
+        // partial batch, so a batch is filled between two polls).
+        while issuing && awaiting.is_none() {
+            let (write, op, payload) = w.op(i);
+            match sender.call(op, payload) {
                 Ok(seq) => {
-                    let at = elapsed_ns(start);
-                    issued.push_back((seq, at));
-                    awaiting_durable = Some(seq);
+                    i += 1;
+                    issued.push_back((seq, elapsed_ns(start), !write));
+                    if write {
+                        in_batch += 1;
+                        if in_batch >= w.batch {
+                            in_batch = 0;
+                            awaiting = Some(Await::Durable(seq));
+                        }
+                    } else {
+                        flush(sender)?;
+                        in_batch = 0;
+                        awaiting = Some(Await::Completed(seq));
+                    }
                 }
-                Err(DrpcError::WouldBlock) => {}
-                Err(e) => return Err(e.into()),
+                Err(DrpcError::WouldBlock) => break,
+                Err(x) => return Err(x.into()),
             }
         }
         sender.poll(&mut events)?;
         if events.is_empty() {
-            // As the classic client's `call` waits: spin, yielding the core now and
-            // then (2 cores hold sender, receiver and the fabric's engine).
-            idle = idle.wrapping_add(1);
-            if idle.is_multiple_of(IDLE_SPINS_BEFORE_YIELD) {
-                std::thread::yield_now();
-            } else {
-                std::hint::spin_loop();
-            }
+            // As the classic client's `call` waits.
+            idle.wait();
             continue;
         }
-        idle = 0;
+        idle.reset();
         let at = elapsed_ns(start);
-        last_progress_ns = at;
+        last_progress = at;
         let in_window = at >= warmup_ns && at < end_ns;
         if in_window {
             measured_from.get_or_insert(at);
         }
-        for e in events.drain(..) {
-            match e {
+        for ev in events.drain(..) {
+            match ev {
                 Event::Durable { seq } => {
-                    if awaiting_durable == Some(seq) {
-                        awaiting_durable = None;
+                    if awaiting == Some(Await::Durable(seq)) {
+                        awaiting = None;
                     }
-                    if in_window {
-                        m.durable_ops += 1;
-                        if let Some(&(_, called)) = issued.iter().find(|(s, _)| *s == seq) {
+                    // A request's durable ack comes before its completion, so it is
+                    // still issued.
+                    if let Some(&(_, called, is_read)) = issued.iter().find(|(q, ..)| *q == seq) {
+                        if !is_read && in_window {
+                            m.ops += 1;
                             if called >= warmup_ns {
-                                record(&mut m.durable, at - called);
+                                record(&mut m.hist, at - called);
                             }
                         }
                     }
                 }
                 Event::Completed { seq, .. } => {
-                    let Some((s, called)) = issued.pop_front() else {
+                    let Some((q, called, is_read)) = issued.pop_front() else {
                         return Err(DriveError::Stalled(format!(
                             "completion of {seq} with nothing outstanding"
                         )));
                     };
-                    if s != seq {
+                    if q != seq {
                         return Err(DriveError::Stalled(format!(
-                            "completion of {seq} while {s} was the oldest outstanding"
+                            "completion of {seq} while {q} was the oldest outstanding"
                         )));
                     }
+                    if awaiting == Some(Await::Completed(seq)) {
+                        awaiting = None;
+                    }
+                    m.reply_bytes += if is_read {
+                        w.read_reply_bytes
+                    } else {
+                        REPLY_BYTES
+                    } as u64;
                     if in_window {
                         m.completed_ops += 1;
                         if called >= warmup_ns {
                             record(&mut m.completed, at - called);
+                        }
+                        if is_read {
+                            m.ops += 1;
+                            if called >= warmup_ns {
+                                record(&mut m.hist, at - called);
+                            }
                         }
                     }
                 }
@@ -1002,35 +1323,17 @@ pub fn goals_report(goals: &[Goal]) -> String {
 // The plot (Figure 8)
 
 const PLOT_SIZE_PX: (u32, u32) = (1500, 900);
-const SIZE_COLOURS: [RGBColor; 3] = [
-    RGBColor(31, 119, 180),
-    RGBColor(255, 127, 14),
-    RGBColor(44, 160, 44),
-];
+const SIZE_COLOURS: &[RGBColor] = plot::PALETTE.split_at(3).0;
 
 /// Figure 8: throughput per design, one panel per load, one bar per size.
 pub fn plot(points: &[RpcPoint], path: &Path) -> Result<(), PlotError> {
     if !points.iter().any(|p| p.ops_per_sec.is_some()) {
         return Err(PlotError::NoData("no measured RPC point".into()));
     }
-    plot::check_target(path)?;
-    plot::register_font()?;
-    std::fs::File::create(path).map_err(|source| PlotError::Write {
-        path: path.to_path_buf(),
-        source,
-    })?;
-    let drawn = draw(points, path);
-    drawn.map_err(|e| {
-        let _ = std::fs::remove_file(path);
-        PlotError::Draw {
-            path: path.to_path_buf(),
-            message: e.to_string(),
-        }
-    })
+    plot::render(path, PLOT_SIZE_PX, |root| draw(points, root))
 }
 
-fn draw(points: &[RpcPoint], path: &Path) -> Result<(), Box<dyn std::error::Error>> {
-    let root = BitMapBackend::new(path, PLOT_SIZE_PX).into_drawing_area();
+fn draw(points: &[RpcPoint], root: &plot::Area<'_>) -> plot::DrawResult<()> {
     root.fill(&WHITE)?;
     let body = root.titled(
         "Seed 002 Figure 8: RPC throughput, durable vs classic (one run)",
@@ -1047,13 +1350,7 @@ fn draw(points: &[RpcPoint], path: &Path) -> Result<(), Box<dyn std::error::Erro
         "Classic: op = reply (durable and processed, 1 call outstanding). Durable (sflush..w-rflush): op = durable ack (next request sent on the ack; processed later, FIFO).".to_string(),
         "Heavy load: 100 µs busy receiver CPU per request. FaSST at 64 KiB: not applicable (4 KiB UD MTU).".to_string(),
     ];
-    for (i, line) in caption.iter().enumerate() {
-        foot.draw_text(
-            line,
-            &TextStyle::from((FONT_FAMILY, 15)).color(&BLACK),
-            (14, 8 + 24 * i as i32),
-        )?;
-    }
+    plot::caption_lines(&foot, &caption, 15, 8, 24)?;
     let loads: Vec<Load> = [Load::Heavy, Load::Light]
         .into_iter()
         .filter(|l| points.iter().any(|p| p.load == *l))
@@ -1079,7 +1376,6 @@ fn draw(points: &[RpcPoint], path: &Path) -> Result<(), Box<dyn std::error::Erro
             Load::Heavy => "(a) heavy load (100 µs processing per request)",
             Load::Light => "(b) light load (no processing)",
         };
-        let names = designs.clone();
         let mut chart = ChartBuilder::on(panel)
             .caption(title, (FONT_FAMILY, 18))
             .margin(10)
@@ -1090,15 +1386,7 @@ fn draw(points: &[RpcPoint], path: &Path) -> Result<(), Box<dyn std::error::Erro
             .configure_mesh()
             .disable_x_mesh()
             .x_labels(designs.len() + 1)
-            .x_label_formatter(&|x| {
-                // Group i is centred on x = i; other ticks stay unlabelled.
-                let i = x.round();
-                if (x - i).abs() < 1e-6 && i >= 0.0 && (i as usize) < names.len() {
-                    names[i as usize].to_string()
-                } else {
-                    String::new()
-                }
-            })
+            .x_label_formatter(&|x| plot::category_label(&designs, *x))
             .y_desc("op/s")
             .y_label_formatter(&|y| format!("{:.0}", y))
             .label_style((FONT_FAMILY, 14))
@@ -1124,18 +1412,9 @@ fn draw(points: &[RpcPoint], path: &Path) -> Result<(), Box<dyn std::error::Erro
             chart
                 .draw_series(bars)?
                 .label(size_name(*size))
-                .legend(move |(x, y)| {
-                    Rectangle::new([(x, y - 6), (x + 16, y + 6)], colour.filled())
-                });
+                .legend(plot::legend_box(colour));
         }
-        chart
-            .configure_series_labels()
-            .background_style(WHITE.mix(0.85))
-            .border_style(BLACK)
-            .label_font((FONT_FAMILY, 14))
-            .position(SeriesLabelPosition::UpperRight)
-            .draw()?;
+        plot::draw_legend(&mut chart, SeriesLabelPosition::UpperRight, 14)?;
     }
-    root.present()?;
     Ok(())
 }

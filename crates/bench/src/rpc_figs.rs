@@ -56,31 +56,29 @@
 
 use std::collections::{BTreeMap, VecDeque};
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
 use plotters::prelude::*;
 use rowankv_classic_rpc::{
-    Client, ClientStats, Design, Handler, Layout, RpcError, Server, ServerConfig, ServerStats,
-    Totals,
+    ClientStats, Design, Handler, Layout, RpcError, ServerConfig, ServerStats, Totals,
 };
-use rowankv_drpc::layout::{align_up, entry_bytes, request_bytes, REPLY_HEADER_BYTES};
+use rowankv_drpc::layout::request_bytes;
 use rowankv_drpc::{
-    ConnId, DrpcError, Effect, Event, FlowConfig, Operator, Receiver, ReceiverStats, Request,
-    RingGeometry, Sender, SenderStats, StateView, Variant,
+    DrpcError, Event, FlowConfig, Receiver, ReceiverStats, RingGeometry, SenderStats, Variant,
 };
 use rowankv_fabric::{Fabric, FaultInjector, LoopbackFabric, LoopbackNic, PowerFailure, WireModel};
-use rowankv_pmem::{Pool, PoolOptions};
 use rowankv_types::NodeId;
 use serde::Serialize;
 
 use crate::plot::{self, PlotError, FONT_FAMILY};
+pub use crate::rpc::is_write;
 use crate::rpc::{
-    elapsed_ns, histogram, opt, record, request, size_name, spin_ns, us, RpcBenchError, RpcDesign,
-    DESIGNS, IDLE_SPINS_BEFORE_YIELD, OP_STORE, RECEIVER, REPLY_BYTES, STALL_NS_MAX,
+    self, classic_limit, classic_server, connect_sender, drive_classic, drive_durable,
+    durable_receiver, elapsed_ns, histogram, opt, pool, record, request, size_name, us, Await,
+    BenchOperator, Idle, OpCounts, ReceiverThread, RpcBenchError, RpcDesign, SenderMeasure,
+    Workload, DESIGNS, RECEIVER, REPLY_BYTES, STALL_NS_MAX,
 };
 
 /// The figures `rowankv bench rpc --figures` can run (9 is 8's latencies).
@@ -102,15 +100,7 @@ pub const NOMINAL_UPTIME_PER_REQUEST_NS: u64 = 125_000;
 /// The resending baseline each durable design is normalised to in Figure 12.
 pub const FIG12_SEND_BASELINE: &str = "darpc";
 pub const FIG12_WRITE_BASELINE: &str = "farm";
-const OP_READ: u16 = 2;
 const FIRST_SENDER: u32 = 1;
-
-/// Whether op `i` of a workload with `write_pct` % writes is a write: exactly
-/// `write_pct` of every 100 consecutive ops, evenly spread.
-pub fn is_write(i: u64, write_pct: u32) -> bool {
-    let w = u64::from(write_pct.min(100));
-    (i + 1) * w / 100 > i * w / 100
-}
 
 /// Mean uptime between failures at availability `a` (0 < a < 1), ns.
 pub fn mtbf_ns(a: f64) -> f64 {
@@ -143,9 +133,12 @@ pub fn availability_of(measured_secs: f64, failures: u64) -> f64 {
 /// Figure 12's total: measured time plus the modelled downtime and re-transfer
 /// waits, seconds.
 pub fn fig12_total_secs(measured_secs: f64, failures: u64, retransfer_waits: u64) -> f64 {
-    measured_secs
-        + (failures * DOWNTIME_PER_FAILURE_NS + retransfer_waits * RETRANSFER_INTERVAL_NS) as f64
-            / 1e9
+    measured_secs + modelled_secs(failures, retransfer_waits)
+}
+
+/// Figure 12's modelled downtime and re-transfer waits, seconds.
+fn modelled_secs(failures: u64, retransfer_waits: u64) -> f64 {
+    (failures * DOWNTIME_PER_FAILURE_NS + retransfer_waits * RETRANSFER_INTERVAL_NS) as f64 / 1e9
 }
 
 /// What each figure sweeps.
@@ -295,7 +288,7 @@ pub struct RecoveryMeasure {
 }
 
 /// One measured point of Figures 12..19.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Default, Serialize)]
 pub struct FigPoint {
     pub figure: u32,
     pub design: String,
@@ -374,12 +367,7 @@ fn blank(s: &Spec, model: &WireModel) -> FigPoint {
     FigPoint {
         figure: s.figure,
         design: s.design.name().into(),
-        kind: if s.design.is_durable() {
-            "durable"
-        } else {
-            "classic"
-        }
-        .into(),
+        kind: s.design.kind().into(),
         family: s.design.family().into(),
         param: s.param.into(),
         param_value: s.value,
@@ -389,23 +377,9 @@ fn blank(s: &Spec, model: &WireModel) -> FigPoint {
         write_pct: s.write_pct,
         batch_max: s.batch,
         applicable: true,
-        note: None,
         op_counts: op_counts(s.design, s.write_pct),
-        ops_per_sec: None,
-        ops_measured: None,
-        measured_secs: None,
-        mean_us: None,
-        p50_us: None,
-        p99_us: None,
-        requests_counted: None,
-        round_trips_per_op: None,
-        messages_per_op: None,
-        verbs_per_op: None,
-        bytes_to_receiver_per_op: None,
-        bytes_to_sender_per_op: None,
-        receiver_persists_per_op: None,
-        recovery: None,
         wire_model: model.label(),
+        ..FigPoint::default()
     }
 }
 
@@ -417,91 +391,82 @@ fn specs(figure: u32, opts: &FigOptions) -> Vec<Spec> {
         .collect();
     let sw = &opts.sweeps;
     let mut out = Vec::new();
+    let d = &designs;
     match figure {
-        13 => {
-            for &size in &sw.fig13_sizes {
-                for &d in &designs {
-                    out.push(Spec {
-                        size,
-                        param: "size_bytes",
-                        value: size as f64,
-                        ..Spec::base(13, d)
-                    });
-                }
-            }
-        }
-        15 => {
-            for &p in &sw.fig15_processing_us {
-                for &d in &designs {
-                    out.push(Spec {
-                        processing_ns: p * 1000,
-                        param: "processing_us",
-                        value: p as f64,
-                        ..Spec::base(15, d)
-                    });
-                }
-            }
-        }
-        17 => {
-            for &n in &sw.fig17_senders {
-                for &d in &designs {
-                    out.push(Spec {
-                        senders: n,
-                        param: "senders",
-                        value: n as f64,
-                        ..Spec::base(17, d)
-                    });
-                }
-            }
-        }
-        18 => {
-            for &w in &sw.fig18_write_pct {
-                for &d in &designs {
-                    out.push(Spec {
-                        write_pct: w,
-                        param: "write_pct",
-                        value: f64::from(w),
-                        ..Spec::base(18, d)
-                    });
-                }
-            }
-        }
+        13 => sweep(&mut out, d, 13, "size_bytes", &sw.fig13_sizes, |s, size| {
+            s.size = size;
+            size as f64
+        }),
+        15 => sweep(
+            &mut out,
+            d,
+            15,
+            "processing_us",
+            &sw.fig15_processing_us,
+            |s, p| {
+                s.processing_ns = p * 1000;
+                p as f64
+            },
+        ),
+        17 => sweep(&mut out, d, 17, "senders", &sw.fig17_senders, |s, n| {
+            s.senders = n;
+            n as f64
+        }),
+        18 => sweep(&mut out, d, 18, "write_pct", &sw.fig18_write_pct, |s, w| {
+            s.write_pct = w;
+            f64::from(w)
+        }),
         19 => {
-            for &b in &sw.fig19_batch {
-                for &d in &designs {
-                    // The classic designs do not batch: measured once, at 1.
-                    if !d.is_durable() && b != 1 {
-                        continue;
-                    }
-                    out.push(Spec {
-                        size: FIG19_OBJECT_BYTES,
-                        batch: b,
-                        param: "batch_max",
-                        value: b as f64,
-                        ..Spec::base(19, d)
-                    });
-                }
-            }
+            sweep(&mut out, d, 19, "batch_max", &sw.fig19_batch, |s, b| {
+                s.size = FIG19_OBJECT_BYTES;
+                s.batch = b;
+                b as f64
+            });
+            // The classic designs do not batch: measured once, at 1.
+            out.retain(|s| s.design.is_durable() || s.batch == 1);
         }
         12 => {
             for &w in &sw.fig12_write_pct {
-                for &a in &sw.fig12_availability {
-                    for &d in &designs {
-                        out.push(Spec {
-                            size: FIG12_OBJECT_BYTES,
-                            processing_ns: FIG12_PROCESSING_NS,
-                            write_pct: w,
-                            param: "availability",
-                            value: a,
-                            ..Spec::base(12, d)
-                        });
-                    }
-                }
+                sweep(
+                    &mut out,
+                    d,
+                    12,
+                    "availability",
+                    &sw.fig12_availability,
+                    |s, a| {
+                        s.size = FIG12_OBJECT_BYTES;
+                        s.processing_ns = FIG12_PROCESSING_NS;
+                        s.write_pct = w;
+                        a
+                    },
+                );
             }
         }
         _ => {}
     }
     out
+}
+
+/// A point of `figure` per value of its sweep and design, in that order: `set`
+/// puts the value in the point and says it as the parameter's value.
+fn sweep<T: Copy>(
+    out: &mut Vec<Spec>,
+    designs: &[RpcDesign],
+    figure: u32,
+    param: &'static str,
+    values: &[T],
+    set: impl Fn(&mut Spec, T) -> f64,
+) {
+    for &v in values {
+        for &d in designs {
+            let mut s = Spec {
+                param,
+                ..Spec::base(figure, d)
+            };
+            s.value = set(&mut s, v);
+            out.push(s);
+        }
+    }
 }
 
 /// How many points `figures` will measure.
@@ -569,27 +534,10 @@ pub fn normalise_fig12(points: &mut [FigPoint]) {
 // ---------------------------------------------------------------------------
 // Shared pieces
 
-/// The receiver's service for these figures: a write is answered with 8 bytes, a
-/// read with the object; both spend the processing time. No state writes (as in
-/// Figure 8: the request itself is what is made durable).
-#[derive(Clone)]
-struct FigOperator {
-    processing_ns: u64,
-    object: Arc<Vec<u8>>,
-}
-
-impl Operator for FigOperator {
-    fn execute(&mut self, _state: &StateView<'_>, request: &Request<'_>) -> Effect {
-        spin_ns(self.processing_ns);
-        let reply = if request.op == OP_READ {
-            self.object.to_vec()
-        } else {
-            (request.payload.len() as u64).to_le_bytes().to_vec()
-        };
-        Effect {
-            writes: Vec::new(),
-            reply,
-        }
+fn operator(s: &Spec) -> BenchOperator {
+    BenchOperator {
+        processing_ns: s.processing_ns,
+        object: Arc::new(request(s.size)),
     }
 }
 
@@ -605,6 +553,29 @@ fn read_request() -> Vec<u8> {
     r
 }
 
+/// Sender `c`'s workload of a point (senders start at different places of the
+/// pattern).
+fn workload<'a>(
+    s: &Spec,
+    opts: &FigOptions,
+    write: &'a [u8],
+    read: &'a [u8],
+    c: usize,
+) -> Workload<'a> {
+    Workload {
+        write,
+        read,
+        write_pct: s.write_pct,
+        first_op: (c as u64) * 37,
+        batch: s.batch,
+        read_reply_bytes: s.size,
+        warmup_ms: opts.warmup_ms,
+        measure_ms: opts.measure_ms,
+    }
+}
+
+/// The receiver's service for these figures, classic: a write is answered with 8
+/// bytes, a read with the object (as [`BenchOperator`] does for the durable ones).
 fn classic_handler(size: usize) -> Handler {
     let object = Arc::new(request(size));
     Arc::new(move |req: &[u8]| {
@@ -617,32 +588,23 @@ fn classic_handler(size: usize) -> Handler {
 }
 
 fn classic_config(s: &Spec) -> ServerConfig {
-    let reads = s.write_pct < 100;
-    ServerConfig {
-        clients_max: s.senders,
-        inflight_max: 1,
-        request_bytes_max: s.size.max(64),
-        reply_bytes_max: if reads { s.size.max(64) } else { 64 },
-        processing_delay_ns: s.processing_ns,
-        ..ServerConfig::default()
-    }
+    let reply = if s.write_pct < 100 {
+        s.size
+    } else {
+        REPLY_BYTES
+    };
+    rpc::classic_config(s.senders, s.size, reply, s.processing_ns)
 }
 
-/// A classic design that cannot carry the point's messages (FaSST above its MTU).
-fn classic_limit(d: Design, s: &Spec, config: &ServerConfig) -> Option<String> {
-    let req = d.request_bytes_limit(config);
-    let rep = d.reply_bytes_limit(config);
-    let reads = s.write_pct < 100;
-    let limit = if s.size > req {
-        req
-    } else if reads && s.size > rep {
-        rep
-    } else {
-        return None;
-    };
-    Some(format!(
-        "not applicable: {d} carries at most {limit} B per message (one UD message within the 4 KiB MTU, §5.1)"
-    ))
+/// The point of a classic design that cannot carry its messages (FaSST above its
+/// MTU), if it cannot.
+fn inapplicable(d: Design, s: &Spec, config: &ServerConfig, model: &WireModel) -> Option<FigPoint> {
+    let note = classic_limit(d, config, s.size, s.write_pct < 100, "message")?;
+    Some(FigPoint {
+        applicable: false,
+        note: Some(note),
+        ..blank(s, model)
+    })
 }
 
 fn durable_flow(s: &Spec) -> FlowConfig {
@@ -653,74 +615,21 @@ fn durable_flow(s: &Spec) -> FlowConfig {
         } else {
             REPLY_BYTES
         },
-        requests_per_poll_max: 1,
         batch_max: s.batch,
-        ..FlowConfig::default()
+        ..rpc::flow()
     }
 }
 
 /// Rings for `senders` connections, each holding a window of the largest entries.
 fn durable_geometry(s: &Spec, flow: &FlowConfig) -> RingGeometry {
-    let entry = entry_bytes(s.batch * request_bytes(s.size.max(READ_REQUEST_BYTES)));
-    let chunk_bytes = align_up(entry.max(4096), 64);
-    RingGeometry {
-        connections: s.senders as u32,
-        ring_bytes: chunk_bytes * (flow.inflight_max + 2),
-        chunk_bytes,
-        state_bytes: 64,
-        apply_bytes: 64,
-        base: 0,
-    }
+    let body = s.batch * request_bytes(s.size.max(READ_REQUEST_BYTES));
+    rpc::geometry(s.senders as u32, body, flow)
 }
 
-/// A durable receiver polled on its own thread until stopped.
-struct ReceiverThread {
-    stop: Arc<AtomicBool>,
-    thread: JoinHandle<Result<Receiver<LoopbackNic, FigOperator>, DrpcError>>,
-}
-
-impl ReceiverThread {
-    fn spawn(mut receiver: Receiver<LoopbackNic, FigOperator>) -> Result<Self, RpcBenchError> {
-        let stop = Arc::new(AtomicBool::new(false));
-        let stopping = stop.clone();
-        let thread = std::thread::Builder::new()
-            .name("drpc-receiver".into())
-            .spawn(move || -> Result<_, DrpcError> {
-                let mut idle = 0u32;
-                while !stopping.load(Ordering::Acquire) {
-                    if receiver.poll()? > 0 {
-                        idle = 0;
-                        continue;
-                    }
-                    idle = idle.wrapping_add(1);
-                    if idle.is_multiple_of(IDLE_SPINS_BEFORE_YIELD) {
-                        std::thread::yield_now();
-                    } else {
-                        std::hint::spin_loop();
-                    }
-                }
-                Ok(receiver)
-            })
-            .map_err(RpcBenchError::Thread)?;
-        Ok(ReceiverThread { stop, thread })
-    }
-
-    fn stop(self) -> Result<Receiver<LoopbackNic, FigOperator>, RpcBenchError> {
-        self.stop.store(true, Ordering::Release);
-        Ok(self
-            .thread
-            .join()
-            .map_err(|_| RpcBenchError::ReceiverPanicked)??)
-    }
-}
-
-fn idle_wait(idle: &mut u32) {
-    *idle = idle.wrapping_add(1);
-    if idle.is_multiple_of(IDLE_SPINS_BEFORE_YIELD) {
-        std::thread::yield_now();
-    } else {
-        std::hint::spin_loop();
-    }
+fn receiver_thread(
+    receiver: Receiver<LoopbackNic, BenchOperator>,
+) -> Result<ReceiverThread<BenchOperator>, RpcBenchError> {
+    ReceiverThread::spawn(receiver, "drpc-receiver".into())
 }
 
 fn stalled(s: &Spec, message: String) -> RpcBenchError {
@@ -732,33 +641,57 @@ fn stalled(s: &Spec, message: String) -> RpcBenchError {
     }
 }
 
-/// One sender's measure over its measured interval.
-struct SenderMeasure {
-    ops: u64,
-    secs: f64,
-    hist: Histogram<u64>,
-    /// Bytes of the replies' payloads over every call (8 a write, the object a read).
-    reply_bytes: u64,
+/// `f` of each of `senders` on a thread of its own; the results in order.
+fn on_threads<T: Send, R: Send>(senders: Vec<T>, f: impl Fn(usize, T) -> R + Sync) -> Vec<R> {
+    std::thread::scope(|scope| {
+        let f = &f;
+        let handles: Vec<_> = senders
+            .into_iter()
+            .enumerate()
+            .map(|(c, sender)| scope.spawn(move || f(c, sender)))
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("a sender thread panicked"))
+            .collect()
+    })
 }
 
-fn merge(measures: &[SenderMeasure]) -> (f64, u64, f64, Histogram<u64>) {
-    let mut hist = histogram();
-    let mut rate = 0.0;
-    let mut ops = 0;
-    let mut secs = 0.0f64;
-    for m in measures {
-        hist.add(&m.hist).expect("same bounds");
-        rate += m.ops as f64 / m.secs.max(1e-9);
-        ops += m.ops;
-        secs = secs.max(m.secs);
+impl FigPoint {
+    fn set_counts(&mut self, c: &OpCounts) {
+        self.requests_counted = Some(c.requests);
+        self.round_trips_per_op = Some(c.round_trips);
+        self.messages_per_op = Some(c.messages);
+        self.verbs_per_op = Some(c.verbs);
+        self.bytes_to_receiver_per_op = Some(c.bytes_to_receiver);
+        self.bytes_to_sender_per_op = Some(c.bytes_to_sender);
+        self.receiver_persists_per_op = Some(c.receiver_persists);
     }
-    (rate, ops, secs, hist)
-}
 
-fn fill_latency(p: &mut FigPoint, hist: &Histogram<u64>) {
-    p.mean_us = (!hist.is_empty()).then(|| hist.mean() / 1e3);
-    p.p50_us = us(hist, 0.50);
-    p.p99_us = us(hist, 0.99);
+    /// The senders' measures together: their op rates summed, the longest interval,
+    /// the latencies merged.
+    fn set_measure(&mut self, measures: &[SenderMeasure]) {
+        let mut hist = histogram();
+        let mut rate = 0.0;
+        let mut ops = 0;
+        let mut secs = 0.0f64;
+        for m in measures {
+            hist.add(&m.hist).expect("same bounds");
+            rate += m.ops as f64 / m.secs.max(1e-9);
+            ops += m.ops;
+            secs = secs.max(m.secs);
+        }
+        self.ops_per_sec = Some(rate);
+        self.ops_measured = Some(ops);
+        self.measured_secs = Some(secs);
+        self.set_latency(&hist);
+    }
+
+    fn set_latency(&mut self, hist: &Histogram<u64>) {
+        self.mean_us = (!hist.is_empty()).then(|| hist.mean() / 1e3);
+        self.p50_us = us(hist, 0.50);
+        self.p99_us = us(hist, 0.99);
+    }
 }
 
 // ---------------------------------------------------------------------------
@@ -772,113 +705,31 @@ fn run_point(s: &Spec, opts: &FigOptions) -> Result<FigPoint, RpcBenchError> {
 }
 
 fn classic_point(d: Design, s: &Spec, opts: &FigOptions) -> Result<FigPoint, RpcBenchError> {
-    let mut point = blank(s, &opts.model);
     let config = classic_config(s);
-    if let Some(note) = classic_limit(d, s, &config) {
-        point.applicable = false;
-        point.note = Some(note);
+    if let Some(point) = inapplicable(d, s, &config, &opts.model) {
         return Ok(point);
     }
+    let mut point = blank(s, &opts.model);
     let fabric = LoopbackFabric::with_model(opts.model)?;
-    let pool = Pool::anonymous(
-        align_up(Layout::new(&config).server_bytes(), 4096),
-        PoolOptions::default(),
-    )?;
-    let mut server = Server::new(
-        d,
-        fabric.attach(RECEIVER)?,
-        pool,
-        config,
-        classic_handler(s.size),
-    )?;
-    let mut clients = Vec::new();
-    for c in 0..s.senders {
-        clients.push(server.connect(&fabric.attach(NodeId(FIRST_SENDER + c as u32))?)?);
-    }
-    let running = server.spawn()?;
-    let results: Vec<Result<(ClientStats, SenderMeasure), RpcError>> =
-        std::thread::scope(|scope| {
-            let handles: Vec<_> = clients
-                .into_iter()
-                .enumerate()
-                .map(|(c, client)| scope.spawn(move || classic_sender(client, c, s, opts)))
-                .collect();
-            handles
-                .into_iter()
-                .map(|h| h.join().expect("a sender thread panicked"))
-                .collect()
-        });
+    let pool = pool(Layout::new(&config).server_bytes(), false)?;
+    let senders = FIRST_SENDER..FIRST_SENDER + s.senders as u32;
+    let (running, clients) =
+        classic_server(d, &fabric, pool, config, classic_handler(s.size), senders)?;
+    let (write, read) = (write_request(s.size), read_request());
+    let results = on_threads(clients, |c, mut client| {
+        let m = drive_classic(&mut client, &workload(s, opts, &write, &read, c))?;
+        Ok::<_, RpcError>((client.stats(), m))
+    });
     let server = running.stop()?;
-    let mut stats = Vec::new();
-    let mut measures = Vec::new();
-    for r in results {
-        let (st, m) = r?;
-        stats.push(st);
-        measures.push(m);
-    }
+    let (stats, measures): (Vec<ClientStats>, Vec<SenderMeasure>) = results
+        .into_iter()
+        .collect::<Result<Vec<_>, _>>()?
+        .into_iter()
+        .unzip();
+    point.set_measure(&measures);
     let totals = Totals::of(&stats, &server.stats());
-    let per = totals.per_call();
-    let (rate, ops, secs, hist) = merge(&measures);
-    point.ops_per_sec = Some(rate);
-    point.ops_measured = Some(ops);
-    point.measured_secs = Some(secs);
-    fill_latency(&mut point, &hist);
-    point.requests_counted = Some(totals.calls);
-    point.round_trips_per_op = Some(per.round_trips);
-    point.messages_per_op = Some(per.messages);
-    point.verbs_per_op = Some(per.verbs);
-    point.bytes_to_receiver_per_op = Some(per.bytes_to_server);
-    point.bytes_to_sender_per_op = Some(per.bytes_to_client);
-    point.receiver_persists_per_op = Some(per.receiver_persists);
+    point.set_counts(&OpCounts::classic(&totals, totals.calls.max(1)));
     Ok(point)
-}
-
-fn classic_sender(
-    mut client: Client<LoopbackNic>,
-    c: usize,
-    s: &Spec,
-    opts: &FigOptions,
-) -> Result<(ClientStats, SenderMeasure), RpcError> {
-    let write = write_request(s.size);
-    let read = read_request();
-    let mut hist = histogram();
-    let start = Instant::now();
-    let warmup = Duration::from_millis(opts.warmup_ms);
-    let end = warmup + Duration::from_millis(opts.measure_ms);
-    let mut ops = 0u64;
-    let mut from = None;
-    // Senders start at different places of the pattern.
-    let mut i = (c as u64) * 37;
-    let last = loop {
-        let now = start.elapsed();
-        if now >= end {
-            break now;
-        }
-        let req = if is_write(i, s.write_pct) {
-            &write
-        } else {
-            &read
-        };
-        i += 1;
-        let t = Instant::now();
-        client.call(req)?;
-        let ns = elapsed_ns(t);
-        if now >= warmup {
-            from.get_or_insert(now);
-            ops += 1;
-            record(&mut hist, ns);
-        }
-    };
-    let secs = (last - from.unwrap_or(last)).as_secs_f64();
-    Ok((
-        client.stats(),
-        SenderMeasure {
-            ops,
-            secs,
-            hist,
-            reply_bytes: 0,
-        },
-    ))
 }
 
 fn durable_point(v: Variant, s: &Spec, opts: &FigOptions) -> Result<FigPoint, RpcBenchError> {
@@ -886,233 +737,43 @@ fn durable_point(v: Variant, s: &Spec, opts: &FigOptions) -> Result<FigPoint, Rp
     let flow = durable_flow(s);
     let g = durable_geometry(s, &flow);
     let fabric = LoopbackFabric::with_model(opts.model)?;
-    let pool = Pool::anonymous(g.pool_bytes(), PoolOptions::default())?;
-    Receiver::<LoopbackNic, FigOperator>::format(&pool, g)?;
-    let operator = FigOperator {
-        processing_ns: s.processing_ns,
-        object: Arc::new(request(s.size)),
-    };
-    let (mut receiver, _) = Receiver::open(pool, fabric.attach(RECEIVER)?, flow, operator)?;
+    let pool = pool(g.pool_bytes(), false)?;
+    let mut receiver = durable_receiver(&fabric, pool, g, flow, operator(s))?;
     let mut senders = Vec::new();
-    for c in 0..s.senders {
-        let mut sender = Sender::new(&fabric.attach(NodeId(FIRST_SENDER + c as u32))?, v, flow)?;
-        let offer = receiver.accept(ConnId(c as u32), v, sender.qp_addr())?;
-        sender.connect(&offer)?;
-        senders.push(sender);
+    for c in 0..s.senders as u32 {
+        let node = NodeId(FIRST_SENDER + c);
+        senders.push(connect_sender(&fabric, &mut receiver, node, c, v, flow)?);
     }
-    let running = ReceiverThread::spawn(receiver)?;
-    let results: Vec<Result<(SenderStats, SenderMeasure), String>> = std::thread::scope(|scope| {
-        let handles: Vec<_> = senders
-            .into_iter()
-            .enumerate()
-            .map(|(c, mut sender)| {
-                scope.spawn(move || {
-                    let m = drive(&mut sender, c, s, opts)?;
-                    Ok((sender.stats(), m))
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| h.join().expect("a sender thread panicked"))
-            .collect()
+    let running = receiver_thread(receiver)?;
+    let (write, read) = (write_request(s.size), read_request());
+    let results = on_threads(senders, |c, mut sender| {
+        let w = workload(s, opts, &write, &read, c);
+        let m = drive_durable(&mut sender, &w).map_err(|e| e.to_string())?;
+        Ok::<_, String>((sender.stats(), m))
     });
     let receiver = running.stop()?;
-    let mut sstats = Vec::new();
-    let mut measures = Vec::new();
-    for r in results {
-        let (st, m) = r.map_err(|e| stalled(s, e))?;
-        sstats.push(st);
-        measures.push(m);
-    }
+    let (sstats, measures): (Vec<SenderStats>, Vec<SenderMeasure>) = results
+        .into_iter()
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| stalled(s, e))?
+        .into_iter()
+        .unzip();
     let rs = receiver.stats();
     let sent: u64 = sstats.iter().map(|x| x.requests_sent).sum();
     assert_eq!(
         sent, rs.requests_completed,
         "every request sent was drained to its completion"
     );
-    let (rate, ops, secs, hist) = merge(&measures);
-    point.ops_per_sec = Some(rate);
-    point.ops_measured = Some(ops);
-    point.measured_secs = Some(secs);
-    fill_latency(&mut point, &hist);
+    point.set_measure(&measures);
     let reply_bytes = measures.iter().map(|m| m.reply_bytes).sum();
-    fill_durable_counts(&mut point, &sstats, &rs, reply_bytes);
+    point.set_counts(&OpCounts::durable(&sstats, &rs, reply_bytes));
     Ok(point)
-}
-
-fn fill_durable_counts(
-    p: &mut FigPoint,
-    ss: &[SenderStats],
-    rs: &ReceiverStats,
-    reply_payload_bytes: u64,
-) {
-    let n = rs.requests_completed.max(1) as f64;
-    let entries: u64 = ss.iter().map(|x| x.entries_posted).sum();
-    let wrs: u64 = ss.iter().map(|x| x.work_requests_posted).sum();
-    let bytes: u64 = ss.iter().map(|x| x.bytes_posted).sum();
-    p.requests_counted = Some(rs.requests_completed);
-    // One round trip per entry: a batch of k requests shares one.
-    p.round_trips_per_op = Some(entries as f64 / n);
-    let verbs = (wrs + rs.replies_sent) as f64 / n;
-    p.messages_per_op = Some(verbs);
-    p.verbs_per_op = Some(verbs);
-    p.bytes_to_receiver_per_op = Some(bytes as f64 / n);
-    p.receiver_persists_per_op = Some(rs.persists as f64 / n);
-    // Every reply's header (completions and RFlush notices) and the replies' bytes.
-    let headers = (rs.durable_notices + rs.requests_completed) * REPLY_HEADER_BYTES as u64;
-    p.bytes_to_sender_per_op = Some((headers + reply_payload_bytes) as f64 / n);
-}
-
-/// What the sender waits for before its next call.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Await {
-    Durable(u64),
-    Completed(u64),
-}
-
-/// One durable sender's timed loop: a write waits for its durable ack (a batch:
-/// for the last request's), a read for its completion; then the next call. After
-/// the measured interval every request is drained to its completion.
-fn drive(
-    sender: &mut Sender<LoopbackNic>,
-    c: usize,
-    s: &Spec,
-    opts: &FigOptions,
-) -> Result<SenderMeasure, String> {
-    let write = write_request(s.size);
-    let read = read_request();
-    let start = Instant::now();
-    let warmup_ns = opts.warmup_ms * 1_000_000;
-    let end_ns = warmup_ns + opts.measure_ms * 1_000_000;
-    let mut issued: VecDeque<(u64, u64, bool)> = VecDeque::new();
-    let mut awaiting: Option<Await> = None;
-    let mut in_batch = 0usize;
-    let mut events = Vec::new();
-    let mut hist = histogram();
-    let mut ops = 0u64;
-    let mut measured_from: Option<u64> = None;
-    let mut measured_to = 0u64;
-    let mut last_progress = 0u64;
-    let mut idle = 0u32;
-    let mut i = (c as u64) * 37;
-    let mut reply_bytes = 0u64;
-    let e = |e: DrpcError| e.to_string();
-    loop {
-        let now = elapsed_ns(start);
-        let issuing = now < end_ns;
-        if !issuing && measured_to == 0 {
-            measured_to = now;
-            // A partial batch goes now (or at the next poll if the ring is full).
-            match sender.flush() {
-                Ok(()) | Err(DrpcError::WouldBlock) => {}
-                Err(x) => return Err(e(x)),
-            }
-        }
-        if !issuing && issued.is_empty() {
-            break;
-        }
-        if now - last_progress > STALL_NS_MAX {
-            return Err(format!(
-                "no progress for {} s ({} requests outstanding)",
-                STALL_NS_MAX / 1_000_000_000,
-                issued.len()
-            ));
-        }
-        // Calls back to back until a batch is full (the sender's `poll` posts a
-        // partial batch, so a batch is filled between two polls).
-        while issuing && awaiting.is_none() {
-            let w = is_write(i, s.write_pct);
-            let (op, payload) = if w {
-                (OP_STORE, &write)
-            } else {
-                (OP_READ, &read)
-            };
-            match sender.call(op, payload) {
-                Ok(seq) => {
-                    i += 1;
-                    issued.push_back((seq, elapsed_ns(start), !w));
-                    if w {
-                        in_batch += 1;
-                        if in_batch >= s.batch {
-                            in_batch = 0;
-                            awaiting = Some(Await::Durable(seq));
-                        }
-                    } else {
-                        match sender.flush() {
-                            Ok(()) | Err(DrpcError::WouldBlock) => {}
-                            Err(x) => return Err(e(x)),
-                        }
-                        in_batch = 0;
-                        awaiting = Some(Await::Completed(seq));
-                    }
-                }
-                Err(DrpcError::WouldBlock) => break,
-                Err(x) => return Err(e(x)),
-            }
-        }
-        sender.poll(&mut events).map_err(e)?;
-        if events.is_empty() {
-            idle_wait(&mut idle);
-            continue;
-        }
-        idle = 0;
-        let at = elapsed_ns(start);
-        last_progress = at;
-        let in_window = at >= warmup_ns && at < end_ns;
-        if in_window {
-            measured_from.get_or_insert(at);
-        }
-        for ev in events.drain(..) {
-            match ev {
-                Event::Durable { seq } => {
-                    if awaiting == Some(Await::Durable(seq)) {
-                        awaiting = None;
-                    }
-                    if let Some(&(_, called, is_read)) = issued.iter().find(|(q, ..)| *q == seq) {
-                        if !is_read && in_window {
-                            ops += 1;
-                            if called >= warmup_ns {
-                                record(&mut hist, at - called);
-                            }
-                        }
-                    }
-                }
-                Event::Completed { seq, .. } => {
-                    let Some((q, called, is_read)) = issued.pop_front() else {
-                        return Err(format!("completion of {seq} with nothing outstanding"));
-                    };
-                    if q != seq {
-                        return Err(format!(
-                            "completion of {seq} while {q} was the oldest outstanding"
-                        ));
-                    }
-                    if awaiting == Some(Await::Completed(seq)) {
-                        awaiting = None;
-                    }
-                    reply_bytes += if is_read { s.size } else { REPLY_BYTES } as u64;
-                    if is_read && in_window {
-                        ops += 1;
-                        if called >= warmup_ns {
-                            record(&mut hist, at - called);
-                        }
-                    }
-                }
-            }
-        }
-    }
-    let from = measured_from.unwrap_or(measured_to);
-    Ok(SenderMeasure {
-        ops,
-        secs: ((measured_to.saturating_sub(from)) as f64 / 1e9).max(1e-9),
-        hist,
-        reply_bytes,
-    })
 }
 
 // ---------------------------------------------------------------------------
 // Figure 12: a workload under real receiver crashes
 
+#[derive(Default)]
 struct Fig12Tally {
     failures: u64,
     recovery_ns: u64,
@@ -1130,9 +791,7 @@ fn run_fig12(s: &Spec, opts: &FigOptions) -> Result<FigPoint, RpcBenchError> {
     let tally = match s.design {
         RpcDesign::Classic(d) => {
             let config = classic_config(s);
-            if let Some(note) = classic_limit(d, s, &config) {
-                point.applicable = false;
-                point.note = Some(note);
+            if let Some(point) = inapplicable(d, s, &config, &opts.model) {
                 return Ok(point);
             }
             fig12_classic(d, s, opts, &config, &crashes, &mut hist, &mut point)?
@@ -1144,7 +803,7 @@ fn run_fig12(s: &Spec, opts: &FigOptions) -> Result<FigPoint, RpcBenchError> {
     point.ops_per_sec = Some(n as f64 / total);
     point.ops_measured = Some(n);
     point.measured_secs = Some(measured);
-    fill_latency(&mut point, &hist);
+    point.set_latency(&hist);
     point.recovery = Some(RecoveryMeasure {
         availability: s.value,
         effective_availability: availability_of(measured, tally.failures),
@@ -1154,31 +813,19 @@ fn run_fig12(s: &Spec, opts: &FigOptions) -> Result<FigPoint, RpcBenchError> {
         requests_between_failures: requests_between_failures(s.value),
         measured_secs: measured,
         recovery_secs: tally.recovery_ns as f64 / 1e9,
-        modelled_downtime_secs: (tally.failures * DOWNTIME_PER_FAILURE_NS) as f64 / 1e9,
-        modelled_retransfer_secs: (tally.retransfer_waits * RETRANSFER_INTERVAL_NS) as f64 / 1e9,
+        modelled_downtime_secs: modelled_secs(tally.failures, 0),
+        modelled_retransfer_secs: modelled_secs(0, tally.retransfer_waits),
         total_secs: total,
         reexecuted: tally.reexecuted,
         resent: tally.resent,
         retransfer_waits: tally.retransfer_waits,
         baseline: fig12_baseline(s.design).into(),
         normalized_total: None,
-        failure_cost_secs: (tally.failures * DOWNTIME_PER_FAILURE_NS
-            + tally.retransfer_waits * RETRANSFER_INTERVAL_NS) as f64
-            / 1e9
+        failure_cost_secs: modelled_secs(tally.failures, tally.retransfer_waits)
             + tally.recovery_ns as f64 / 1e9,
         failure_cost_vs_baseline: None,
     });
     Ok(point)
-}
-
-fn crash_pool(bytes: usize) -> Result<Arc<Pool>, RpcBenchError> {
-    Ok(Pool::anonymous(
-        align_up(bytes, 4096),
-        PoolOptions {
-            crash_sim: true,
-            ..PoolOptions::default()
-        },
-    )?)
 }
 
 fn add_server(acc: &mut ServerStats, s: &ServerStats) {
@@ -1204,35 +851,24 @@ fn fig12_classic(
 ) -> Result<Fig12Tally, RpcBenchError> {
     let n = opts.sweeps.fig12_requests;
     let fabric = LoopbackFabric::with_model(opts.model)?;
-    let pool = crash_pool(Layout::new(config).server_bytes())?;
+    let pool = pool(Layout::new(config).server_bytes(), true)?;
     let handler = classic_handler(s.size);
-    let write = write_request(s.size);
-    let read = read_request();
+    let (write, read) = (write_request(s.size), read_request());
+    let work = workload(s, opts, &write, &read, 0);
+    // The server, and a client of it on `node`.
+    let start_server = |node: u32| -> Result<_, RpcBenchError> {
+        let nodes = node..node + 1;
+        let (running, mut clients) =
+            classic_server(d, &fabric, pool.clone(), *config, handler.clone(), nodes)?;
+        Ok((running, clients.pop().expect("one client")))
+    };
     let mut node = FIRST_SENDER;
-    let mut server = Server::new(
-        d,
-        fabric.attach(RECEIVER)?,
-        pool.clone(),
-        *config,
-        handler.clone(),
-    )?;
-    let mut client = server.connect(&fabric.attach(NodeId(node))?)?;
-    let mut running = server.spawn()?;
+    let (mut running, mut client) = start_server(node)?;
     let mut client_acc = ClientStats::default();
     let mut server_acc = ServerStats::default();
-    let mut t = Fig12Tally {
-        failures: 0,
-        recovery_ns: 0,
-        reexecuted: 0,
-        resent: 0,
-        retransfer_waits: 0,
-    };
+    let mut t = Fig12Tally::default();
     for i in 0..n {
-        let req = if is_write(i, s.write_pct) {
-            &write
-        } else {
-            &read
-        };
+        let (_, _, req) = work.op(i);
         let called = Instant::now();
         if !crashes.contains(&(i + 1)) {
             client.call(req)?;
@@ -1249,16 +885,8 @@ fn fig12_classic(
         client_acc.add(&client.stats());
         t.failures += 1;
         let restart = Instant::now();
-        let mut server = Server::new(
-            d,
-            fabric.attach(RECEIVER)?,
-            pool.clone(),
-            *config,
-            handler.clone(),
-        )?;
         node += 1;
-        client = server.connect(&fabric.attach(NodeId(node))?)?;
-        running = server.spawn()?;
+        (running, client) = start_server(node)?;
         t.recovery_ns += elapsed_ns(restart);
         if !answered {
             // Unanswered: after its re-transfer interval the sender sends it again.
@@ -1272,16 +900,7 @@ fn fig12_classic(
     add_server(&mut server_acc, &stopped.stats());
     client_acc.add(&client.stats());
     let totals = Totals::of(&[client_acc], &server_acc);
-    let per_n = |x: u64| x as f64 / n as f64;
-    point.requests_counted = Some(totals.calls);
-    point.round_trips_per_op = Some(per_n(totals.round_trips));
-    point.messages_per_op = Some(per_n(totals.messages));
-    point.verbs_per_op = Some(per_n(
-        totals.client_verbs.total() + totals.server_verbs.total(),
-    ));
-    point.bytes_to_receiver_per_op = Some(per_n(totals.bytes_to_server));
-    point.bytes_to_sender_per_op = Some(per_n(totals.bytes_to_client));
-    point.receiver_persists_per_op = Some(per_n(totals.receiver_persists));
+    point.set_counts(&OpCounts::classic(&totals, n));
     Ok(t)
 }
 
@@ -1297,38 +916,18 @@ fn fig12_durable(
     let flow = durable_flow(s);
     let g = durable_geometry(s, &flow);
     let fabric = LoopbackFabric::with_model(opts.model)?;
-    let pool = crash_pool(g.pool_bytes())?;
-    Receiver::<LoopbackNic, FigOperator>::format(&pool, g)?;
-    let operator = FigOperator {
-        processing_ns: s.processing_ns,
-        object: Arc::new(request(s.size)),
-    };
-    let write = write_request(s.size);
-    let read = read_request();
+    let pool = pool(g.pool_bytes(), true)?;
+    let operator = operator(s);
+    let (write, read) = (write_request(s.size), read_request());
+    let work = workload(s, opts, &write, &read, 0);
     let mut node = FIRST_SENDER;
-    let connect = |receiver: &mut Receiver<LoopbackNic, FigOperator>,
-                   node: u32|
-     -> Result<Sender<LoopbackNic>, RpcBenchError> {
-        let mut sender = Sender::new(&fabric.attach(NodeId(node))?, v, flow)?;
-        let offer = receiver.accept(ConnId(0), v, sender.qp_addr())?;
-        sender.connect(&offer)?;
-        Ok(sender)
+    let connect = |receiver: &mut Receiver<LoopbackNic, BenchOperator>, node: u32| {
+        connect_sender(&fabric, receiver, NodeId(node), 0, v, flow)
     };
-    let (mut receiver, _) = Receiver::open(
-        pool.clone(),
-        fabric.attach(RECEIVER)?,
-        flow,
-        operator.clone(),
-    )?;
+    let mut receiver = durable_receiver(&fabric, pool.clone(), g, flow, operator.clone())?;
     let mut sender = connect(&mut receiver, node)?;
-    let mut running = ReceiverThread::spawn(receiver)?;
-    let mut t = Fig12Tally {
-        failures: 0,
-        recovery_ns: 0,
-        reexecuted: 0,
-        resent: 0,
-        retransfer_waits: 0,
-    };
+    let mut running = receiver_thread(receiver)?;
+    let mut t = Fig12Tally::default();
     let mut sstats: Vec<SenderStats> = Vec::new();
     let mut rstats: Vec<ReceiverStats> = Vec::new();
     // Outstanding requests: seq -> (op index, is a read, first called at).
@@ -1339,7 +938,7 @@ fn fig12_durable(
     let mut done = 0u64;
     let mut awaiting: Option<Await> = None;
     let mut events = Vec::new();
-    let mut idle = 0u32;
+    let mut idle = Idle::default();
     let mut last_progress = Instant::now();
     let mut reply_bytes = 0u64;
     let finish = |op: u64, first: &mut BTreeMap<u64, Instant>, hist: &mut Histogram<u64>| {
@@ -1361,12 +960,7 @@ fn fig12_durable(
         if awaiting.is_none() {
             let next = resend.front().copied().or((started < n).then_some(started));
             if let Some(op) = next {
-                let w = is_write(op, s.write_pct);
-                let (code, payload) = if w {
-                    (OP_STORE, &write)
-                } else {
-                    (OP_READ, &read)
-                };
+                let (w, code, payload) = work.op(op);
                 match sender.call(code, payload) {
                     Ok(seq) => {
                         let now = Instant::now();
@@ -1430,7 +1024,7 @@ fn fig12_durable(
             }
             node += 1;
             sender = connect(&mut receiver, node)?;
-            running = ReceiverThread::spawn(receiver)?;
+            running = receiver_thread(receiver)?;
             t.recovery_ns += elapsed_ns(restart);
             awaiting = None;
             last_progress = Instant::now();
@@ -1438,10 +1032,10 @@ fn fig12_durable(
         }
         sender.poll(&mut events)?;
         if events.is_empty() {
-            idle_wait(&mut idle);
+            idle.wait();
             continue;
         }
-        idle = 0;
+        idle.reset();
         last_progress = Instant::now();
         for ev in events.drain(..) {
             match ev {
@@ -1474,7 +1068,7 @@ fn fig12_durable(
         durable_notices: sum(|r| r.durable_notices),
         ..ReceiverStats::default()
     };
-    fill_durable_counts(point, &sstats, &rs, reply_bytes);
+    point.set_counts(&OpCounts::durable(&sstats, &rs, reply_bytes));
     // Per op of the workload (re-executions and resends included in the counts).
     let scale = rs.requests_completed.max(1) as f64 / n as f64;
     for x in [
@@ -1632,19 +1226,6 @@ pub fn table(points: &[FigPoint], figure: u32) -> String {
 // The plots: one PNG per figure
 
 const PLOT_PX: (u32, u32) = (1500, 900);
-const PALETTE: [RGBColor; 11] = [
-    RGBColor(31, 119, 180),
-    RGBColor(255, 127, 14),
-    RGBColor(44, 160, 44),
-    RGBColor(214, 39, 40),
-    RGBColor(148, 103, 189),
-    RGBColor(140, 86, 75),
-    RGBColor(227, 119, 194),
-    RGBColor(127, 127, 127),
-    RGBColor(188, 189, 34),
-    RGBColor(23, 190, 207),
-    RGBColor(0, 0, 0),
-];
 
 /// The file of one figure's plot: `F` with `-fig<N>` before its extension.
 pub fn plot_path(base: &Path, figure: u32) -> std::path::PathBuf {
@@ -1679,8 +1260,6 @@ pub fn plot(points: &[FigPoint], figure: u32, path: &Path) -> Result<(), PlotErr
             "no measured point of figure {figure}"
         )));
     }
-    plot::check_target(path)?;
-    plot::register_font()?;
     let mut xs: Vec<f64> = of.iter().map(|p| p.param_value).collect();
     xs.sort_by(|a, b| a.partial_cmp(b).expect("finite"));
     xs.dedup();
@@ -1762,38 +1341,23 @@ pub fn plot(points: &[FigPoint], figure: u32, path: &Path) -> Result<(), PlotErr
             _ => "Classic: op = reply. Durable: op = durable ack of a write (processed later, FIFO), reply of a read.".into(),
         },
     ];
-    std::fs::File::create(path).map_err(|source| PlotError::Write {
-        path: path.to_path_buf(),
-        source,
-    })?;
-    draw(path, figure_title(figure), &caption, &x_labels, &panels).map_err(|e| {
-        let _ = std::fs::remove_file(path);
-        PlotError::Draw {
-            path: path.to_path_buf(),
-            message: e.to_string(),
-        }
+    plot::render(path, PLOT_PX, |root| {
+        draw(root, figure_title(figure), &caption, &x_labels, &panels)
     })
 }
 
 fn draw(
-    path: &Path,
+    root: &plot::Area<'_>,
     title: &str,
     caption: &[String],
     x_labels: &[String],
     panels: &[Panel],
-) -> Result<(), Box<dyn std::error::Error>> {
-    let root = BitMapBackend::new(path, PLOT_PX).into_drawing_area();
+) -> plot::DrawResult<()> {
     root.fill(&WHITE)?;
     let body = root.titled(&format!("Seed 002 {title}"), (FONT_FAMILY, 17))?;
     let (_, h) = body.dim_in_pixel();
     let (body, foot) = body.split_vertically(h - 60);
-    for (i, line) in caption.iter().enumerate() {
-        foot.draw_text(
-            line,
-            &TextStyle::from((FONT_FAMILY, 14)).color(&BLACK),
-            (14, 6 + 22 * i as i32),
-        )?;
-    }
+    plot::caption_lines(&foot, caption, 14, 6, 22)?;
     let cols = if panels.len() > 3 {
         panels.len().div_ceil(2)
     } else {
@@ -1816,7 +1380,6 @@ fn draw(
             .fold(0.0f64, f64::max)
             .max(1e-9)
             * 1.15;
-        let labels = x_labels.to_vec();
         let mut chart = ChartBuilder::on(area)
             .caption(&panel.title, (FONT_FAMILY, 16))
             .margin(12)
@@ -1826,14 +1389,7 @@ fn draw(
         chart
             .configure_mesh()
             .x_labels(x_labels.len() * 2 + 1)
-            .x_label_formatter(&|x| {
-                let i = x.round();
-                if (x - i).abs() < 1e-6 && i >= 0.0 && (i as usize) < labels.len() {
-                    labels[i as usize].clone()
-                } else {
-                    String::new()
-                }
-            })
+            .x_label_formatter(&|x| plot::category_label(x_labels, *x))
             .y_desc(panel.y_desc.as_str())
             .y_label_formatter(&|y| {
                 if y_max < 10.0 {
@@ -1846,7 +1402,7 @@ fn draw(
             .draw()?;
         for (name, pts) in &panel.series {
             let ci = names.iter().position(|n| n == name).unwrap_or(0);
-            let colour = PALETTE[ci % PALETTE.len()];
+            let colour = plot::PALETTE[ci % plot::PALETTE.len()];
             let durable = ["sflush", "wflush", "s-rflush", "w-rflush"].contains(&name.as_str());
             let style = ShapeStyle {
                 color: colour.to_rgba(),
@@ -1863,21 +1419,15 @@ fn draw(
                     .map(|&(x, y)| Circle::new((x, y), 3, colour.filled())),
             )?;
         }
-        chart
-            .configure_series_labels()
-            .background_style(WHITE.mix(0.85))
-            .border_style(BLACK)
-            .label_font((FONT_FAMILY, 12))
-            .position(SeriesLabelPosition::UpperRight)
-            .draw()?;
+        plot::draw_legend(&mut chart, SeriesLabelPosition::UpperRight, 12)?;
     }
-    root.present()?;
     Ok(())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use rowankv_drpc::layout::entry_bytes;
 
     #[test]
     fn write_pattern_has_exactly_the_ratio_in_every_hundred() {
