@@ -46,7 +46,7 @@ pub struct SimArgs {
     no_late_restarts: bool,
     /// Run a deliberately broken build: `serve-without-lease`,
     /// `commit-unsettled-tlog-segments`, `abandon-failed-writes`,
-    /// `ignore-request-ids` or `announce-writes-late`.
+    /// `ignore-request-ids`, `announce-writes-late` or `ignore-member-term`.
     #[arg(long)]
     planted: Option<String>,
     /// Replicate with this strategy in every seed (default: the seed picks one of

@@ -106,6 +106,184 @@ pub fn removal_is_news(sign_term: u64, member_term: u64) -> bool {
     sign_term == 0 || sign_term > member_term
 }
 
+/// What a restarting server's pool records of its identity
+/// (`rowankv_engine::identity`), as plain values. A pool that records no
+/// identity (new, or formatted) has none: `None` where one is taken.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PoolRecord {
+    /// The stale mark (`rowankv_engine::marked_stale`).
+    pub marked: bool,
+    /// The member term (`rowankv_engine::member_term`; 0: none recorded).
+    pub member_term: u64,
+}
+
+/// What a server coming back on its pool does with it once it is a member
+/// ([`restart_decision`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Decision {
+    /// The pool records no identity (a new server): it is formatted.
+    New,
+    /// The pool is recovered. `clear_mark`: it is marked stale, but the
+    /// configuration counts the server as a full replica of some shard (its
+    /// pool holds data no other replica may hold, whatever a stale view made
+    /// it think): the mark is cleared first.
+    Recover { clear_mark: bool },
+    /// The CM removed the server while it was down: its pool is formatted,
+    /// and it is filled again as a joining backup. `marked`: the pool is
+    /// marked stale (and the configuration counts it a full replica of no
+    /// shard); `readded`: its membership was added after the pool last came
+    /// up as a member ([`readded_since`]).
+    Format { marked: bool, readded: bool },
+}
+
+impl Decision {
+    /// Whether the pool is recovered (else formatted).
+    pub fn recovers(self) -> bool {
+        matches!(self, Decision::Recover { .. })
+    }
+}
+
+/// What a server coming back on its pool, now a member, does with the pool:
+/// `record` as the pool records it now (the stale mark as this start left it,
+/// the member term as the pool recorded it when the process started),
+/// `full_replica` whether the configuration it is a member of counts it as a
+/// full replica of some shard ([`full_replica`]), `added` its `Member::added`
+/// there. Pure: the caller clears the mark, recovers or formats as told, and
+/// then records the configuration's term as the pool's member term before the
+/// server serves or is filled (`rowankv_engine::record_member_term`).
+///
+/// A pool marked stale is formatted unless the configuration counts the
+/// server a full replica; a membership added after the pool last came up
+/// (the CM removed and re-added it while it was down, whatever news of it
+/// reached the server) makes the pool stale whatever the configuration
+/// counts it (such a membership never came up on this pool); an unmarked pool
+/// (a member all along) is recovered.
+pub fn restart_decision(record: Option<PoolRecord>, full_replica: bool, added: u64) -> Decision {
+    let Some(r) = record else {
+        return Decision::New;
+    };
+    let readded = readded_since(added, r.member_term);
+    if (r.marked && !full_replica) || readded {
+        Decision::Format {
+            marked: r.marked,
+            readded,
+        }
+    } else {
+        Decision::Recover {
+            clear_mark: r.marked,
+        }
+    }
+}
+
+/// A sign, read on a server's way back, that the CM may have removed it
+/// while it was down, as [`Restart`] judges it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Sign {
+    /// No sign of a removal (an answer that does not add the server, a
+    /// configuration that holds it).
+    None,
+    /// A sign from a configuration no newer than the pool's member term: a
+    /// lagging CM's view, not news ([`removal_is_news`]).
+    Lagging,
+    /// News of a removal. `mark`: the pool must be marked stale now,
+    /// persisted before anything else (it records an identity and is not
+    /// marked yet).
+    News { mark: bool },
+}
+
+/// A server's way back on its pool, from its join answer to its membership,
+/// with no I/O (the server process drives it with its pool and its CMs, the
+/// simulator with its own): which signs of a removal mark the pool stale
+/// ([`removal_is_news`] against the pool's member term), the term older
+/// configurations than which are not taken for a membership
+/// ([`MembershipWait::not_before`]), and, once a member, what becomes of the
+/// pool ([`restart_decision`]).
+#[derive(Clone, Debug)]
+pub struct Restart {
+    record: Option<PoolRecord>,
+    floor: u64,
+    ignore_member_term: bool,
+}
+
+impl Restart {
+    /// A server whose pool records `record` as the process starts.
+    pub fn new(record: Option<PoolRecord>) -> Restart {
+        Restart {
+            record,
+            floor: record.map_or(0, |r| r.member_term),
+            ignore_member_term: false,
+        }
+    }
+
+    /// A deliberately broken decision, for the simulator's planted bug: the
+    /// member term is ignored (every sign of a removal is news, and a
+    /// membership added again after the pool last came up is not noticed),
+    /// as before it was recorded — a joining backup restarted within its
+    /// lease and answered by a lagging CM formats a pool the CM may count
+    /// as a full replica.
+    pub fn unsafe_ignore_member_term(mut self) -> Restart {
+        self.ignore_member_term = true;
+        self.floor = 0;
+        self
+    }
+
+    fn judge(&mut self, removal: bool, term: u64) -> Sign {
+        let member_term = self.record.map_or(0, |r| r.member_term);
+        if !removal {
+            Sign::None
+        } else if self.ignore_member_term || removal_is_news(term, member_term) {
+            let mark = self.record.is_some_and(|r| !r.marked);
+            if let Some(r) = &mut self.record {
+                r.marked = true;
+            }
+            Sign::News { mark }
+        } else {
+            Sign::Lagging
+        }
+    }
+
+    /// The CM's join answer: whether it `added` the server, decided on the
+    /// configuration of `term`. News of a removal also raises
+    /// [`Restart::not_before`] to `term`.
+    pub fn answered(&mut self, added: bool, term: u64) -> Sign {
+        let sign = self.judge(added, term);
+        if matches!(sign, Sign::News { .. }) {
+            self.floor = self.floor.max(term);
+        }
+        sign
+    }
+
+    /// A configuration of `term` read while waiting to be a member; `holds`:
+    /// whether it holds the server.
+    pub fn read(&mut self, term: u64, holds: bool) -> Sign {
+        self.judge(!holds, term)
+    }
+
+    /// Configurations older than this are not taken for a membership
+    /// ([`MembershipWait::not_before`]).
+    pub fn not_before(&self) -> Term {
+        Term(self.floor)
+    }
+
+    /// The pool's record as this start leaves it so far (marks included).
+    pub fn record(&self) -> Option<PoolRecord> {
+        self.record
+    }
+
+    /// Once a member: what becomes of the pool ([`restart_decision`]).
+    pub fn decide(&self, full_replica: bool, added: u64) -> Decision {
+        let record = if self.ignore_member_term {
+            self.record.map(|r| PoolRecord {
+                member_term: 0,
+                ..r
+            })
+        } else {
+            self.record
+        };
+        restart_decision(record, full_replica, added)
+    }
+}
+
 /// The CM's service that removes a server on purpose.
 pub const LEAVE_SERVICE: u16 = u16::MAX - 4;
 
@@ -337,5 +515,93 @@ mod tests {
             serde_json::from_str(r#"{"node":1,"lease_ms":200,"strategy":"rowan"}"#).unwrap();
         assert!(!old.added);
         assert_eq!(old.term, 0, "an answer of unknown term");
+    }
+
+    fn pool(marked: bool, member_term: u64) -> Option<PoolRecord> {
+        Some(PoolRecord {
+            marked,
+            member_term,
+        })
+    }
+
+    /// The decision `rowankv server` takes once a member, in every case.
+    #[test]
+    fn the_restart_decision_formats_only_a_pool_the_cm_removed() {
+        assert_eq!(restart_decision(None, false, 0), Decision::New);
+        assert_eq!(restart_decision(None, true, 9), Decision::New);
+        // A member all along: recovered, as a joining backup or a full replica.
+        for full in [false, true] {
+            assert_eq!(
+                restart_decision(pool(false, 5), full, 5),
+                Decision::Recover { clear_mark: false }
+            );
+        }
+        // Marked stale: formatted, unless counted a full replica.
+        assert_eq!(
+            restart_decision(pool(true, 5), false, 5),
+            Decision::Format {
+                marked: true,
+                readded: false
+            }
+        );
+        assert_eq!(
+            restart_decision(pool(true, 5), true, 3),
+            Decision::Recover { clear_mark: true }
+        );
+        // Added again after the pool last came up: formatted, whatever the
+        // marks and the configuration say.
+        for (marked, full) in [(false, false), (false, true), (true, true)] {
+            assert_eq!(
+                restart_decision(pool(marked, 5), full, 9),
+                Decision::Format {
+                    marked,
+                    readded: true
+                }
+            );
+        }
+        // No member term recorded: the marks alone decide.
+        assert!(restart_decision(pool(false, 0), false, 9).recovers());
+    }
+
+    /// A joining backup that came up at term 5 (its fill may have
+    /// completed), restarted within its lease: a lagging CM's answer (term 4)
+    /// that adds it, and a lagging configuration that lacks it, are no news,
+    /// and its pool is recovered as it comes back a joining backup; news from
+    /// term 6 marks it once (persisted by the caller) and formats it. The
+    /// planted bug believes the lagging answer and formats the pool.
+    #[test]
+    fn a_restart_marks_the_pool_only_on_news_newer_than_its_member_term() {
+        let mut r = Restart::new(pool(false, 5));
+        assert_eq!(r.not_before(), Term(5));
+        assert_eq!(r.answered(true, 4), Sign::Lagging);
+        assert_eq!(r.read(5, false), Sign::Lagging);
+        assert_eq!(r.read(5, true), Sign::None);
+        assert_eq!(r.not_before(), Term(5));
+        assert_eq!(r.record(), pool(false, 5));
+        assert_eq!(r.decide(false, 5), Decision::Recover { clear_mark: false });
+
+        let mut r = Restart::new(pool(false, 5));
+        assert_eq!(r.answered(true, 6), Sign::News { mark: true });
+        assert_eq!(r.not_before(), Term(6));
+        assert_eq!(r.read(7, false), Sign::News { mark: false }, "marked once");
+        assert_eq!(r.record(), pool(true, 5));
+        assert!(!r.decide(false, 8).recovers());
+        assert_eq!(r.decide(true, 3), Decision::Recover { clear_mark: true });
+
+        // Already marked by an earlier start: no second mark.
+        let mut r = Restart::new(pool(true, 5));
+        assert_eq!(r.answered(false, 0), Sign::None);
+        assert_eq!(r.read(6, false), Sign::News { mark: false });
+        // No identity recorded: news, but nothing to mark.
+        let mut r = Restart::new(None);
+        assert_eq!(r.answered(true, 3), Sign::News { mark: false });
+        assert_eq!(r.not_before(), Term(3));
+        assert_eq!(r.decide(false, 4), Decision::New);
+
+        let mut broken = Restart::new(pool(false, 5)).unsafe_ignore_member_term();
+        assert_eq!(broken.answered(true, 4), Sign::News { mark: true });
+        assert!(!broken.decide(false, 5).recovers());
+        let broken = Restart::new(pool(false, 5)).unsafe_ignore_member_term();
+        assert!(broken.decide(false, 9).recovers(), "re-adding unnoticed");
     }
 }

@@ -53,7 +53,8 @@ use rowankv_wire::config::{Config, ConfigSource};
 
 use crate::cm::failover_settings;
 use crate::join::{
-    join, readded_since, refused_as_left, removal_is_news, Awaited, JoinRequest, MembershipWait,
+    join, refused_as_left, Awaited, Decision, JoinRequest, MembershipWait, PoolRecord, Restart,
+    Sign,
 };
 use crate::metrics::ServerMetrics;
 use crate::{alias_cms, any_port, attach, host_of, perr, ProcessError};
@@ -289,30 +290,36 @@ fn run_once(
     // that answer or configuration is no newer than the newest configuration
     // this server was a member of when it last came up on the pool (a
     // lagging CM's view: `removal_is_news`).
-    let member_term = match recorded {
-        Some(_) => {
-            rowankv_engine::member_term(&pool).map_err(perr("reading the pool's identity"))?
-        }
-        None => 0,
+    let record = match recorded {
+        Some(_) => Some(PoolRecord {
+            marked: rowankv_engine::marked_stale(&pool)
+                .map_err(perr("reading the pool's identity"))?,
+            member_term: rowankv_engine::member_term(&pool)
+                .map_err(perr("reading the pool's identity"))?,
+        }),
+        None => None,
     };
+    let member_term = record.map_or(0, |r| r.member_term);
+    // What the signs of a removal mean, and what becomes of the pool, is
+    // decided with no I/O (`crate::join::Restart`, as the simulator takes
+    // it); the marks it asks for are persisted here, at once.
+    let restart = std::cell::RefCell::new(Restart::new(record));
     let mark = |why: &str| -> Result<(), ProcessError> {
-        if recorded.is_some() && !rowankv_engine::marked_stale(&pool).unwrap_or(false) {
-            rowankv_engine::mark_stale(&pool).map_err(perr("marking the pool stale"))?;
-            tracing::info!(%node, why, "the pool is marked stale: the CM removed this server while it was down");
-        }
+        rowankv_engine::mark_stale(&pool).map_err(perr("marking the pool stale"))?;
+        tracing::info!(%node, why, "the pool is marked stale: the CM removed this server while it was down");
         Ok(())
     };
-    let mut floor = Term(member_term);
-    if answer.added && removal_is_news(answer.term, member_term) {
-        mark("the CM adds this server to the configuration")?;
-        floor = floor.max(Term(answer.term));
-    } else if answer.added {
-        tracing::info!(
+    let sign = restart.borrow_mut().answered(answer.added, answer.term);
+    match sign {
+        Sign::News { mark: true } => mark("the CM adds this server to the configuration")?,
+        Sign::Lagging => tracing::info!(
             %node, answer_term = answer.term, member_term,
             "the CM answered from a configuration older than one this server was a member of: \
              not news of a removal"
-        );
+        ),
+        Sign::News { mark: false } | Sign::None => {}
     }
+    let floor = restart.borrow().not_before();
     let marked = std::cell::Cell::new(None::<String>);
     let rejoin = JoinRequest {
         node: Some(node.0),
@@ -325,7 +332,10 @@ fn run_once(
         || {
             let c = source.fetch().map_err(|e| e.to_string())?;
             *latest.write() = Some(c.clone());
-            if c.member(node).is_none() && removal_is_news(c.term.0, member_term) {
+            let sign = restart
+                .borrow_mut()
+                .read(c.term.0, c.member(node).is_some());
+            if sign == (Sign::News { mark: true }) {
                 if let Err(e) = mark(&format!("the configuration of {} does not hold it", c.term)) {
                     marked.set(Some(e.0));
                 }
@@ -381,41 +391,40 @@ fn run_once(
     // A pool marked stale is formatted, unless the configuration counts this
     // server as a full replica of some shard (then its pool holds data no
     // other replica may hold, whatever a stale view made it think): it comes
-    // back as a joining backup, filled by the primaries. An unmarked pool
-    // (a member all along) is recovered.
-    let stale = recorded.is_some()
-        && rowankv_engine::marked_stale(&pool).map_err(perr("reading the pool's identity"))?;
-    // Added again after this pool last came up as a member (the CM removed
-    // and re-added it while it was down): the pool predates the removal,
-    // whatever news of it reached this server (a lagging CM's join answer
-    // may have been disbelieved, or no configuration without it was read).
-    // Such a membership never came up on this pool, so it cannot count the
-    // pool as a full replica.
+    // back as a joining backup, filled by the primaries. A membership added
+    // again after this pool last came up as a member (the CM removed and
+    // re-added it while it was down) makes the pool stale, whatever news of
+    // it reached this server (a lagging CM's join answer may have been
+    // disbelieved, or no configuration without it was read). An unmarked
+    // pool (a member all along) is recovered (`restart_decision`).
     let added = config.member(node).map_or(0, |m| m.added);
-    let readded = recorded.is_some() && readded_since(added, member_term);
-    let removed = (stale && !full_replica) || readded;
-    if readded && !stale {
-        tracing::info!(
-            %node, added, member_term,
-            "added again (term {added}) since this pool last came up as a member (term \
-             {member_term}): the pool is stale"
-        );
+    let decision = restart.borrow().decide(full_replica, added);
+    match decision {
+        Decision::Format { marked, readded } => {
+            if readded && !marked {
+                tracing::info!(
+                    %node, added, member_term,
+                    "added again (term {added}) since this pool last came up as a member (term \
+                     {member_term}): the pool is stale"
+                );
+            }
+            tracing::info!(
+                %node, term = %config.term,
+                "the CM removed this server while it was down: its pool is formatted and it is \
+                 filled again as a joining backup"
+            );
+        }
+        Decision::Recover { clear_mark: true } => {
+            tracing::warn!(
+                %node, term = %config.term,
+                "the pool is marked stale, but the configuration counts this server as a full \
+                 replica: it is recovered, and the mark cleared"
+            );
+            write_identity(&pool, identity).map_err(perr("clearing the stale mark"))?;
+        }
+        Decision::Recover { clear_mark: false } | Decision::New => {}
     }
-    if removed {
-        tracing::info!(
-            %node, term = %config.term,
-            "the CM removed this server while it was down: its pool is formatted and it is \
-             filled again as a joining backup"
-        );
-    } else if stale {
-        tracing::warn!(
-            %node, term = %config.term,
-            "the pool is marked stale, but the configuration counts this server as a full \
-             replica: it is recovered, and the mark cleared"
-        );
-        write_identity(&pool, identity).map_err(perr("clearing the stale mark"))?;
-    }
-    let (engine, recovered) = if recorded.is_some() && !removed {
+    let (engine, recovered) = if decision.recovers() {
         let (engine, report) = Engine::open_replica(pool, engine_config)
             .map_err(perr(&format!("recovering {}", dep.pool_path.display())))?;
         tracing::info!(
@@ -507,6 +516,7 @@ fn run_once(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::join::{readded_since, removal_is_news};
     use rowankv_wire::config::Member;
     use std::cell::Cell;
 

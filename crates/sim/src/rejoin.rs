@@ -3,25 +3,34 @@
 //! server crashed while a member and restarted after the CM removed it joins
 //! through a CM's join desk, waits to be a member
 //! ([`rowankv_deploy::join::MembershipWait`], on the simulated clock) and asks
-//! the CMs again when it waited too long; once a member, its pool formatted,
-//! it is filled again as a joining backup.
+//! the CMs again when it waited too long; once a member, it recovers or
+//! formats its pool as `rowankv server` decides
+//! ([`rowankv_deploy::join::Restart`], `restart_decision`) from its pool's
+//! identity record — the real one, in the simulated pool: a stale mark
+//! persisted at once on news of a removal, and the member term recorded
+//! before the server serves or is filled — and the signs it met: the desk's
+//! answer (`added`, and the term of the desk's view) and the configurations
+//! it read. Formatted, it is filled again as a joining backup. A server
+//! restarted within its lease takes the same decision, fed by a desk's answer
+//! and the configuration it then reads.
 //!
 //! The join desk is the real one's decision ([`rowankv_deploy::cm::adds_a_member`])
 //! on a view of the configuration reloaded every 50 ms of simulated time, as a
 //! CM process reloads it: a server that joins shortly after the CM removed it
 //! may be answered from the older term, as a member that rejoined, and nothing
-//! is queued. A desk whose view lacks the server hands it to its CM's role
+//! is queued; a server restarted shortly after the CM added it may be
+//! answered from a view that lacks it, as a server the CM adds. A desk whose
+//! view lacks the server hands it to its CM's role
 //! (`rowankv_cm::role::Joins`) only if that CM is the active one (a standby
 //! answers `standby`, and the server asks the next CM); a CM that crashes
 //! before its role took the join loses it.
 
 use std::sync::Arc;
 
-use rowankv_engine::EngineConfig;
 use rowankv_types::NodeId;
 use rowankv_wire::config::{Config, ConfigSource};
 
-use rowankv_deploy::join::MembershipWait;
+use rowankv_deploy::join::{MembershipWait, Restart};
 
 /// A desk reloads its view of the configuration this often (`rowankv cm`).
 pub(crate) const DESK_RELOAD_NS: u64 = 50_000_000;
@@ -69,8 +78,6 @@ impl JoinDesk {
 /// A removed server on its way back.
 pub(crate) struct Rejoining {
     pub(crate) node: NodeId,
-    /// Its engine's configuration (a formatted pool gets the same).
-    pub(crate) engine_config: EngineConfig,
     /// `None` until a CM answered its first join.
     pub(crate) wait: Option<MembershipWait>,
     /// Asking the CMs (no CM answered yet), or reading the configuration.
@@ -81,4 +88,16 @@ pub(crate) struct Rejoining {
     pub(crate) since_ns: u64,
     /// Joins answered.
     pub(crate) answered: u32,
+    /// Its pool's identity record, as read when it was restarted, and what
+    /// the signs of a removal it met since did to it
+    /// ([`rowankv_deploy::join::Restart`]).
+    pub(crate) restart: Restart,
+}
+
+/// What a CM's join desk answered a server: as `rowankv_deploy::join::JoinAnswer`
+/// (`added`, `term`), and how, for the run's log.
+pub(crate) struct Answer {
+    pub(crate) added: bool,
+    pub(crate) term: u64,
+    pub(crate) how: String,
 }

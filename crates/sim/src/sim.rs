@@ -13,9 +13,10 @@
 //! | link cut | two nodes (servers, CMs, clients) cannot reach each other until healed |
 //! | delay | one link delays every operation: up to 8 ms (ACKs held while logs roll and the cleaner runs), 40–300 ms on a client's link (a request arrives after its retry) |
 //! | CM crash | the active CM stops; a standby takes over; the crashed one restarts later as a standby |
-//! | server restart | in four crashes of ten (when no power failure follows; strategies `rowan` and `rpc`), the crashed server is restarted on its pool within its lease: still a member, at a new NIC whose queue pairs its peers and clients must dial anew |
+//! | server restart | in four crashes of ten (when no power failure follows; strategies `rowan` and `rpc`), the crashed server is restarted on its pool within its lease: still a member, at a new NIC whose queue pairs its peers and clients must dial anew. It joins first (a join desk answers, perhaps from a view that lacks it) and decides from its pool's identity record, as `rowankv server` does (`rowankv_deploy::join::Restart`): recovered, unless that record and the answer say the CM removed it |
 //! | power failure | every server loses power: pools keep only what was persisted (the crash simulator drops every unpersisted line), the cluster cold-starts from them |
-//! | late restart | with [`SimConfig::late_restarts`], a crashed server neither restarted within its lease nor followed by a power failure is restarted 1.5 to 4 leases after its crash: removed by then, it joins again as `rowankv server` does (`crate::rejoin`) — through a join desk whose view of the configuration is reloaded every 50 ms (so it may answer from an older term, as a member that rejoined, and queue nothing), waiting to be a member with `rowankv_deploy::join::MembershipWait` on the simulated clock and asking again when told to — and comes back on a formatted pool as a joining backup; a run ends only once it is a member again (else it is reported unavailable) |
+//! | late restart | with [`SimConfig::late_restarts`], a crashed server neither restarted within its lease nor followed by a power failure is restarted 1.5 to 4 leases after its crash: removed by then, it joins again as `rowankv server` does (`crate::rejoin`) — through a join desk whose view of the configuration is reloaded every 50 ms (so it may answer from an older term, as a member that rejoined, and queue nothing), waiting to be a member with `rowankv_deploy::join::MembershipWait` on the simulated clock and asking again when told to — and comes back on its pool as its identity record (stale mark, member term: persisted in the simulated pool as in a real one) and the signs it met decide — formatted, as a joining backup; a run ends only once it is a member again (else it is reported unavailable) |
+//! | filled restart | with [`SimConfig::late_restarts`], a server that came back as a joining backup (given a backup to fill by an operator's move if it holds none, once the cluster is whole) is killed as soon as a fill installed entries in it, before the CM promotes it, and restarted at once within its lease: a join desk whose view predates its return may answer that it adds it, which is no news of a removal (its pool's member term is newer), so its pool is recovered and the fill goes on; [`PlantedBug::IgnoreMemberTerm`] formats it, and the CM promotes a replica that lacks what was installed before |
 //!
 //! | fault site | a seeded `buggify` site inside a role fires (`rowankv_server::buggify`) |
 //! | client retry | a write of unknown outcome is sent again by a new client on a new connection, with its request id |
@@ -54,9 +55,11 @@ use rand_chacha::ChaCha8Rng;
 use rowankv_client::{Client, ClientConfig, ClientError, Completed, Op, Output};
 use rowankv_cm::{ConfigManager, CoordStore, EmbeddedStore};
 use rowankv_deploy::cluster::CmDesk;
-use rowankv_deploy::join::{Awaited, MembershipWait};
+use rowankv_deploy::join::{
+    full_replica, Awaited, Decision, MembershipWait, PoolRecord, Restart, Sign,
+};
 use rowankv_deploy::{build, ClusterConfig, Owner, Parts, Recovered, CLIENT_NODE_BASE};
-use rowankv_engine::Engine;
+use rowankv_engine::{Engine, Identity};
 use rowankv_fabric::{Fabric, FaultInjector, LoopbackFabric, LoopbackNic};
 use rowankv_pmem::{Medium, Pool, PoolOptions, PowerFailure};
 use rowankv_server::node::{assemble, roles_on_demand, ServerSpec};
@@ -69,7 +72,7 @@ use rowankv_wire::config::{Config, Member};
 use crate::check::{check, ConfigCommit, Report};
 use crate::history::{History, OpKind, Operation, Status};
 use crate::preempt::{Interjection, Policy, Roles, SimClock};
-use crate::rejoin::{JoinDesk, Rejoining, ASK_EVERY_NS, READ_EVERY_NS};
+use crate::rejoin::{Answer, JoinDesk, Rejoining, ASK_EVERY_NS, DESK_RELOAD_NS, READ_EVERY_NS};
 
 /// A deliberately broken build, to show that the checks catch what they claim.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -91,15 +94,23 @@ pub enum PlantedBug {
     /// re-replication copy taken while the write is mid-step misses it, and
     /// the write goes only to the old term's backups.
     AnnounceWritesLate,
+    /// A restarting server ignores its pool's member term
+    /// (`rowankv_deploy::join::Restart::unsafe_ignore_member_term`), as before
+    /// it was recorded: a joining backup restarted within its lease, answered
+    /// by a join desk whose view lags and lacks it, believes the CM removed
+    /// it, marks its pool stale and formats it, while the CM promotes it to a
+    /// full replica on its primary's word that its fill completed.
+    IgnoreMemberTerm,
 }
 
 impl PlantedBug {
-    pub const ALL: [PlantedBug; 5] = [
+    pub const ALL: [PlantedBug; 6] = [
         PlantedBug::ServeWithoutLease,
         PlantedBug::CommitUnsettledTlogSegments,
         PlantedBug::AbandonFailedWrites,
         PlantedBug::IgnoreRequestIds,
         PlantedBug::AnnounceWritesLate,
+        PlantedBug::IgnoreMemberTerm,
     ];
 
     /// The name `rowankv sim --planted` takes.
@@ -110,6 +121,7 @@ impl PlantedBug {
             PlantedBug::AbandonFailedWrites => "abandon-failed-writes",
             PlantedBug::IgnoreRequestIds => "ignore-request-ids",
             PlantedBug::AnnounceWritesLate => "announce-writes-late",
+            PlantedBug::IgnoreMemberTerm => "ignore-member-term",
         }
     }
 }
@@ -156,7 +168,9 @@ pub struct SimConfig {
     /// desk whose view of the configuration may be older than the CM's, wait
     /// to be members (asking again when answered from a stale view, or when
     /// the CM that took the join crashed), and come back as joining backups
-    /// on formatted pools. Drawn from a generator of their own, so a seed's
+    /// on formatted pools (as their pools' identity records decide); such a
+    /// backup is then killed mid-fill and restarted within its lease
+    /// (`FaultCounts::filled_restarts`). Drawn from a generator of their own, so a seed's
     /// other faults are drawn as without them, but a run with one unfolds
     /// differently from then on; off in [`SimConfig::new`], so that runs
     /// pinned to a seed replay as they were found.
@@ -245,6 +259,10 @@ pub struct FaultCounts {
     /// `rejoin_after` after its join was answered (answered from a stale
     /// view of the configuration, or lost with the CM that took it).
     pub rejoins_asked_again: u32,
+    /// Servers that came back as joining backups, killed as a primary
+    /// reported one of their fills done (before the CM promoted them) and
+    /// restarted at once, within their lease, through a join desk.
+    pub filled_restarts: u32,
 }
 
 impl FaultCounts {
@@ -258,6 +276,7 @@ impl FaultCounts {
             + self.power_failures
             + self.restarts
             + self.rejoins
+            + self.filled_restarts
             + self.stalls
             + self.client_retries
             + self.preemptions
@@ -383,6 +402,16 @@ struct Paused {
     until_ns: u64,
 }
 
+/// A server that came back as a joining backup, until a primary reports one
+/// of its fills done.
+struct FillWatch {
+    node: NodeId,
+    /// Until when an operator moves a backup to it, if it came back joining
+    /// no shard (its shards were re-replicated elsewhere while it was down):
+    /// rebalancing onto the server that just came back.
+    move_until_ns: Option<u64>,
+}
+
 /// A whole simulated cluster.
 struct World {
     rng: ChaCha8Rng,
@@ -419,6 +448,11 @@ struct World {
     late_rng: ChaCha8Rng,
     /// Rejoins that never made the server a member again.
     rejoin_failures: Vec<String>,
+    /// A server that came back as a joining backup, watched until a primary
+    /// reports one of its fills done: then it is killed and restarted at once
+    /// ([`World::watch_fill`]).
+    fill_watch: Option<FillWatch>,
+    planted: Option<PlantedBug>,
     next_client_node: u32,
     /// Client ids handed out (request records): never reused in a run.
     next_client_id: u64,
@@ -494,6 +528,8 @@ impl World {
             late_restarts: sim.late_restarts,
             late_rng: ChaCha8Rng::seed_from_u64(sim.seed ^ 0x6c61_7465_2072_6a6e),
             rejoin_failures: Vec::new(),
+            fill_watch: None,
+            planted: sim.planted,
             next_client_node: 0,
             next_client_id: 0,
             retired: Vec::new(),
@@ -520,6 +556,15 @@ impl World {
         let now = w.clock.now_ns();
         for s in &w.parts.servers {
             s.extend_lease(now + LEASE_NS);
+        }
+        // Each server's pool records its identity and the term of the first
+        // configuration, as `rowankv server` records them when it first comes
+        // up as a member.
+        let first = w.parts.source.fetch().expect("the first configuration");
+        for s in &w.parts.servers {
+            let pool = s.engine.pool();
+            rowankv_engine::write_identity(pool, w.identity(s.node)).expect("an identity");
+            rowankv_engine::record_member_term(pool, first.term.0).expect("a member term");
         }
         w.desks = (0..w.parts.cm_crash.len())
             .map(|_| JoinDesk::new(w.parts.source.as_ref(), now))
@@ -588,6 +633,7 @@ impl World {
     /// others run on (`crate::preempt`).
     fn step_roles(&mut self) -> bool {
         self.step_rejoin();
+        self.watch_fill();
         let now = self.now();
         let paused: Vec<NodeId> = self.paused.iter().map(|p| p.node).collect();
         self.clock.set_runnable(
@@ -1033,7 +1079,7 @@ impl World {
             let now = self.now();
             self.rejoining = Some(Rejoining {
                 node: n,
-                engine_config: self.parts.servers[i].engine.config().clone(),
+                restart: self.restart_of(i),
                 wait: None,
                 asking: true,
                 next_ns: now,
@@ -1049,16 +1095,256 @@ impl World {
             self.step_rejoin();
             return;
         }
-        // Still a member: as `rowankv server`, its pool (not marked stale)
-        // is recovered.
-        let (engine, closed) = self.recover_pool(i);
-        self.start_server(i, engine, Some(closed), config);
+        // Still a member: as `rowankv server`, it joins (a CM's join desk
+        // answers, perhaps from a view that lags the configuration and lacks
+        // it), reads the configuration (which holds it) and decides from its
+        // pool's identity record what becomes of its pool: recovered, unless
+        // the record and the signs it met say the CM removed it while it was
+        // down. No CM answering (both crashed), it goes on without an answer.
+        let mut restart = self.restart_of(i);
+        let how = match self.ask_to_join(n) {
+            Some(a) => {
+                let sign = restart.answered(a.added, a.term);
+                self.on_sign(i, sign, &a.how);
+                a.how
+            }
+            None => "no CM answered its join".to_string(),
+        };
+        let sign = restart.read(config.term.0, true);
+        self.on_sign(i, sign, "");
+        let decision = self.come_back(i, &restart, config);
         self.faults.restarts += 1;
+        let pool = describe(decision);
         if late {
-            self.log(format!("restart {n} on its pool, still a member"));
+            self.log(format!(
+                "restart {n} on its pool, still a member ({how}): {pool}"
+            ));
         } else {
-            self.log(format!("restart {n} on its pool, within its lease"));
+            self.log(format!(
+                "restart {n} on its pool, within its lease ({how}): {pool}"
+            ));
         }
+    }
+
+    /// A server that came back as a joining backup is killed as soon as a
+    /// primary's fill installed entries in it, while the stored
+    /// configuration still counts it as joining (before the CM promotes it:
+    /// mid-fill, or with the fill done and reported), and restarted at once
+    /// on its pool, within its lease ([`World::restart_server`]). It was
+    /// added less than a desk's reload ago, or not much more, so a join desk
+    /// may answer it from a view that lacks it: no news of a removal (the
+    /// view is no newer than its pool's member term), unless the member term
+    /// is ignored — then it marks its pool stale and formats it, the fill
+    /// goes on from the page it reached (or is done), and the CM promotes a
+    /// replica without the entries installed before the crash. Draws
+    /// nothing from the run's generators.
+    fn watch_fill(&mut self) {
+        self.move_to_newcomer();
+        let Some(w) = &self.fill_watch else {
+            return;
+        };
+        let node = w.node;
+        let Some(s) = self.live(node) else {
+            self.fill_watch = None;
+            return;
+        };
+        let installed = s.stats.installed.load(Ordering::Relaxed);
+        if installed == 0 {
+            return;
+        }
+        self.fill_watch = None;
+        let Ok(config) = self.parts.source.fetch() else {
+            return;
+        };
+        let joining: Vec<String> = config
+            .shards
+            .iter()
+            .filter(|a| a.joining.contains(&node))
+            .map(|a| a.shard.to_string())
+            .collect();
+        if joining.is_empty() || self.power_failure_at.is_some() {
+            // Promoted already, or about to lose power: the moment is gone.
+            return;
+        }
+        self.crash_server(node);
+        self.faults.filled_restarts += 1;
+        self.log(format!(
+            "crash {node}, a joining backup of {} being filled ({installed} entries installed, {})",
+            joining.join(", "),
+            config.term
+        ));
+        self.restart_server(node, false);
+    }
+
+    /// The server that came back as a member joining no shard is given one:
+    /// an operator moves a shard's backup to it (rebalancing onto it, as
+    /// [`World::move_backup`] does elsewhere) once the cluster is settled,
+    /// within half a desk's reload of its return, so that it is filled while
+    /// a join desk may still answer from a view that lacks it. Only while a
+    /// removal is allowed, or the cluster is whole ([`World::healthy`]): the
+    /// shard has a full backup fewer until the copy is done; and no move is
+    /// under way. Draws from the late restarts' generator only.
+    fn move_to_newcomer(&mut self) {
+        let Some(w) = &self.fill_watch else {
+            return;
+        };
+        let (node, until) = match w.move_until_ns {
+            Some(until) => (w.node, until),
+            None => return,
+        };
+        let give_up = |w: &mut World| {
+            if let Some(f) = &mut w.fill_watch {
+                f.move_until_ns = None;
+            }
+        };
+        let Ok(c) = self.parts.source.fetch() else {
+            return;
+        };
+        if c.shards.iter().any(|a| a.joining.contains(&node)) || self.now() > until {
+            // Filled already, or too late to be answered from a lagging view.
+            give_up(self);
+            return;
+        }
+        let settled = self
+            .parts
+            .servers
+            .iter()
+            .filter(|s| !s.stopped() && c.member(s.node).is_some())
+            .all(|s| s.committed_term() >= c.term);
+        if !settled
+            || self.pending_move.is_some()
+            || !(self.may_remove() || self.healthy(&c))
+            || self.live(node).is_none()
+            || c.shards.iter().any(|a| !a.joining.is_empty())
+        {
+            return;
+        }
+        let candidates: Vec<(ShardId, NodeId)> = c
+            .shards
+            .iter()
+            .filter(|a| !a.is_replica(node) && self.live(a.primary).is_some())
+            .flat_map(|a| a.backups.iter().map(move |&from| (a.shard, from)))
+            .collect();
+        let Some(&(shard, from)) = candidates.choose(&mut self.late_rng) else {
+            give_up(self);
+            return;
+        };
+        give_up(self);
+        let result = ConfigManager::open(self.store.clone())
+            .map_err(|e| e.to_string())
+            .and_then(|m| {
+                let next = rowankv_cm::plan_move(&m.current(), shard, from, node)
+                    .ok_or_else(|| "the configuration changed".to_string())?;
+                m.commit(next).map(|_| ()).map_err(|e| e.to_string())
+            });
+        match result {
+            Ok(()) => {
+                self.removed += 1;
+                self.moving.push((shard, node));
+                self.faults.moves += 1;
+                self.log(format!(
+                    "move {shard}'s backup {from} to {node}, which just came back"
+                ));
+            }
+            Err(e) => self.log(format!("no move of {shard} to {node}: {e}")),
+        }
+    }
+
+    /// Whether nothing is missing or about to be: every shard has all its
+    /// full replicas, every member runs unpaused, no link is cut or delayed,
+    /// and no restart or power failure is due. A move then leaves every
+    /// shard a full backup, as a single removal does, whatever removals the
+    /// run already had (they were all repaired).
+    fn healthy(&self, c: &Config) -> bool {
+        let rf = usize::from(self.config.replication_factor);
+        c.shards
+            .iter()
+            .all(|a| a.joining.is_empty() && a.backups.len() + 1 == rf)
+            && c.members.iter().all(|m| {
+                self.live(m.node).is_some() && !self.paused.iter().any(|p| p.node == m.node)
+            })
+            && self.links.is_empty()
+            && self.power_failure_at.is_none()
+            && self.restart_at.is_none()
+            && self.rejoining.is_none()
+    }
+
+    /// The identity `rowankv server` records in `n`'s pool.
+    fn identity(&self, n: NodeId) -> Identity {
+        Identity {
+            cluster_id: self.config.cluster_id,
+            node: n,
+        }
+    }
+
+    /// What server `i` reads of its pool's identity record as its process
+    /// starts (the pool of its last incarnation, crashed: a process crash
+    /// loses nothing it persisted), as `rowankv server` reads it.
+    fn restart_of(&self, i: usize) -> Restart {
+        let pool = self.parts.servers[i].engine.pool();
+        let read = |e: rowankv_engine::EngineError| -> ! {
+            panic!("reading a simulated pool's identity: {e}")
+        };
+        let record = rowankv_engine::read_identity(pool)
+            .unwrap_or_else(|e| read(e))
+            .map(|_| PoolRecord {
+                marked: rowankv_engine::marked_stale(pool).unwrap_or_else(|e| read(e)),
+                member_term: rowankv_engine::member_term(pool).unwrap_or_else(|e| read(e)),
+            });
+        let restart = Restart::new(record);
+        if self.planted == Some(PlantedBug::IgnoreMemberTerm) {
+            restart.unsafe_ignore_member_term()
+        } else {
+            restart
+        }
+    }
+
+    /// A sign of a removal server `i` met on its way back (`what`): a mark it
+    /// calls for is persisted in the pool at once, as `rowankv server` does.
+    fn on_sign(&mut self, i: usize, sign: Sign, what: &str) {
+        let n = self.parts.servers[i].node;
+        match sign {
+            Sign::News { mark: true } => {
+                rowankv_engine::mark_stale(self.parts.servers[i].engine.pool())
+                    .expect("marking a simulated pool stale");
+                self.log(format!("{n}'s pool marked stale: {what}"));
+            }
+            Sign::Lagging => self.log(format!(
+                "{n}: {what}: a view no newer than its pool's member term, no news of a removal"
+            )),
+            Sign::News { mark: false } | Sign::None => {}
+        }
+    }
+
+    /// Server `i`, a member of `config` now, comes back as `restart` decides
+    /// (`rowankv_deploy::join::restart_decision`, as `rowankv server` takes
+    /// it): its pool as its crashed process left it recovered (the stale mark
+    /// cleared first, when told), or formatted and its identity recorded
+    /// anew; then the configuration's term recorded as its member term,
+    /// before it serves or is filled; then it runs.
+    fn come_back(&mut self, i: usize, restart: &Restart, config: Arc<Config>) -> Decision {
+        let n = self.parts.servers[i].node;
+        let added = config.member(n).map_or(0, |m| m.added);
+        let decision = restart.decide(full_replica(&config, n), added);
+        let identity = self.identity(n);
+        if decision == (Decision::Recover { clear_mark: true }) {
+            rowankv_engine::write_identity(self.parts.servers[i].engine.pool(), identity)
+                .expect("clearing the stale mark");
+        }
+        let (engine, closed) = if decision.recovers() {
+            let (engine, closed) = self.recover_pool(i);
+            (engine, Some(closed))
+        } else {
+            let ec = self.parts.servers[i].engine.config().clone();
+            let engine = self.formatted_pool(&ec);
+            rowankv_engine::write_identity(engine.pool(), identity)
+                .expect("recording the identity");
+            (engine, None)
+        };
+        rowankv_engine::record_member_term(engine.pool(), config.term.0)
+            .expect("recording the member term");
+        self.start_server(i, engine, closed, config);
+        decision
     }
 
     /// Server `i`'s pool after its process crashed (nothing it wrote lost),
@@ -1146,17 +1432,27 @@ impl World {
             self.rejoining = Some(r);
             return;
         }
+        let Some(i) = self.parts.servers.iter().position(|s| s.node == r.node) else {
+            return;
+        };
         if r.asking {
             match self.ask_to_join(r.node) {
-                Some(how) => {
+                Some(a) => {
                     r.answered += 1;
                     r.asking = false;
                     r.next_ns = now;
+                    let sign = r.restart.answered(a.added, a.term);
                     match &mut r.wait {
-                        None => r.wait = Some(MembershipWait::new(r.node, rejoin_after(), now)),
+                        None => {
+                            r.wait = Some(
+                                MembershipWait::new(r.node, rejoin_after(), now)
+                                    .not_before(r.restart.not_before()),
+                            )
+                        }
                         Some(w) => w.asked(now),
                     }
-                    self.log(format!("join of {}: {how}", r.node));
+                    self.log(format!("join of {}: {}", r.node, a.how));
+                    self.on_sign(i, sign, &a.how);
                 }
                 None => r.next_ns = now + ASK_EVERY_NS,
             }
@@ -1168,6 +1464,14 @@ impl World {
             self.rejoining = Some(r);
             return;
         };
+        let sign = r
+            .restart
+            .read(config.term.0, config.member(r.node).is_some());
+        self.on_sign(
+            i,
+            sign,
+            &format!("the configuration of {} does not hold it", config.term),
+        );
         let wait = r.wait.as_mut().expect("a join answered");
         match wait.read(&config, now) {
             Awaited::Wait => self.rejoining = Some(r),
@@ -1181,32 +1485,26 @@ impl World {
                 r.next_ns = now;
                 self.rejoining = Some(r);
             }
-            Awaited::Member { full_replica } => {
-                let Some(i) = self.parts.servers.iter().position(|s| s.node == r.node) else {
-                    return;
-                };
-                // As `rowankv server`: its pool is marked stale (the CM
-                // removed it while it was down), so it is formatted, unless
-                // the configuration counts it as a full replica of some shard.
-                let (engine, closed) = if full_replica {
-                    let (e, c) = self.recover_pool(i);
-                    (e, Some(c))
-                } else {
-                    (self.formatted_pool(&r.engine_config), None)
-                };
-                let formatted = closed.is_none();
+            Awaited::Member { .. } => {
+                // As `rowankv server`: its pool was marked stale when it met
+                // news that the CM removed it while it was down (or its
+                // membership is newer than its pool's), so it is formatted
+                // unless the configuration counts it as a full replica of
+                // some shard (`rowankv_deploy::join::restart_decision`).
                 let term = config.term;
-                self.start_server(i, engine, closed, config);
+                let decision = self.come_back(i, &r.restart, config);
                 self.log(format!(
-                    "{} a member again ({term}), {:.1} ms after its restart{}",
+                    "{} a member again ({term}), {:.1} ms after its restart, {}",
                     r.node,
                     (now - r.since_ns) as f64 / 1e6,
-                    if formatted {
-                        ", on its formatted pool"
-                    } else {
-                        ""
-                    }
+                    describe(decision)
                 ));
+                if !decision.recovers() && self.late_restarts {
+                    self.fill_watch = Some(FillWatch {
+                        node: r.node,
+                        move_until_ns: Some(now + DESK_RELOAD_NS / 2),
+                    });
+                }
             }
         }
     }
@@ -1216,8 +1514,10 @@ impl World {
     /// standby's desk answers a join that adds a member `standby` (the next
     /// CM is asked), and the active CM's desk queues it to its role. A desk
     /// whose view holds `n` answers it as a member that rejoined and queues
-    /// nothing. How it was answered, or `None` if no CM answered.
-    fn ask_to_join(&mut self, n: NodeId) -> Option<String> {
+    /// nothing. The answer (`added` and `term` as the desk's
+    /// `rowankv_deploy::join::JoinAnswer` carries them), or `None` if no CM
+    /// answered.
+    fn ask_to_join(&mut self, n: NodeId) -> Option<Answer> {
         let current = self.parts.source.fetch().ok().map(|c| c.term);
         for (j, (cm, crashed)) in self.parts.cm_crash.iter().enumerate() {
             if crashed.load(Ordering::Acquire) {
@@ -1235,9 +1535,13 @@ impl World {
                 } else {
                     String::new()
                 };
-                return Some(format!(
-                    "CM {cm} answered it as a member that rejoined (its desk's view, {term}, holds it{stale})"
-                ));
+                return Some(Answer {
+                    added: false,
+                    term: term.0,
+                    how: format!(
+                        "CM {cm} answered it as a member that rejoined (its desk's view, {term}, holds it{stale})"
+                    ),
+                });
             }
             if desk.stats.active.load(Ordering::Relaxed) == 0 {
                 continue;
@@ -1251,9 +1555,17 @@ impl World {
                 address: None,
                 resp: None,
             });
-            return Some(format!(
-                "CM {cm} queued it to its role (its desk's view, {term}, lacks it)"
-            ));
+            let stale = match current {
+                Some(t) if t > term => format!(", stale: the configuration is {t}"),
+                _ => String::new(),
+            };
+            return Some(Answer {
+                added: true,
+                term: term.0,
+                how: format!(
+                    "CM {cm} added it and queued it to its role (its desk's view, {term}, lacks it{stale})"
+                ),
+            });
         }
         None
     }
@@ -1261,30 +1573,34 @@ impl World {
     /// Power failure of every server, and cold start (§4.7): the pools keep what
     /// was persisted; the CMs and clients restart too.
     fn power_failure(&mut self) {
-        let members = self.members();
+        let Ok(config) = self.parts.source.fetch() else {
+            return;
+        };
         let mut recovered = Vec::new();
-        // A removed server on its way back: added again but not yet running,
-        // it formats its pool on its restart (the pool it crashed with is
-        // stale); not added yet, it is gone.
-        let rejoining = self.rejoining.take().map(|r| (r.node, r.engine_config));
-        if let Some((n, _)) = rejoining.as_ref().filter(|(n, _)| !members.contains(n)) {
-            let n = *n;
-            self.log(format!(
-                "{n}, on its way back, is gone with the power failure"
-            ));
+        // A removed server on its way back and not added yet is gone. Every
+        // member restarts as `rowankv server` does on a cold start (the CMs
+        // answer from the stored configuration, which holds it): its pool
+        // keeps what was persisted, its identity record included, and is
+        // recovered or formatted as that record decides — a server added
+        // again but not yet running formats the pool it crashed with.
+        if let Some(r) = self.rejoining.take() {
+            if config.member(r.node).is_none() {
+                self.log(format!(
+                    "{}, on its way back, is gone with the power failure",
+                    r.node
+                ));
+            }
         }
-        for s in &self.parts.servers {
-            if !members.contains(&s.node) {
+        self.fill_watch = None;
+        for i in 0..self.parts.servers.len() {
+            let s = &self.parts.servers[i];
+            let Some(member) = config.member(s.node) else {
                 continue;
-            }
-            if let Some((_, ec)) = rejoining.as_ref().filter(|(n, _)| *n == s.node) {
-                recovered.push(Recovered {
-                    node: s.node,
-                    engine: Arc::new(self.formatted_pool(ec)),
-                    closed_segments: Vec::new(),
-                });
-                continue;
-            }
+            };
+            let mut restart = self.restart_of(i);
+            let _ = restart.answered(false, config.term.0);
+            let _ = restart.read(config.term.0, true);
+            let decision = restart.decide(full_replica(&config, s.node), member.added);
             let image = s
                 .engine
                 .pool()
@@ -1294,12 +1610,27 @@ impl World {
             let mut opts = PoolOptions::new(Medium::Emulated, image.len());
             opts.crash_sim = true;
             let pool = Pool::from_image(&image, opts).expect("a pool from the image");
-            let (engine, report) =
-                Engine::open_replica(pool, s.engine.config().clone()).expect("recovering a pool");
+            let identity = self.identity(s.node);
+            let (engine, closed_segments) = if decision.recovers() {
+                if decision == (Decision::Recover { clear_mark: true }) {
+                    rowankv_engine::write_identity(&pool, identity)
+                        .expect("clearing the stale mark");
+                }
+                let (engine, report) = Engine::open_replica(pool, s.engine.config().clone())
+                    .expect("recovering a pool");
+                (engine, report.closed_segments)
+            } else {
+                let engine = self.formatted_pool(s.engine.config());
+                rowankv_engine::write_identity(engine.pool(), identity)
+                    .expect("recording the identity");
+                (engine, Vec::new())
+            };
+            rowankv_engine::record_member_term(engine.pool(), config.term.0)
+                .expect("recording the member term");
             recovered.push(Recovered {
                 node: s.node,
                 engine: Arc::new(engine),
-                closed_segments: report.closed_segments,
+                closed_segments,
             });
         }
         for s in &self.parts.servers {
@@ -1923,6 +2254,18 @@ impl World {
             }
         }
         out
+    }
+}
+
+/// What became of a restarted server's pool, for the run's log.
+fn describe(d: Decision) -> &'static str {
+    match d {
+        Decision::New => "on a new pool",
+        Decision::Recover { clear_mark: false } => "its pool recovered",
+        Decision::Recover { clear_mark: true } => {
+            "its pool, marked stale, recovered as a full replica's (the mark cleared)"
+        }
+        Decision::Format { .. } => "on its formatted pool",
     }
 }
 
