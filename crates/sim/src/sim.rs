@@ -478,8 +478,8 @@ struct World {
     /// What the planned move's commit gave.
     move_outcome: Arc<std::sync::Mutex<Option<MoveOutcome>>>,
     /// Values padded to up to this many bytes, so that logs fill segments fast
-    /// (the small-pool profile) or entries span several blocks (one seed in
-    /// six); 0: short values.
+    /// (the small-pool profile) or entries span several blocks (`drpc` runs);
+    /// 0: short values.
     value_pad_max: usize,
     /// [`SimConfig::expiring_puts`].
     expiring_puts: bool,
@@ -541,11 +541,11 @@ impl World {
             moving: Vec::new(),
             pending_move: None,
             move_outcome: Arc::default(),
-            value_pad_max: match (sim.seed % 6 == 5, sim.small_segments()) {
-                // One seed in six (the `drpc` ones, unless a strategy is
-                // forced): values over the 4 KiB MTU, so entries of two and
-                // three blocks travel every path — replicated in pieces,
-                // landing apart, straddling b-log segments.
+            value_pad_max: match (sim.strategy() == Strategy::Drpc, sim.small_segments()) {
+                // `drpc` runs: values over the 4 KiB MTU, so entries of two
+                // and three blocks travel every path — replicated in pieces,
+                // appended apart, straddling b-log segments. (The other
+                // strategies keep the runs their pinned seeds were found in.)
                 (true, true) => 6000,
                 (true, false) => 10_000,
                 (false, true) => 2400,
