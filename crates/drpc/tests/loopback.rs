@@ -508,3 +508,39 @@ fn a_ring_set_at_a_base_offset_leaves_the_rest_of_the_pool_alone() {
         "an unaligned base"
     );
 }
+
+/// `drain` executes what had landed when it was called, every connection, and
+/// returns: what lands later waits for the next poll.
+#[test]
+fn drain_executes_what_landed_and_ends() {
+    for variant in Variant::ALL {
+        let v = variant.name();
+        let pool = formatted_pool(PoolOptions::default());
+        let flow = one_per_poll();
+        let fabric = LoopbackFabric::new();
+        let (mut r, mut s, _) = connect(&fabric, pool, variant, flow, ConnId(1));
+        for i in 1..=5u64 {
+            s.call(OP_INCREMENT, &payload(i)).unwrap();
+        }
+        assert_eq!(r.drain().unwrap(), 5, "{v}: all five, though one per poll");
+        assert_eq!(r.done_seq(ConnId(1)), 5);
+        assert_eq!(r.drain().unwrap(), 0, "{v}: nothing more landed");
+        let mut events = Vec::new();
+        let mut completed = 0;
+        for _ in 0..10_000 {
+            events.clear();
+            s.poll(&mut events).unwrap();
+            completed += events
+                .iter()
+                .filter(|e| matches!(e, Event::Completed { .. }))
+                .count();
+            if completed == 5 {
+                break;
+            }
+        }
+        assert_eq!(completed, 5, "{v}: drained requests are answered");
+        for i in 1..=5 {
+            assert_eq!(counter(&r, i), 1, "{v}: request {i} exactly once");
+        }
+    }
+}

@@ -156,3 +156,51 @@ fn a_two_piece_entry_straddling_two_segments_is_found_by_a_promotion_walk() {
         "the promoted backup serves the acknowledged v1000 of the key"
     );
 }
+
+/// A restarted sender (another incarnation) that dials with fewer workers
+/// frees the connections its previous process held; a worker dialling again
+/// from the same process keeps its one connection.
+#[test]
+fn a_restarted_sender_frees_the_connections_of_its_previous_process() {
+    let pool = Pool::anonymous(2 << 20, PoolOptions::default()).unwrap();
+    let config = EngineConfig {
+        segment_size_bytes: SEG,
+        mtu_bytes: MTU,
+        shard_count: 4,
+        workers: 2,
+        keys_per_shard_expected: 256,
+        reserved_tail_bytes: Strategy::Drpc.reserved_pool_bytes(MTU, 8),
+        ..EngineConfig::default()
+    };
+    let engine = Arc::new(Engine::create(pool, config).unwrap());
+    let fabric = LoopbackFabric::new();
+    let nic_b = fabric.attach(NodeId(1)).unwrap();
+    let nic_p = fabric.attach(NodeId(0)).unwrap();
+    let blog = Arc::new(BackupLog::passive(engine.clone(), BackupLogConfig::default()).unwrap());
+    let (mut rings, _) = RedoRings::open(engine, blog, nic_b).unwrap();
+    let all = rings.connections_free();
+    assert!(all >= 8, "{all}");
+    let dial = |rings: &mut RedoRings<_>, worker: u16, incarnation: u64| {
+        let s = Sender::new(&nic_p, redo::VARIANT, redo::flow()).unwrap();
+        rings
+            .accept(
+                s.qp_addr(),
+                PathKey {
+                    worker,
+                    incarnation,
+                },
+            )
+            .unwrap()
+            .conn
+    };
+    let w0 = dial(&mut rings, 0, 7);
+    let w1 = dial(&mut rings, 1, 7);
+    let w2 = dial(&mut rings, 2, 7);
+    assert_eq!(rings.connections_free(), all - 3);
+    assert_eq!(dial(&mut rings, 1, 7), w1, "the same worker dialling again");
+    assert_eq!(rings.connections_free(), all - 3);
+    // The sender restarts with one worker: its old process's others are freed.
+    assert_eq!(dial(&mut rings, 0, 8), w0);
+    assert_eq!(rings.connections_free(), all - 1);
+    let _ = w2;
+}

@@ -63,15 +63,17 @@ pub const OP_APPEND: u16 = 1;
 /// Connections of a server's rings by default (a process): one per sending
 /// worker of every other server (a re-dial reuses its worker's). The
 /// in-process cluster sizes them to its servers and workers.
-pub const CONNECTIONS_DEFAULT: u32 = 64;
+pub const CONNECTIONS_DEFAULT: u32 = 128;
 /// Chunks (largest entries) per connection's ring: entries share a chunk while
 /// they fit, so a ring holds many small entries.
 const RING_CHUNKS: usize = 4;
 /// The b-log the redo role appends to.
 const BLOG_INDEX: usize = 0;
-/// How long an append waits for a free segment (the digest and the cleaners
-/// free them) before the server stops rather than drop an acknowledged entry.
-const APPEND_RETRY_NS: u64 = 5_000_000_000;
+/// How many times (100 µs apart) an append waits for a free segment (the
+/// digest and the cleaners free them) before the server stops rather than
+/// drop an acknowledged entry. Counted, not timed: a simulated clock does not
+/// move while the role waits.
+const APPEND_RETRIES: u32 = 50_000;
 
 /// The flow bounds of a replication connection.
 pub fn flow() -> FlowConfig {
@@ -439,8 +441,7 @@ impl<N: Nic> Operator for Appender<N> {
                 }
             }
         }
-        let clock = self.engine.config().clock.clone();
-        let started = clock.now_ns();
+        let mut retries = 0;
         loop {
             match self.engine.append_backup(BLOG_INDEX, bytes) {
                 Ok(sealed) => {
@@ -450,9 +451,8 @@ impl<N: Nic> Operator for Appender<N> {
                     self.appended += 1;
                     return Effect::default();
                 }
-                Err(EngineError::OutOfSpace)
-                    if clock.now_ns().saturating_sub(started) < APPEND_RETRY_NS =>
-                {
+                Err(EngineError::OutOfSpace) if retries < APPEND_RETRIES => {
+                    retries += 1;
                     std::thread::sleep(std::time::Duration::from_micros(100));
                 }
                 Err(e) => {
@@ -541,8 +541,27 @@ impl<N: Nic> RedoRings<N> {
 
     /// Accept worker `key.worker` of `from.node` (its sender's queue pair is
     /// `from`): the connection it had, released first, or a free one.
+    ///
+    /// A dial from another process of the sender (it restarted) first releases
+    /// and frees every connection of the process before, so a restarted sender
+    /// with fewer workers leaves none taken. (Incarnations are random, so a
+    /// late dial of the process before looks the same and takes the slots back;
+    /// the live process's next replication fails and dials again.)
     pub fn accept(&mut self, from: QpAddr, key: PathKey) -> Result<Offer, String> {
         let slot = (from.node, key.worker);
+        let older: Vec<(NodeId, u16)> = self
+            .conns
+            .iter()
+            .filter(|(&(n, w), &(_, inc))| {
+                n == from.node && inc != key.incarnation && w != key.worker
+            })
+            .map(|(&s, _)| s)
+            .collect();
+        for s in older {
+            let (conn, _) = self.conns.remove(&s).expect("listed");
+            self.receiver.release(conn).map_err(|e| e.to_string())?;
+            self.free.push(conn);
+        }
         let conn = match self.conns.get(&slot) {
             Some(&(conn, _)) => {
                 self.receiver.release(conn).map_err(|e| e.to_string())?;
@@ -594,6 +613,11 @@ impl<N: Nic> RedoRings<N> {
             tracing::error!(error = %e, "draining the redo rings");
             0
         })
+    }
+
+    /// Connections not held by any sending worker.
+    pub fn connections_free(&self) -> usize {
+        self.free.len()
     }
 
     /// Requests executed since the rings were opened, and refused.
@@ -719,8 +743,8 @@ mod tests {
                 assert_eq!(connections_fitting(mtu, redo_area_bytes(mtu, c) - 1), c - 1);
             }
         }
-        // 64 connections of 4 chunks at the default MTU: about 1 MiB.
+        // 128 connections of 4 chunks at the default MTU: about 2 MiB.
         let bytes = redo_area_bytes(4096, CONNECTIONS_DEFAULT);
-        assert!(bytes < (5 << 20) / 4, "{bytes}");
+        assert!(bytes < 5 << 19, "{bytes}");
     }
 }
