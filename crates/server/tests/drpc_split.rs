@@ -38,8 +38,16 @@ fn enc(kind: Kind, version: u64, key: &[u8], value: &[u8]) -> Vec<u8> {
     out
 }
 
-#[test]
-fn a_two_piece_entry_straddling_two_segments_is_found_by_a_promotion_walk() {
+type Backup = (
+    Arc<Engine>,
+    Arc<BackupLog<rowankv_fabric::LoopbackNic>>,
+    LoopbackFabric,
+    RedoRings<rowankv_fabric::LoopbackNic>,
+);
+
+/// A backup (node 1 of a new fabric): its engine on 16 KiB segments with rings
+/// for `connections` senders, its b-log, its rings opened.
+fn backup(connections: u32) -> Backup {
     let pool = Pool::anonymous(2 << 20, PoolOptions::default()).unwrap();
     let config = EngineConfig {
         segment_size_bytes: SEG,
@@ -48,15 +56,21 @@ fn a_two_piece_entry_straddling_two_segments_is_found_by_a_promotion_walk() {
         workers: 2,
         keys_per_shard_expected: 256,
         clean_grace: std::time::Duration::ZERO,
-        reserved_tail_bytes: Strategy::Drpc.reserved_pool_bytes(MTU, 4),
+        reserved_tail_bytes: Strategy::Drpc.reserved_pool_bytes(MTU, connections),
         ..EngineConfig::default()
     };
     let engine = Arc::new(Engine::create(pool, config).unwrap());
     let fabric = LoopbackFabric::new();
     let nic_b = fabric.attach(NodeId(1)).unwrap();
-    let nic_p = fabric.attach(NodeId(0)).unwrap();
     let blog = Arc::new(BackupLog::passive(engine.clone(), BackupLogConfig::default()).unwrap());
-    let (mut rings, _) = RedoRings::open(engine.clone(), blog.clone(), nic_b).unwrap();
+    let (rings, _) = RedoRings::open(engine.clone(), blog.clone(), nic_b).unwrap();
+    (engine, blog, fabric, rings)
+}
+
+#[test]
+fn a_two_piece_entry_straddling_two_segments_is_found_by_a_promotion_walk() {
+    let (engine, blog, fabric, mut rings) = backup(4);
+    let nic_p = fabric.attach(NodeId(0)).unwrap();
     let mut sender = Sender::new(&nic_p, redo::VARIANT, redo::flow()).unwrap();
     let offer = rings
         .accept(
@@ -162,22 +176,8 @@ fn a_two_piece_entry_straddling_two_segments_is_found_by_a_promotion_walk() {
 /// from the same process keeps its one connection.
 #[test]
 fn a_restarted_sender_frees_the_connections_of_its_previous_process() {
-    let pool = Pool::anonymous(2 << 20, PoolOptions::default()).unwrap();
-    let config = EngineConfig {
-        segment_size_bytes: SEG,
-        mtu_bytes: MTU,
-        shard_count: 4,
-        workers: 2,
-        keys_per_shard_expected: 256,
-        reserved_tail_bytes: Strategy::Drpc.reserved_pool_bytes(MTU, 8),
-        ..EngineConfig::default()
-    };
-    let engine = Arc::new(Engine::create(pool, config).unwrap());
-    let fabric = LoopbackFabric::new();
-    let nic_b = fabric.attach(NodeId(1)).unwrap();
+    let (_engine, _blog, fabric, mut rings) = backup(8);
     let nic_p = fabric.attach(NodeId(0)).unwrap();
-    let blog = Arc::new(BackupLog::passive(engine.clone(), BackupLogConfig::default()).unwrap());
-    let (mut rings, _) = RedoRings::open(engine, blog, nic_b).unwrap();
     let all = rings.connections_free();
     assert!(all >= 8, "{all}");
     let dial = |rings: &mut RedoRings<_>, worker: u16, incarnation: u64| {

@@ -308,9 +308,31 @@ impl<N: Nic> Replicator<N> for DrpcReplicator<N> {
         };
         let last = split.len().saturating_sub(1);
         for (i, piece) in split.into_iter().enumerate() {
+            let piece_token = (i == last).then_some(token);
+            // Straight to the sender while nothing waits before it (the sender
+            // copies the piece); queued, copied here, only behind others.
+            if path.queued.is_empty() {
+                match path.sender.call(OP_APPEND, piece) {
+                    Ok(seq) => {
+                        path.posted.push_back((seq, piece_token, cx.now_ns));
+                        continue;
+                    }
+                    Err(DrpcError::WouldBlock) => {}
+                    Err(e) => {
+                        // The entry's token fails with the path.
+                        path.queued.push_back(Queued {
+                            piece: Vec::new(),
+                            token: Some(token),
+                            since_ns: cx.now_ns,
+                        });
+                        self.fail_path(backup, &e.to_string());
+                        return;
+                    }
+                }
+            }
             path.queued.push_back(Queued {
                 piece: piece.to_vec(),
-                token: (i == last).then_some(token),
+                token: piece_token,
                 since_ns: cx.now_ns,
             });
         }
@@ -339,11 +361,8 @@ impl<N: Nic> Replicator<N> for DrpcReplicator<N> {
 
     fn add(&mut self, backup: NodeId, link: Link<N>) {
         if let LinkKind::Drpc(sender) = link.0 {
-            if let Some(old) = self.paths.remove(&backup) {
-                // Its tokens fail: nothing says whether they became durable.
-                self.paths.insert(backup, old);
-                self.fail_path(backup, "replaced by a new connection");
-            }
+            // The old path's tokens fail: nothing says whether they became durable.
+            self.fail_path(backup, "replaced by a new connection");
             self.paths.insert(
                 backup,
                 Path {
