@@ -66,8 +66,8 @@ use rowankv_classic_rpc::{
 };
 use rowankv_drpc::layout::{align_up, entry_bytes, request_bytes, REPLY_HEADER_BYTES};
 use rowankv_drpc::{
-    ConnId, DrpcError, Effect, Event, FlowConfig, Operator, Receiver, ReceiverStats, Request,
-    RingGeometry, Sender, SenderStats, StateView, Variant,
+    ConnId, DrpcError, Effect, Event, FlowConfig, NotNow, Operator, Receiver, ReceiverStats,
+    Request, RingGeometry, Sender, SenderStats, StateView, Variant,
 };
 use rowankv_fabric::{Fabric, FabricError, LoopbackFabric, LoopbackNic, WireModel};
 use rowankv_pmem::{Pool, PoolError, PoolOptions};
@@ -764,17 +764,17 @@ pub(crate) struct BenchOperator {
 }
 
 impl Operator for BenchOperator {
-    fn execute(&mut self, _state: &StateView<'_>, request: &Request<'_>) -> Effect {
+    fn execute(&mut self, _state: &StateView<'_>, request: &Request<'_>) -> Result<Effect, NotNow> {
         spin_ns(self.processing_ns);
         let reply = if request.op == OP_READ {
             self.object.to_vec()
         } else {
             (request.payload.len() as u64).to_le_bytes().to_vec()
         };
-        Effect {
+        Ok(Effect {
             writes: Vec::new(),
             reply,
-        }
+        })
     }
 }
 

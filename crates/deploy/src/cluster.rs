@@ -311,7 +311,7 @@ impl Cluster {
                 continue;
             }
             // `drpc`: what the redo rings hold goes to the b-log first.
-            s.drain_redo();
+            s.drain_redo().map_err(err("draining the redo rings"))?;
             for d in 0..s.settings.blog.digest_count {
                 while s.blog.digest_step(d).map_err(err("digest"))? > 0 {}
             }

@@ -496,7 +496,7 @@ fn run_once(
         })
         .transpose()?;
     let clock_desk = net.directory.register(node, crate::admin::CLOCK_SERVICE);
-    while !stopping() && !shared.evicted() {
+    while !stopping() && !shared.evicted() && !shared.stopped() {
         crate::admin::serve_clock(&clock_desk, stepped, node);
         std::thread::sleep(Duration::from_millis(20));
     }
@@ -510,6 +510,9 @@ fn run_once(
     shared.stop();
     executor.stop();
     drop(net);
+    if let Some(why) = shared.fail_stopped() {
+        return Err(ProcessError(format!("this server stopped itself: {why}")));
+    }
     Ok(ended)
 }
 

@@ -207,8 +207,24 @@ impl StateView<'_> {
 /// changes. It must not change anything outside the returned writes (nothing else is
 /// recovered), and its writes must lie inside the state area and fit in the apply
 /// record area (both checked, as programmer errors).
+///
+/// An operator that cannot take a request now (its store is out of room, say)
+/// answers [`NotNow`]: nothing of the request has taken effect, it stays where it
+/// is, and it is offered again, first on its connection, at a later poll. The
+/// receiver never waits inside `execute`, so whatever would make room (another
+/// role of the same process, or of a simulated one) gets to run meanwhile.
 pub trait Operator {
-    fn execute(&mut self, state: &StateView<'_>, request: &Request<'_>) -> Effect;
+    fn execute(&mut self, state: &StateView<'_>, request: &Request<'_>) -> Result<Effect, NotNow>;
+}
+
+/// An operator's answer to a request it cannot execute yet, and why.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NotNow(pub String);
+
+impl std::fmt::Display for NotNow {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
 }
 
 /// Errors of the durable RPC layer.
@@ -236,4 +252,9 @@ pub enum DrpcError {
     BadReply(&'static str),
     #[error("connection {0:?} is out of range or already accepted")]
     BadConnection(ConnId),
+    /// The operator answered [`NotNow`] to a request that had to be executed
+    /// now (a drain, a release, recovery): it and those after it on its
+    /// connection wait, durable in the ring; call again later.
+    #[error("connection {conn:?}, request {seq}: not executed yet: {why}")]
+    NotNow { conn: ConnId, seq: u64, why: String },
 }

@@ -47,7 +47,7 @@ use crate::layout::{
     ApplyRecord, Entry, Reply, ReplyKind, RingGeometry, CONN_HEADER_BYTES, ENTRY_ALIGN_BYTES,
     POOL_HEADER_BYTES,
 };
-use crate::{ConnId, DrpcError, FlowConfig, Operator, Request, StateView, Variant};
+use crate::{ConnId, DrpcError, FlowConfig, NotNow, Operator, Request, StateView, Variant};
 
 /// Completions moved per poll call.
 const POLL_BATCH: usize = 32;
@@ -97,6 +97,8 @@ pub struct ReceiverStats {
     pub slow_down_replies: u64,
     /// CPU persists of the ring, the apply record, the state and the headers.
     pub persists: u64,
+    /// Requests the operator answered [`NotNow`] (each offered again later).
+    pub deferred: u64,
 }
 
 struct Found {
@@ -113,6 +115,10 @@ struct ConnLog {
     expect_seq: u64,
     /// Entries found and not fully completed, in seq order.
     backlog: VecDeque<Found>,
+    /// A release closed the connection but could not yet execute all that had
+    /// landed (the operator answered [`NotNow`]): the variant it had, until a
+    /// later [`Receiver::release`] finishes.
+    releasing: Option<Variant>,
 }
 
 impl ConnLog {
@@ -231,6 +237,7 @@ impl<N: Nic, O: Operator> Receiver<N, O> {
                 scan_abs: head_abs,
                 expect_seq: done_seq + 1,
                 backlog: VecDeque::new(),
+                releasing: None,
             });
         }
         let mut r = Receiver {
@@ -244,11 +251,15 @@ impl<N: Nic, O: Operator> Receiver<N, O> {
             next_conn: 0,
             stats: ReceiverStats::default(),
         };
-        let report = r.recover();
+        let report = r.recover()?;
         Ok((r, report))
     }
 
-    fn recover(&mut self) -> RecoveryReport {
+    /// Recovery. An operator answering [`NotNow`] here is an error: the server
+    /// cannot serve before its rings are executed. What was executed before it
+    /// stays executed (each completion is durable), so opening again later
+    /// (with room made) goes on from that request.
+    fn recover(&mut self) -> Result<RecoveryReport, DrpcError> {
         let g = self.geometry;
         let mut report = RecoveryReport::default();
         // The apply record: a committed effect whose completion mark may be missing.
@@ -295,7 +306,7 @@ impl<N: Nic, O: Operator> Receiver<N, O> {
                         self.retire_front(conn);
                         continue;
                     }
-                    let (seq, _) = self.complete_next(conn);
+                    let (seq, _) = self.complete_next(conn)?;
                     report.reexecuted.push((conn, seq));
                 }
             }
@@ -313,7 +324,7 @@ impl<N: Nic, O: Operator> Receiver<N, O> {
             log.expect_seq = log.done_seq + 1;
             report.next_seq.push(log.expect_seq);
         }
-        report
+        Ok(report)
     }
 
     /// The entry at `abs`, or at the next chunk's start if `abs` is inside a chunk,
@@ -350,7 +361,10 @@ impl<N: Nic, O: Operator> Receiver<N, O> {
         peer: QpAddr,
     ) -> Result<Offer, DrpcError> {
         let g = self.geometry;
-        if conn.0 >= g.connections || self.conns[conn.0 as usize].is_some() {
+        if conn.0 >= g.connections
+            || self.conns[conn.0 as usize].is_some()
+            || self.logs[conn.0 as usize].releasing.is_some()
+        {
             return Err(DrpcError::BadConnection(conn));
         }
         let access = if variant.uses_send() {
@@ -448,15 +462,22 @@ impl<N: Nic, O: Operator> Receiver<N, O> {
         }
         let mut done = 0;
         let mut idle = 0;
+        // Connections whose next request the operator deferred: left for a
+        // later poll (their order is kept: nothing after it runs first).
+        let mut deferred = vec![false; n];
         while done < self.flow.requests_per_poll_max && idle < n {
             let c = ConnId(self.next_conn as u32);
             self.next_conn = (self.next_conn + 1) % n;
-            if self.logs[c.0 as usize].backlog.is_empty() {
+            if deferred[c.0 as usize] || self.logs[c.0 as usize].backlog.is_empty() {
                 idle += 1;
                 continue;
             }
             idle = 0;
-            let (seq, reply) = self.complete_next(c);
+            let Ok((seq, reply)) = self.complete_next(c) else {
+                deferred[c.0 as usize] = true;
+                idle += 1;
+                continue;
+            };
             done += 1;
             self.reply(c, ReplyKind::Completed, seq, reply);
             if let Some(conn) = self.conns[c.0 as usize].as_mut() {
@@ -498,20 +519,30 @@ impl<N: Nic, O: Operator> Receiver<N, O> {
     /// deregistered (nothing more lands), the ring is scanned once more for what
     /// landed meanwhile, and the connection resumes at a fresh chunk, as after
     /// recovery. Requests executed here get no reply. Returns how many.
+    ///
+    /// If the operator defers a request ([`DrpcError::NotNow`]), the release is
+    /// not finished: call it again later (the connection cannot be accepted
+    /// meanwhile; if it was closed already, [`Receiver::poll`] goes on executing
+    /// what had landed).
     pub fn release(&mut self, conn: ConnId) -> Result<usize, DrpcError> {
         if conn.0 >= self.geometry.connections {
             return Err(DrpcError::BadConnection(conn));
         }
-        let Some(variant) = self.conns[conn.0 as usize].as_ref().map(|c| c.variant) else {
+        let open = self.conns[conn.0 as usize].as_ref().map(|c| c.variant);
+        let Some(variant) = open.or(self.logs[conn.0 as usize].releasing) else {
             return Ok(0);
         };
-        let mut done = self.execute_landed(conn, variant);
-        if let Some(c) = self.conns[conn.0 as usize].take() {
-            c.qp.close();
-            // The region goes with the connection: a WRITE still on its way fails.
-            let _ = self.nic.deregister(c.ring_mr.remote().rkey);
+        let mut done = 0;
+        if open.is_some() {
+            done += self.execute_landed(conn, variant)?;
+            if let Some(c) = self.conns[conn.0 as usize].take() {
+                c.qp.close();
+                // The region goes with the connection: a WRITE still on its way fails.
+                let _ = self.nic.deregister(c.ring_mr.remote().rkey);
+            }
+            self.logs[conn.0 as usize].releasing = Some(variant);
         }
-        done += self.execute_landed(conn, variant);
+        done += self.execute_landed(conn, variant)?;
         let g = self.geometry;
         let log = &mut self.logs[conn.0 as usize];
         let resume =
@@ -525,23 +556,24 @@ impl<N: Nic, O: Operator> Receiver<N, O> {
         let log = &mut self.logs[conn.0 as usize];
         log.scan_abs = resume;
         log.expect_seq = log.done_seq + 1;
+        log.releasing = None;
         Ok(done)
     }
 
     /// Executes every request that has landed on `conn`, in order.
-    fn execute_landed(&mut self, conn: ConnId, variant: Variant) -> usize {
+    fn execute_landed(&mut self, conn: ConnId, variant: Variant) -> Result<usize, DrpcError> {
         let mut done = 0;
         loop {
             self.discover_as(conn, variant);
             if self.logs[conn.0 as usize].backlog.is_empty() {
-                return done;
+                return Ok(done);
             }
             while !self.logs[conn.0 as usize].backlog.is_empty() {
                 if self.front_is_done(conn) {
                     self.retire_front(conn);
                     continue;
                 }
-                self.complete_next(conn);
+                self.complete_next(conn)?;
                 done += 1;
             }
         }
@@ -552,6 +584,10 @@ impl<N: Nic, O: Operator> Receiver<N, O> {
     /// discovery per connection finds them all (a sender has at most a window of
     /// requests not completed), so a drain under steady traffic ends. Returns how
     /// many.
+    ///
+    /// A request the operator defers ([`DrpcError::NotNow`], the first such)
+    /// leaves its connection's rest waiting; the others are drained all the
+    /// same, and the error says the drain is not complete.
     pub fn drain(&mut self) -> Result<usize, DrpcError> {
         let n = self.geometry.connections as usize;
         for c in 0..n {
@@ -559,22 +595,30 @@ impl<N: Nic, O: Operator> Receiver<N, O> {
             self.discover(ConnId(c as u32));
         }
         let mut done = 0;
+        let mut deferred = None;
         for c in (0..n).map(|c| ConnId(c as u32)) {
             while !self.logs[c.0 as usize].backlog.is_empty() {
                 if self.front_is_done(c) {
                     self.retire_front(c);
                     continue;
                 }
-                let (seq, reply) = self.complete_next(c);
-                self.reply(c, ReplyKind::Completed, seq, reply);
-                done += 1;
+                match self.complete_next(c) {
+                    Ok((seq, reply)) => {
+                        self.reply(c, ReplyKind::Completed, seq, reply);
+                        done += 1;
+                    }
+                    Err(e) => {
+                        deferred.get_or_insert(e);
+                        break;
+                    }
+                }
             }
             if let Some(conn) = self.conns[c.0 as usize].as_mut() {
                 let head = self.logs[c.0 as usize].head_abs;
                 Self::post_chunks(&self.geometry, conn, head)?;
             }
         }
-        Ok(done)
+        deferred.map_or(Ok(done), Err)
     }
 
     /// Finds the entries that have landed on an accepted connection, in order, up to
@@ -631,8 +675,9 @@ impl<N: Nic, O: Operator> Receiver<N, O> {
     }
 
     /// Executes the next request of `conn` and makes its effect and its completion
-    /// durable (see the module documentation). Returns its seq and reply.
-    fn complete_next(&mut self, conn: ConnId) -> (u64, Vec<u8>) {
+    /// durable (see the module documentation). Returns its seq and reply, or
+    /// [`DrpcError::NotNow`] with nothing changed if the operator deferred it.
+    fn complete_next(&mut self, conn: ConnId) -> Result<(u64, Vec<u8>), DrpcError> {
         let g = self.geometry;
         let log = &self.logs[conn.0 as usize];
         let seq = log.done_seq + 1;
@@ -651,7 +696,7 @@ impl<N: Nic, O: Operator> Receiver<N, O> {
             offset: g.state_offset(),
             len_bytes: g.state_bytes,
         };
-        let effect = self.operator.execute(
+        let effect = match self.operator.execute(
             &view,
             &Request {
                 conn,
@@ -659,7 +704,13 @@ impl<N: Nic, O: Operator> Receiver<N, O> {
                 op: wire.op,
                 payload: &wire.payload,
             },
-        );
+        ) {
+            Ok(effect) => effect,
+            Err(NotNow(why)) => {
+                self.stats.deferred += 1;
+                return Err(DrpcError::NotNow { conn, seq, why });
+            }
+        };
         assert!(
             effect.reply.len() <= self.flow.reply_bytes_max,
             "reply of {} bytes exceeds reply_bytes_max {}",
@@ -700,7 +751,7 @@ impl<N: Nic, O: Operator> Receiver<N, O> {
         }
         self.persist(off, CONN_HEADER_BYTES);
         self.stats.requests_completed += 1;
-        (seq, effect.reply)
+        Ok((seq, effect.reply))
     }
 
     fn apply_writes(&mut self, rec: &ApplyRecord) {
@@ -785,6 +836,10 @@ impl<N: Nic, O: Operator> Receiver<N, O> {
         &self.operator
     }
 
+    pub fn operator_mut(&mut self) -> &mut O {
+        &mut self.operator
+    }
+
     /// Every request of `conn` up to this seq has taken effect.
     pub fn done_seq(&self, conn: ConnId) -> u64 {
         self.logs[conn.0 as usize].done_seq
@@ -793,6 +848,21 @@ impl<N: Nic, O: Operator> Receiver<N, O> {
     /// The truncation point of `conn`'s ring.
     pub fn head_abs(&self, conn: ConnId) -> u64 {
         self.logs[conn.0 as usize].head_abs
+    }
+
+    /// Calls `f(seq, op, payload)` for each request of `conn` that has been
+    /// found and not completed, in seq order, without executing any (a reader
+    /// of what waits behind a deferred request; see [`crate::NotNow`]).
+    pub fn for_each_waiting(&self, conn: ConnId, mut f: impl FnMut(u64, u16, &[u8])) {
+        let log = &self.logs[conn.0 as usize];
+        for found in &log.backlog {
+            for (i, r) in found.entry.requests.iter().enumerate() {
+                let seq = found.entry.seq + i as u64;
+                if seq > log.done_seq {
+                    f(seq, r.op, &r.payload);
+                }
+            }
+        }
     }
 
     /// Requests of `conn` found and not yet completed.

@@ -544,3 +544,119 @@ fn drain_executes_what_landed_and_ends() {
         }
     }
 }
+
+/// An operator that cannot take a request now (RowanKV's b-log out of room)
+/// answers `NotNow`: the request stays in the ring with nothing of it applied,
+/// nothing after it on its connection runs first, `drain` and `release` say
+/// they are not finished, recovery refuses to open rather than skip it — and
+/// once the operator takes requests again each runs exactly once, in order.
+#[test]
+fn a_deferred_request_waits_in_the_ring_and_runs_later_exactly_once() {
+    fn count(r: &Receiver<rowankv_fabric::LoopbackNic, Gated>, i: u64) -> u64 {
+        let mut b = [0u8; 8];
+        r.read_state(8 * i as usize, &mut b);
+        u64::from_le_bytes(b)
+    }
+    use std::sync::atomic::Ordering::SeqCst;
+    for variant in Variant::ALL {
+        let v = variant.name();
+        let pool = formatted_pool(PoolOptions::default());
+        let flow = one_per_poll();
+        let fabric = LoopbackFabric::new();
+        let nic_r = rowankv_fabric::Fabric::attach(&fabric, RECEIVER).unwrap();
+        let nic_s = rowankv_fabric::Fabric::attach(&fabric, SENDER).unwrap();
+        let (gated, closed) = Gated::new(true);
+        let (mut r, _) = Receiver::open(pool.clone(), nic_r, flow, gated).unwrap();
+        let mut s = Sender::new(&nic_s, variant, flow).unwrap();
+        let offer = r.accept(ConnId(0), variant, s.qp_addr()).unwrap();
+        s.connect(&offer).unwrap();
+        for i in 1..=5u64 {
+            s.call(OP_INCREMENT, &payload(i)).unwrap();
+        }
+        s.flush().unwrap();
+        for _ in 0..100 {
+            assert_eq!(r.poll().unwrap(), 0, "{v}: a deferred request runs");
+        }
+        assert!(r.stats().deferred >= 1, "{v}: {:?}", r.stats());
+        assert_eq!(r.done_seq(ConnId(0)), 0, "{v}");
+        match r.drain() {
+            Err(DrpcError::NotNow { conn, seq, .. }) => assert_eq!((conn, seq), (ConnId(0), 1)),
+            other => panic!("{v}: a drain past a deferred request: {other:?}"),
+        }
+        assert!(
+            matches!(r.release(ConnId(0)), Err(DrpcError::NotNow { seq: 1, .. })),
+            "{v}: a release past a deferred request"
+        );
+        assert!(
+            r.accept(ConnId(0), variant, s.qp_addr()).is_err(),
+            "{v}: accepted again before its release finished"
+        );
+        for i in 1..=5 {
+            assert_eq!(
+                count(&r, i),
+                0,
+                "{v}: request {i} took effect while deferred"
+            );
+        }
+        // The gate opens: all five, in order, once.
+        closed.store(false, SeqCst);
+        let mut done = 0;
+        for _ in 0..1000 {
+            done += r.poll().unwrap();
+            if done == 5 {
+                break;
+            }
+        }
+        assert_eq!(done, 5, "{v}");
+        assert_eq!(r.done_seq(ConnId(0)), 5, "{v}");
+        for i in 1..=5 {
+            assert_eq!(count(&r, i), 1, "{v}: request {i} exactly once");
+        }
+        // Deferred again, then the receiver stops with 6..=8 in its ring:
+        // recovery that cannot run them refuses to open, and runs them once
+        // when it can.
+        closed.store(true, SeqCst);
+        let mut events = Vec::new();
+        for i in 6..=8u64 {
+            let mut called = false;
+            for _ in 0..10_000 {
+                match s.call(OP_INCREMENT, &payload(i)) {
+                    Ok(_) => called = true,
+                    Err(DrpcError::WouldBlock) => s.poll(&mut events).map(|_| ()).unwrap(),
+                    Err(e) => panic!("{v}: {e}"),
+                }
+                if called {
+                    break;
+                }
+            }
+            assert!(called, "{v}: the window never opened");
+        }
+        s.flush().unwrap();
+        for _ in 0..100 {
+            r.poll().unwrap();
+            events.clear();
+            let _ = s.poll(&mut events);
+        }
+        drop(s);
+        drop(r);
+        let fabric = LoopbackFabric::new();
+        let (still_closed, _) = Gated::new(true);
+        let nic = rowankv_fabric::Fabric::attach(&fabric, RECEIVER).unwrap();
+        match Receiver::open(pool.clone(), nic, flow, still_closed) {
+            Err(DrpcError::NotNow { seq, .. }) => assert_eq!(seq, 6, "{v}"),
+            Err(e) => panic!("{v}: {e}"),
+            Ok(_) => panic!("{v}: opened with requests it could not run"),
+        }
+        let (open, _) = Gated::new(false);
+        let nic = rowankv_fabric::Fabric::attach(&fabric, NodeId(8)).unwrap();
+        let (r, report) = Receiver::open(pool, nic, flow, open).unwrap();
+        assert_eq!(
+            report.reexecuted,
+            vec![(ConnId(0), 6), (ConnId(0), 7), (ConnId(0), 8)],
+            "{v}"
+        );
+        for i in 1..=8 {
+            assert_eq!(count(&r, i), 1, "{v}: request {i} exactly once");
+        }
+    }
+}

@@ -70,7 +70,7 @@ use rowankv_types::{Clock, RequestId, RequestRecord, SegmentId, ShardId, SystemC
 
 use crate::entry::{self, Assembler, EntryError, Kind};
 use crate::index::{RequestOutcome, RequestStats, RequestTable, ShardIndex, Upsert};
-use crate::segment::{Layout, Owner, SegmentState, Segments};
+use crate::segment::{Layout, Owner, Reach, SegmentState, Segments};
 use crate::EngineError;
 
 /// The engine's sizes and thread counts, with their limits.
@@ -930,7 +930,7 @@ impl Engine {
                 let mut log = log.lock();
                 log.scratch.clear();
                 log.scratch.extend_from_slice(&stored);
-                self.append_sealing(&mut log, stored.len())?
+                self.append_sealing(&mut log, stored.len(), None)?
             };
             report.sealed.extend(sealed);
             let upsert = self.install(shard, e.key, addr, e.version);
@@ -1351,16 +1351,19 @@ impl Engine {
 
     /// Append encoded bytes to `log`, durably; returns the pool offset.
     fn append(&self, log: &mut Log, len: usize) -> Result<u64, EngineError> {
-        self.append_sealing(log, len).map(|(at, _)| at)
+        self.append_sealing(log, len, None).map(|(at, _)| at)
     }
 
     /// As `append`; also returns the b-log segment this append filled and left (a
     /// per-thread b-log's full segment is *used*: its entries wait for digest and
     /// for CommitVer before it may be committed).
+    /// `reach`: how far into the segment reserve a new segment may come from
+    /// (`None`: as far as the log's owner may, [`Reach::of`]).
     fn append_sealing(
         &self,
         log: &mut Log,
         len: usize,
+        reach: Option<Reach>,
     ) -> Result<(u64, Option<SegmentId>), EngineError> {
         let size = self.config.segment_size_bytes;
         let mut sealed = None;
@@ -1378,9 +1381,10 @@ impl Engine {
                     _ => self.segments.transition(full, SegmentState::Committed),
                 }
             }
+            let reach = reach.unwrap_or(Reach::of(log.owner));
             let seg = self
                 .segments
-                .alloc(log.owner, log.owner_index)
+                .alloc_reaching(log.owner, log.owner_index, reach)
                 .ok_or(EngineError::OutOfSpace)?;
             if log.owner == Owner::Worker && !self.config.unsafe_commit_unsettled_tlog_segments {
                 let before = self.unsettled[seg.0 as usize].swap(TLOG_FILLING, Ordering::AcqRel);
@@ -1451,7 +1455,7 @@ impl Engine {
         let mut log = log.lock();
         log.scratch.clear();
         log.scratch.extend_from_slice(encoded);
-        let (at, _) = self.append_sealing(&mut log, encoded.len())?;
+        let (at, _) = self.append_sealing(&mut log, encoded.len(), None)?;
         // Counted while the log is held, so the segment cannot be sealed between
         // the append and the count.
         if !self.config.unsafe_commit_unsettled_tlog_segments {
@@ -1580,6 +1584,18 @@ impl Engine {
         worker: usize,
         encoded: &[u8],
     ) -> Result<Option<SegmentId>, EngineError> {
+        self.append_backup_reaching(worker, encoded, Reach::Maintenance)
+    }
+
+    /// [`Engine::append_backup`], a new segment coming from as far into the
+    /// segment reserve as `reach` ([`Engine::set_segment_reserve`]):
+    /// [`Reach::Replay`] for the redo rings' replay at recovery.
+    pub fn append_backup_reaching(
+        &self,
+        worker: usize,
+        encoded: &[u8],
+        reach: Reach,
+    ) -> Result<Option<SegmentId>, EngineError> {
         let log = self
             .blogs
             .get(worker)
@@ -1587,8 +1603,35 @@ impl Engine {
         let mut log = log.lock();
         log.scratch.clear();
         log.scratch.extend_from_slice(encoded);
-        let (_, sealed) = self.append_sealing(&mut log, encoded.len())?;
+        let (_, sealed) = self.append_sealing(&mut log, encoded.len(), Some(reach))?;
         Ok(sealed)
+    }
+
+    /// Hold free segments back for acknowledged entries that must find room
+    /// later (the `drpc` strategy's redo rings): the t-logs, Rowan b-logs and
+    /// remote logs leave `replay + headroom` segments free; the per-thread
+    /// b-logs (under `drpc`, its redo role) may take the headroom but its last
+    /// [`crate::CLEANING_SEGMENTS`], which are the cleaners', so that
+    /// replication and then cleaning go on when ordinary writes are refused;
+    /// only the rings' replay at recovery ([`Reach::Replay`]) takes the last
+    /// `replay`. Errors if the reserve would leave ordinary allocations fewer
+    /// than `headroom` segments.
+    pub fn set_segment_reserve(&self, replay: usize, headroom: usize) -> Result<(), EngineError> {
+        let total = self.segments.layout().segment_count;
+        if (replay + 2 * headroom) > total {
+            return Err(EngineError::Config(format!(
+                "a reserve of {replay} + {headroom} segments leaves too few of the pool's {total} \
+                 for writes: use a larger pool or larger segments"
+            )));
+        }
+        self.segments.set_reserve(replay, headroom);
+        Ok(())
+    }
+
+    /// The free segments ordinary, maintenance and cleaning allocations leave
+    /// ([`Engine::set_segment_reserve`]).
+    pub fn segment_floors(&self) -> [usize; 3] {
+        self.segments.floors()
     }
 
     /// The segments per-thread b-logs are filling now (for a quiescent digest).

@@ -34,7 +34,7 @@ pub use identity::{
     Identity,
 };
 pub use index::{RequestOutcome, RequestStats, REQUEST_CLIENTS_MAX, REQUEST_WINDOW};
-pub use segment::{Owner, SegmentState};
+pub use segment::{Owner, Reach, SegmentState, CLEANING_SEGMENTS};
 
 use rowankv_types::ShardId;
 

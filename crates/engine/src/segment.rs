@@ -26,7 +26,7 @@
 //! entries, so a walk may go past a zero stride (a hole) to the segment's end.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
@@ -278,6 +278,46 @@ pub struct Segments {
     /// Reuse the most recently freed segment first (a simulator's choice, to
     /// reuse freed segments at once); by default the least recently freed.
     reuse_newest_first: std::sync::atomic::AtomicBool,
+    /// Free segments an allocation leaves, by [`Reach`]: `[ordinary,
+    /// maintenance, cleaning]` (replay leaves none). All 0 unless a reserve is
+    /// set ([`Segments::set_reserve`]).
+    floors: [AtomicUsize; 3],
+}
+
+/// Segments of a reserve's headroom only the cleaners may take (they may take
+/// the replay part too, [`Reach::Cleaning`]): when everything else is refused,
+/// cleaning still makes room.
+pub const CLEANING_SEGMENTS: usize = 2;
+
+/// How far into the free segments held in reserve an allocation may reach
+/// (`Engine::set_segment_reserve`): the `drpc` strategy's redo rings hold
+/// entries already acknowledged, which must always find room in the b-log.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reach {
+    /// t-logs, Rowan b-logs and remote logs (owners `Worker`, `Control`):
+    /// leave the whole reserve free.
+    Ordinary,
+    /// The per-thread b-logs (`Backup`; under `drpc`, the redo role): may use
+    /// the reserve's headroom but the last [`CLEANING_SEGMENTS`] of it.
+    Maintenance,
+    /// The cleaners (`Cleaner`): every free segment. A cleaner holds one new
+    /// segment at a time and frees more than it takes (it cleans segments at
+    /// most `clean_live_fraction_max` live), and it must be able to run when
+    /// everything else is refused — after the rings' replay used the replay
+    /// part, cleaning is what gives it back.
+    Cleaning,
+    /// The redo rings' replay at recovery: everything.
+    Replay,
+}
+
+impl Reach {
+    pub fn of(owner: Owner) -> Reach {
+        match owner {
+            Owner::Backup => Reach::Maintenance,
+            Owner::Cleaner => Reach::Cleaning,
+            _ => Reach::Ordinary,
+        }
+    }
 }
 
 impl Segments {
@@ -326,6 +366,7 @@ impl Segments {
             layout,
             next_seq: AtomicU64::new(1),
             reuse_newest_first: Default::default(),
+            floors: Default::default(),
         })
     }
 
@@ -366,6 +407,7 @@ impl Segments {
                 free: Mutex::new(free),
                 next_seq: AtomicU64::new(max_seq + 1),
                 reuse_newest_first: Default::default(),
+                floors: Default::default(),
             },
             in_use,
             corrupt,
@@ -395,12 +437,46 @@ impl Segments {
         SegmentMeta::decode(self.pool.read_u64(self.layout.meta_offset(seg)))
     }
 
-    /// Allocate a free segment for `owner`; its *using* state is durable on return.
+    /// Hold free segments back: ordinary allocations leave `replay + headroom`
+    /// free, maintenance ones `replay + CLEANING_SEGMENTS`, cleaning and
+    /// replay ones none ([`Reach`]). `headroom` is at least
+    /// `CLEANING_SEGMENTS + 1`.
+    pub fn set_reserve(&self, replay: usize, headroom: usize) {
+        let headroom = headroom.max(CLEANING_SEGMENTS + 1);
+        self.floors[0].store(replay + headroom, Ordering::Relaxed);
+        self.floors[1].store(replay + CLEANING_SEGMENTS, Ordering::Relaxed);
+        self.floors[2].store(0, Ordering::Relaxed);
+    }
+
+    /// The free segments ordinary, maintenance and cleaning allocations leave.
+    pub fn floors(&self) -> [usize; 3] {
+        [0, 1, 2].map(|i| self.floors[i].load(Ordering::Relaxed))
+    }
+
+    /// Allocate a free segment for `owner`, reaching as far into the reserve as
+    /// its [`Reach`]; its *using* state is durable on return.
     /// A segment for an owner that `zeroed_on_alloc` is all zeros, durably, before
     /// its meta word changes (a crash in between leaves it free).
     pub fn alloc(&self, owner: Owner, owner_index: u8) -> Option<SegmentId> {
+        self.alloc_reaching(owner, owner_index, Reach::of(owner))
+    }
+
+    /// [`Segments::alloc`], reaching as far as `reach`.
+    pub fn alloc_reaching(&self, owner: Owner, owner_index: u8, reach: Reach) -> Option<SegmentId> {
         assert!(owner != Owner::None);
-        let seg = self.free.lock().pop_front()?;
+        let floor = match reach {
+            Reach::Ordinary => self.floors[0].load(Ordering::Relaxed),
+            Reach::Maintenance => self.floors[1].load(Ordering::Relaxed),
+            Reach::Cleaning => self.floors[2].load(Ordering::Relaxed),
+            Reach::Replay => 0,
+        };
+        let seg = {
+            let mut free = self.free.lock();
+            if free.len() <= floor {
+                return None;
+            }
+            free.pop_front()?
+        };
         if owner.zeroed_on_alloc() {
             self.zero(seg);
         }
@@ -482,6 +558,50 @@ mod tests {
         assert!(SegmentMeta::decode(7).is_err(), "state 7");
         assert!(SegmentMeta::decode(1).is_err(), "using without owner");
         assert!(SegmentMeta::decode(0x100).is_err(), "free with owner");
+    }
+
+    /// The `drpc` reserve: ordinary owners stop at `replay + headroom` free,
+    /// the per-thread b-logs at `replay + CLEANING_SEGMENTS`, the cleaners and
+    /// the rings' replay take the rest.
+    #[test]
+    fn a_reserve_holds_segments_back_by_reach() {
+        let pool = Pool::anonymous(1 << 20, PoolOptions::default()).unwrap();
+        let s = Segments::format(pool, 32 << 10, 0).unwrap();
+        let n = s.layout().segment_count;
+        assert!(n >= 20, "{n} segments");
+        s.set_reserve(4, 5);
+        assert_eq!(s.floors(), [9, 4 + CLEANING_SEGMENTS, 0]);
+        let mut ordinary = 0;
+        while s.alloc(Owner::Worker, 0).is_some() {
+            ordinary += 1;
+        }
+        assert_eq!((ordinary, s.free_count()), (n - 9, 9));
+        assert!(
+            s.alloc(Owner::Control, 0).is_none(),
+            "a remote log past the floor"
+        );
+        let mut blog = 0;
+        while s.alloc(Owner::Backup, 0).is_some() {
+            blog += 1;
+        }
+        assert_eq!(
+            (blog, s.free_count()),
+            (9 - 4 - CLEANING_SEGMENTS, 4 + CLEANING_SEGMENTS)
+        );
+        assert!(s.alloc(Owner::Cleaner, 0).is_some(), "the cleaners' part");
+        let replayed = (0..)
+            .take_while(|_| s.alloc_reaching(Owner::Backup, 0, Reach::Replay).is_some())
+            .count();
+        assert_eq!(replayed, 4 + CLEANING_SEGMENTS - 1, "replay takes the rest");
+        assert_eq!(s.free_count(), 0);
+        // Without a reserve nothing is held back.
+        let pool = Pool::anonymous(1 << 20, PoolOptions::default()).unwrap();
+        let s = Segments::format(pool, 32 << 10, 0).unwrap();
+        assert_eq!(s.floors(), [0, 0, 0]);
+        let all = (0..)
+            .take_while(|_| s.alloc(Owner::Worker, 0).is_some())
+            .count();
+        assert_eq!(all, n);
     }
 
     #[test]

@@ -98,9 +98,16 @@ impl<N: Nic> Task for CleanTask<N> {
 /// The redo role (`drpc`): executes the requests that landed in the server's
 /// redo rings, appending their entries to the b-log
 /// ([`crate::replication::redo`]).
+///
+/// Requests that wait for room in the b-log (deferred: see
+/// [`crate::replication::redo::Appender`]) for longer than
+/// [`crate::ServerSettings::redo_stall_limit`] stop the server
+/// ([`ServerShared::fail_stop`]).
 pub struct RedoTask<N: Nic> {
     name: String,
     shared: Arc<ServerShared<N>>,
+    /// Since when (role clock) requests have waited with none executed.
+    stalled_since_ns: Option<u64>,
 }
 
 impl<N: Nic> RedoTask<N> {
@@ -108,6 +115,7 @@ impl<N: Nic> RedoTask<N> {
         RedoTask {
             name: format!("s{}-redo", shared.node.0),
             shared,
+            stalled_since_ns: None,
         }
     }
 }
@@ -117,7 +125,7 @@ impl<N: Nic> Task for RedoTask<N> {
         &self.name
     }
 
-    fn step(&mut self, _now_ns: u64) -> Step {
+    fn step(&mut self, now_ns: u64) -> Step {
         if self.shared.stopped() {
             return Step::Done;
         }
@@ -127,7 +135,26 @@ impl<N: Nic> Task for RedoTask<N> {
         if self.shared.settings.test_hold_redo_role || self.shared.buggify("redo.skip-step") {
             return Step::Idle;
         }
-        let executed = rings.lock().poll();
+        let (executed, stalled) = {
+            let mut r = rings.lock();
+            let executed = r.poll();
+            (executed, r.stalled())
+        };
+        if !stalled {
+            self.stalled_since_ns = None;
+        } else {
+            let since = *self.stalled_since_ns.get_or_insert(now_ns);
+            if now_ns.saturating_sub(since) > self.shared.settings.redo_stall_limit() {
+                self.shared.fail_stop(format!(
+                    "the b-log has had no room for the requests acknowledged by the redo \
+                     rings for {} ms ({} free segments): they stay in the rings, and are \
+                     executed at the next start",
+                    (now_ns - since) / 1_000_000,
+                    self.shared.engine.free_segments()
+                ));
+                return Step::Done;
+            }
+        }
         if executed > 0 {
             self.shared
                 .stats

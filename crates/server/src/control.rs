@@ -600,7 +600,12 @@ impl<N: Nic> ControlTask<N> {
                     .map(|s| s.shard)
                     .collect()
             };
-            self.shared.drain_redo();
+            if let Err(why) = self.shared.drain_redo() {
+                // Acknowledged entries wait in the redo rings for room in the
+                // b-log: the walk would miss them. The asker retries.
+                self.reject(peer, h.request_id, ErrorCode::Busy, &why);
+                return;
+            }
             match self
                 .shared
                 .engine
@@ -914,7 +919,10 @@ impl<N: Nic> ControlTask<N> {
                 // then install the union here.
                 if self.own.as_ref().is_none_or(|(t, _)| *t != self.jobs_term) {
                     let shards: Vec<ShardId> = self.recoveries.keys().copied().collect();
-                    self.shared.drain_redo();
+                    if let Err(why) = self.shared.drain_redo() {
+                        tracing::warn!(role = %self.name, why, "gathering own entries waits for the redo rings");
+                        continue;
+                    }
                     match self
                         .shared
                         .engine

@@ -117,9 +117,15 @@ pub fn assemble<N: Nic>(
         ReplicationServices::new(shared.clone(), spec.nic.clone(), rowan, remote_log);
     if side == BackupSide::RedoRing {
         // Before the server serves: recovery re-executes what the rings hold.
-        let (rings, reexecuted) =
+        let (mut rings, reexecuted) =
             RedoRings::open(shared.engine.clone(), shared.blog.clone(), spec.nic.clone())
                 .map_err(|e| ClusterError(format!("redo rings: {e}")))?;
+        // A fault site (the simulator): the b-log has no room for a request
+        // now, so the deferral path runs in every drpc seed that turns it on.
+        let weak = Arc::downgrade(&shared);
+        rings.set_no_room_fault(Box::new(move || {
+            weak.upgrade().is_some_and(|s| s.buggify("redo.no-room"))
+        }));
         if reexecuted > 0 {
             tracing::info!(node = %spec.node, reexecuted, "redo rings recovered into the b-log");
         }

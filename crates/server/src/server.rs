@@ -104,6 +104,16 @@ impl ServerSettings {
         self.replicate_timeout_ns
             .unwrap_or(2 * self.failover.lease_ns)
     }
+
+    /// `drpc`: how long the redo role may wait for room in the b-log, with
+    /// acknowledged requests in its rings and none executed, before the
+    /// server stops (a fail-stop: the rings keep the requests, the next start
+    /// re-executes them from the segments held for that, and the failover of
+    /// a stopped server moves its shards meanwhile). Twice the replication
+    /// timeout: by then its senders have given their paths up.
+    pub fn redo_stall_limit(&self) -> u64 {
+        2 * self.replicate_timeout()
+    }
 }
 
 /// Leases and failover timers.
@@ -430,6 +440,8 @@ pub struct ServerShared<N: Nic> {
     /// restarted server is told apart from the one before it.
     pub incarnation: u64,
     stopped: AtomicBool,
+    /// Why the server stopped itself ([`ServerShared::fail_stop`]).
+    fail_stopped: Mutex<Option<String>>,
     /// Fault sites: random in the simulator, forced by tests, else off.
     pub buggify: crate::buggify::Buggify,
     /// `drpc`: the redo rings other servers' entries land in (set once, when
@@ -524,6 +536,7 @@ impl<N: Nic> ServerShared<N> {
             remote_logs: Mutex::new(RemoteLogs::new(incarnation)),
             incarnation,
             stopped: AtomicBool::new(false),
+            fail_stopped: Mutex::new(None),
             buggify,
             redo: std::sync::OnceLock::new(),
             requests_in_flight: (0..REQUEST_STRIPES)
@@ -748,6 +761,20 @@ impl<N: Nic> ServerShared<N> {
         self.stopped.load(Ordering::Acquire)
     }
 
+    /// Stop because going on would be unsafe or hopeless (a fail-stop): every
+    /// role stops as in [`ServerShared::stop`], and `why` is kept for whoever
+    /// runs the server (a process exits with it).
+    pub fn fail_stop(&self, why: String) {
+        tracing::error!(node = %self.node, why, "stopping this server");
+        self.fail_stopped.lock().get_or_insert(why);
+        self.stop();
+    }
+
+    /// Why the server stopped itself, if it did.
+    pub fn fail_stopped(&self) -> Option<String> {
+        self.fail_stopped.lock().clone()
+    }
+
     fn request_stripe(
         &self,
         shard: ShardId,
@@ -794,9 +821,10 @@ impl<N: Nic> ServerShared<N> {
     /// `drpc`: execute everything that has landed in the redo rings, so that
     /// the b-logs hold every entry a ring acknowledged. Called before a walk of
     /// the b-logs looks for a shard's uncommitted entries (promotion, cold
-    /// start, a new primary's gather). Returns how many requests it executed.
-    pub fn drain_redo(&self) -> usize {
-        self.redo.get().map_or(0, |r| r.lock().drain())
+    /// start, a new primary's gather). Returns how many requests it executed,
+    /// or why some wait (the b-log is out of room): the walk must wait too.
+    pub fn drain_redo(&self) -> Result<usize, String> {
+        self.redo.get().map_or(Ok(0), |r| r.lock().drain())
     }
 
     /// The ids of the remote logs `sender` holds here, in order.

@@ -146,7 +146,7 @@ fn a_two_piece_entry_straddling_two_segments_is_found_by_a_promotion_walk() {
     }
     // Every request durable in the ring (the primary counts v1000 replicated)
     // and executed into the b-log by the real Appender.
-    rings.drain();
+    rings.drain().unwrap();
     assert_eq!(rings.counts(), (n as u64 + 3, 0));
     // The digest and commit of the backup log, as the roles run them.
     for d in 0..BackupLogConfig::default().digest_count {

@@ -209,6 +209,33 @@ fn regression_seed_4659_a_shared_log_gets_the_segments_it_needs() {
     );
 }
 
+/// `drpc` seeds 3000–3059: seed 3006 stopped the whole run with a panic in
+/// the redo role ("a replicated entry acknowledged by the redo ring cannot be
+/// appended to the b-log"), which waited for room inside the request's
+/// execution, where nothing that makes room could run. The range must pass,
+/// and the `redo.no-room` fault site must have deferred requests in it (the
+/// path that replaced the wait).
+#[test]
+fn regression_drpc_seeds_3000_to_3059_a_b_log_without_room_defers_and_loses_nothing() {
+    let mut deferred = 0;
+    for seed in 3000..3060 {
+        let r = run(&SimConfig {
+            strategy: Some(Strategy::Drpc),
+            ..SimConfig::new(seed, OPS)
+        });
+        assert!(
+            r.report.violations.is_empty(),
+            "seed {seed}: {:?}",
+            r.report.violations
+        );
+        deferred += r.faults.redo_deferrals;
+    }
+    assert!(
+        deferred > 0,
+        "no request was ever deferred in 60 drpc seeds"
+    );
+}
+
 #[test]
 fn serving_without_a_lease_is_caught_within_the_ci_budget() {
     // The planted bug must show as an answer from a stale configuration.

@@ -7,8 +7,8 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use rowankv_drpc::{
-    ConnId, DrpcError, Effect, Event, FlowConfig, Operator, Receiver, RecoveryReport, Request,
-    RingGeometry, Sender, StateView, StateWrite, Variant,
+    ConnId, DrpcError, Effect, Event, FlowConfig, NotNow, Operator, Receiver, RecoveryReport,
+    Request, RingGeometry, Sender, StateView, StateWrite, Variant,
 };
 use rowankv_fabric::Fabric;
 use rowankv_pmem::{Pool, PoolOptions};
@@ -26,7 +26,13 @@ pub const ROUNDS_MAX: usize = 20_000_000;
 pub struct Counters;
 
 impl Operator for Counters {
-    fn execute(&mut self, state: &StateView<'_>, request: &Request<'_>) -> Effect {
+    fn execute(&mut self, state: &StateView<'_>, request: &Request<'_>) -> Result<Effect, NotNow> {
+        Ok(increment(state, request))
+    }
+}
+
+fn increment(state: &StateView<'_>, request: &Request<'_>) -> Effect {
+    {
         if request.op != OP_INCREMENT || request.payload.len() < 8 {
             return Effect {
                 writes: Vec::new(),
@@ -49,6 +55,36 @@ impl Operator for Counters {
             }],
             reply: v.to_le_bytes().to_vec(),
         }
+    }
+}
+
+/// [`Counters`] that defer every request while `closed` is set (an operator
+/// whose store is out of room), counting the deferrals.
+pub struct Gated {
+    pub closed: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    pub deferred: u64,
+}
+
+impl Gated {
+    pub fn new(closed: bool) -> (Self, std::sync::Arc<std::sync::atomic::AtomicBool>) {
+        let flag = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(closed));
+        (
+            Gated {
+                closed: flag.clone(),
+                deferred: 0,
+            },
+            flag,
+        )
+    }
+}
+
+impl Operator for Gated {
+    fn execute(&mut self, state: &StateView<'_>, request: &Request<'_>) -> Result<Effect, NotNow> {
+        if self.closed.load(std::sync::atomic::Ordering::SeqCst) {
+            self.deferred += 1;
+            return Err(NotNow("the gate is closed".into()));
+        }
+        Ok(increment(state, request))
     }
 }
 

@@ -43,10 +43,10 @@ use std::sync::Arc;
 
 use rowankv_drpc::layout::{entry_bytes, request_bytes};
 use rowankv_drpc::{
-    ConnId, DrpcError, Effect, Event, FlowConfig, Offer, Operator, Receiver, Request, RingGeometry,
-    Sender, StateView, Variant,
+    ConnId, DrpcError, Effect, Event, FlowConfig, NotNow, Offer, Operator, Receiver, Request,
+    RingGeometry, Sender, StateView, Variant,
 };
-use rowankv_engine::{entry, BackupLog, Engine, EngineError};
+use rowankv_engine::{entry, BackupLog, Engine, EngineError, Reach};
 use rowankv_fabric::{Completion, Nic, QpAddr, RemoteRegion};
 use rowankv_pmem::Pool;
 use rowankv_types::{NodeId, QpNum, Rkey};
@@ -69,11 +69,6 @@ pub const CONNECTIONS_DEFAULT: u32 = 128;
 const RING_CHUNKS: usize = 4;
 /// The b-log the redo role appends to.
 const BLOG_INDEX: usize = 0;
-/// How many times (100 µs apart) an append waits for a free segment (the
-/// digest and the cleaners free them) before the server stops rather than
-/// drop an acknowledged entry. Counted, not timed: a simulated clock does not
-/// move while the role waits.
-const APPEND_RETRIES: u32 = 50_000;
 
 /// The flow bounds of a replication connection.
 pub fn flow() -> FlowConfig {
@@ -431,20 +426,34 @@ impl<N: Nic> Replicator<N> for DrpcReplicator<N> {
 
 /// What a backup's redo role does with a request: append its blocks to the
 /// b-log (module documentation: idempotent, durable before it returns).
+///
+/// A request the b-log has no room for is deferred ([`NotNow`]), never waited
+/// for inside `execute`: it stays durable in its ring, its connection's later
+/// requests wait behind it, and the role's other work — the digest, the
+/// cleaners, the other connections, whose commit records let the digest
+/// commit segments the cleaners then free — goes on. Its sender's window stops
+/// opening meanwhile (back-pressure); one that stays shut past the
+/// replication timeout fails the sender's path, and the configuration manager
+/// takes it from there, as for any backup that stops answering.
 pub struct Appender<N: Nic> {
     engine: Arc<Engine>,
     blog: Arc<BackupLog<N>>,
+    /// How far into the engine's segment reserve an append reaches: the
+    /// reserve's replay part only while the rings are replayed at recovery.
+    reach: Reach,
+    /// A fault site: answers "no room" as if the b-log were full.
+    no_room_fault: Option<Box<dyn FnMut() -> bool + Send>>,
     /// Blocks appended, and requests refused (blocks that did not parse).
     pub appended: u64,
     pub refused: u64,
 }
 
 impl<N: Nic> Operator for Appender<N> {
-    fn execute(&mut self, _state: &StateView<'_>, request: &Request<'_>) -> Effect {
+    fn execute(&mut self, _state: &StateView<'_>, request: &Request<'_>) -> Result<Effect, NotNow> {
         let bytes = request.payload;
         if request.op != OP_APPEND {
             self.refused += 1;
-            return refusal(format!("unknown operation {}", request.op));
+            return Ok(refusal(format!("unknown operation {}", request.op)));
         }
         let mut at = 0;
         while at < bytes.len() {
@@ -456,34 +465,34 @@ impl<N: Nic> Operator for Appender<N> {
                         conn = request.conn.0, seq = request.seq, error = %e,
                         "a replicated request whose blocks do not parse: not appended"
                     );
-                    return refusal(format!("block at byte {at}: {e}"));
+                    return Ok(refusal(format!("block at byte {at}: {e}")));
                 }
             }
         }
-        let mut retries = 0;
-        loop {
-            match self.engine.append_backup(BLOG_INDEX, bytes) {
-                Ok(sealed) => {
-                    if let Some(seg) = sealed {
-                        self.blog.enqueue_used(seg);
-                    }
-                    self.appended += 1;
-                    return Effect::default();
+        if self.reach != Reach::Replay && self.no_room_fault.as_mut().is_some_and(|f| f()) {
+            return Err(NotNow(
+                "the b-log has no free segment (an injected fault)".into(),
+            ));
+        }
+        match self
+            .engine
+            .append_backup_reaching(BLOG_INDEX, bytes, self.reach)
+        {
+            Ok(sealed) => {
+                if let Some(seg) = sealed {
+                    self.blog.enqueue_used(seg);
                 }
-                Err(EngineError::OutOfSpace) if retries < APPEND_RETRIES => {
-                    retries += 1;
-                    std::thread::sleep(std::time::Duration::from_micros(100));
-                }
-                Err(e) => {
-                    // The request is durable here and its sender counts it
-                    // replicated: stopping keeps it in the ring, where the next
-                    // start re-executes it; going on would drop it.
-                    panic!(
-                        "a replicated entry acknowledged by the redo ring cannot be appended \
-                         to the b-log ({e}); stopping so that it is re-executed at restart"
-                    );
-                }
+                self.appended += 1;
+                Ok(Effect::default())
             }
+            // The request is durable in the ring and its sender counts it
+            // replicated: it waits there (see above), never dropped.
+            Err(EngineError::OutOfSpace) => Err(NotNow(format!(
+                "the b-log has no free segment ({} free, {} held for the rings' replay)",
+                self.engine.free_segments(),
+                self.engine.segment_floors()[1]
+            ))),
+            Err(e) => Err(NotNow(format!("appending to the b-log: {e}"))),
         }
     }
 }
@@ -503,6 +512,29 @@ pub struct RedoRings<N: Nic> {
     /// Connection of each sending worker, and the sender's process.
     conns: HashMap<(NodeId, u16), (ConnId, u64)>,
     free: Vec<ConnId>,
+    /// Connections whose release waits for room in the b-log (their sender
+    /// left): freed once released.
+    releasing: Vec<ConnId>,
+    /// Requests deferred so far, as last seen (a change starts or ends a
+    /// stall, logged once).
+    deferred_seen: u64,
+    stalled: bool,
+    /// CommitVer records taken ahead of their turn ([`RedoRings::poll`]).
+    pub commits_read_ahead: u64,
+}
+
+/// Segments that hold whatever `connections` rings of `geometry` can hold,
+/// appended request by request to a b-log of `segment_bytes` segments: each
+/// segment left is filled past `segment_bytes - mtu_bytes` (an append goes to
+/// the next segment only when it does not fit), plus the one being filled.
+pub fn replay_reserve_segments(
+    geometry: &RingGeometry,
+    mtu_bytes: usize,
+    segment_bytes: usize,
+) -> usize {
+    let ring_total = geometry.connections as usize * geometry.ring_bytes;
+    let filled_at_least = segment_bytes.saturating_sub(mtu_bytes).max(1);
+    ring_total.div_ceil(filled_at_least) + 1
 }
 
 impl<N: Nic> RedoRings<N> {
@@ -530,14 +562,33 @@ impl<N: Nic> RedoRings<N> {
         if pool.read_u64(base) == 0 {
             Receiver::<N, Appender<N>>::format(&pool, geometry).map_err(|e| e.to_string())?;
         }
+        // Acknowledged entries in the rings must always find room in the
+        // b-log: room for all the rings can hold is held back for their replay
+        // at recovery, and a quarter as much again (at least two segments) for
+        // the redo role and the cleaners when ordinary writes are refused.
+        let replay = replay_reserve_segments(&geometry, mtu, engine.config().segment_size_bytes);
+        engine
+            .set_segment_reserve(replay, replay.div_ceil(4).max(2))
+            .map_err(|e| format!("the redo rings' segment reserve: {e}"))?;
         let appender = Appender {
             engine,
             blog,
+            reach: Reach::Replay,
+            no_room_fault: None,
             appended: 0,
             refused: 0,
         };
-        let (receiver, report) = Receiver::open_at(pool, base, nic, flow(), appender)
-            .map_err(|e| format!("the redo rings: {e}"))?;
+        let (mut receiver, report) =
+            Receiver::open_at(pool, base, nic, flow(), appender).map_err(|e| match e {
+                DrpcError::NotNow { conn, seq, why } => format!(
+                    "the redo rings hold acknowledged requests the b-log has no room for \
+                     (connection {}, request {seq}: {why}); they stay in the rings: open the \
+                     pool again once it has room (a larger pool, larger segments)",
+                    conn.0
+                ),
+                e => format!("the redo rings: {e}"),
+            })?;
+        receiver.operator_mut().reach = Reach::Maintenance;
         let formatted = receiver.geometry();
         if (formatted.ring_bytes, formatted.chunk_bytes)
             != (geometry.ring_bytes, geometry.chunk_bytes)
@@ -551,6 +602,10 @@ impl<N: Nic> RedoRings<N> {
             receiver,
             conns: HashMap::new(),
             free: (0..formatted.connections).rev().map(ConnId).collect(),
+            releasing: Vec::new(),
+            deferred_seen: 0,
+            stalled: false,
+            commits_read_ahead: 0,
         };
         Ok((
             rings,
@@ -578,12 +633,15 @@ impl<N: Nic> RedoRings<N> {
             .collect();
         for s in older {
             let (conn, _) = self.conns.remove(&s).expect("listed");
-            self.receiver.release(conn).map_err(|e| e.to_string())?;
-            self.free.push(conn);
+            self.release_or_defer(conn);
         }
         let conn = match self.conns.get(&slot) {
             Some(&(conn, _)) => {
-                self.receiver.release(conn).map_err(|e| e.to_string())?;
+                // Not released yet (the b-log is out of room): the sender
+                // dials again later, and meanwhile keeps its slot.
+                self.receiver
+                    .release(conn)
+                    .map_err(|e| format!("the redo ring's connection is not free yet: {e}"))?;
                 conn
             }
             None => self.free.pop().ok_or_else(|| {
@@ -610,28 +668,122 @@ impl<N: Nic> RedoRings<N> {
             .collect();
         for slot in &theirs {
             let (conn, _) = self.conns.remove(slot).expect("listed");
-            if let Err(e) = self.receiver.release(conn) {
-                tracing::error!(%sender, error = %e, "releasing a redo ring connection");
-            }
-            self.free.push(conn);
+            self.release_or_defer(conn);
         }
         theirs.len()
     }
 
-    /// One round of the redo role; requests executed.
-    pub fn poll(&mut self) -> usize {
-        self.receiver.poll().unwrap_or_else(|e| {
-            tracing::error!(error = %e, "redo rings");
-            0
-        })
+    /// Release `conn` and free it, or, while what landed on it waits for room
+    /// in the b-log, keep it to finish later ([`RedoRings::poll`]).
+    fn release_or_defer(&mut self, conn: ConnId) {
+        match self.receiver.release(conn) {
+            Ok(_) => self.free.push(conn),
+            Err(e) => {
+                tracing::warn!(conn = conn.0, error = %e, "a redo ring connection is released later");
+                self.releasing.push(conn);
+            }
+        }
     }
 
-    /// Execute everything that has landed (before a failover walk).
-    pub fn drain(&mut self) -> usize {
-        self.receiver.drain().unwrap_or_else(|e| {
-            tracing::error!(error = %e, "draining the redo rings");
+    /// One round of the redo role; requests executed.
+    pub fn poll(&mut self) -> usize {
+        let mut still = Vec::new();
+        for conn in std::mem::take(&mut self.releasing) {
+            match self.receiver.release(conn) {
+                Ok(_) => self.free.push(conn),
+                Err(_) => still.push(conn),
+            }
+        }
+        self.releasing = still;
+        let done = self.receiver.poll().unwrap_or_else(|e| {
+            tracing::error!(error = %e, "redo rings");
             0
-        })
+        });
+        self.note_stall(done);
+        if self.stalled {
+            self.read_commits_ahead();
+        }
+        done
+    }
+
+    /// While requests wait for room in the b-log, take the CommitVer records
+    /// waiting behind them into the digest's CommitVer now (the records are
+    /// executed, and appended, later, in order). Without this the wait could
+    /// last for ever: the b-log's segments are freed only once committed, and
+    /// the records that commit them may be the very ones waiting. Taking one
+    /// early is safe: ⟨shard, V⟩ says every entry of the shard up to V is
+    /// durable on every replica, which was true when its primary sent it, and
+    /// it only lets b-log segments whose entries are all covered be committed
+    /// — entries still in a ring are in no segment. Returns how many.
+    fn read_commits_ahead(&mut self) -> usize {
+        let mut commits = Vec::new();
+        for c in 0..self.receiver.geometry().connections {
+            self.receiver.for_each_waiting(ConnId(c), |_, op, payload| {
+                if op != OP_APPEND {
+                    return;
+                }
+                let mut at = 0;
+                while let Ok((h, _)) = entry::parse_block(&payload[at..]) {
+                    if h.kind == entry::Kind::Commit {
+                        commits.push((h.shard, h.version.0));
+                    }
+                    at += h.padded_len();
+                    if at >= payload.len() {
+                        break;
+                    }
+                }
+            });
+        }
+        let blog = &self.receiver.operator().blog;
+        for &(shard, version) in &commits {
+            blog.note_commit_version(shard, version);
+        }
+        self.commits_read_ahead += commits.len() as u64;
+        commits.len()
+    }
+
+    /// Install a fault site ([`Appender`]): while it answers `true` the
+    /// redo role (never the replay) finds no room in the b-log.
+    pub fn set_no_room_fault(&mut self, fault: Box<dyn FnMut() -> bool + Send>) {
+        self.receiver.operator_mut().no_room_fault = Some(fault);
+    }
+
+    /// Stalled: a round deferred requests and executed none. Logged once
+    /// when a stall starts and when it ends.
+    fn note_stall(&mut self, done: usize) {
+        let deferred = self.receiver.stats().deferred;
+        let deferring = deferred > self.deferred_seen;
+        self.deferred_seen = deferred;
+        if deferring && done == 0 && !self.stalled {
+            self.stalled = true;
+            tracing::warn!(
+                free_segments = self.receiver.operator().engine.free_segments(),
+                "the b-log is out of room: acknowledged requests wait in the redo rings"
+            );
+        } else if self.stalled && done > 0 {
+            self.stalled = false;
+            tracing::info!("the redo rings execute again");
+        }
+    }
+
+    /// Execute everything that has landed (before a failover walk). An error
+    /// says some of it waits for room in the b-log: the walk must wait too.
+    pub fn drain(&mut self) -> Result<usize, String> {
+        let drained = self.receiver.drain().map_err(|e| e.to_string());
+        self.note_stall(*drained.as_ref().unwrap_or(&0));
+        drained
+    }
+
+    /// Whether requests wait for room in the b-log, none executed since the
+    /// wait began.
+    pub fn stalled(&self) -> bool {
+        self.stalled
+    }
+
+    /// Requests the redo role deferred for want of room in the b-log, since
+    /// the rings were opened.
+    pub fn deferred(&self) -> u64 {
+        self.receiver.stats().deferred
     }
 
     /// Connections not held by any sending worker.
