@@ -42,5 +42,8 @@ pub use manager::{
     ConfigManager, NodeRecord, StoreSource, ALLOCATED_NODE_BASE, CM_LEASE_KEY, COMMITTED_KEY,
     CONFIG_KEY, NEXT_NODE_KEY, NODE_RECORD_PREFIX,
 };
-pub use plan::{plan_failover, plan_join, plan_move, plan_ready};
+pub use plan::{
+    plan_failover, plan_join, plan_migrated, plan_move, plan_ready, plan_reshard, server_loads,
+    ReshardPolicy, ShardLoad,
+};
 pub use store::{CoordStore, EmbeddedStore, Guard, LeaseId, Revision, StoreError};

@@ -8,6 +8,11 @@
 //! factor. With too few servers left a shard runs degraded (fewer backups).
 //! [`plan_ready`] turns a joining backup whose copy is complete into a backup;
 //! [`plan_move`] moves a backup to another server (rebalancing).
+//! [`plan_reshard`] moves the hottest primary shards of overloaded servers to
+//! underloaded ones (dynamic resharding, §4.6), recording each move in the
+//! configuration's migration list; [`plan_migrated`] strikes a finished one.
+//! A failover rolls back every migration its failed servers take part in
+//! before it promotes (§4.6: "the CM first rolls back the shard distribution").
 //!
 //! All are pure functions of the current configuration, so every CM — the
 //! active one, or a standby that takes over halfway — computes the same plan.
@@ -15,7 +20,7 @@
 use std::collections::BTreeMap;
 
 use rowankv_types::{NodeId, ShardId, Term};
-use rowankv_wire::config::{Config, Member};
+use rowankv_wire::config::{Config, Member, Migration};
 
 use crate::manager::CmError;
 
@@ -26,6 +31,18 @@ use crate::manager::CmError;
 pub fn plan_failover(current: &Config, failed: &[NodeId]) -> Result<Config, CmError> {
     let mut next = current.clone();
     next.term = Term(current.term.0 + 1);
+    // An interrupted migration rolls back: the source is the primary again
+    // (and, if it failed, is replaced as any failed primary is).
+    let interrupted: Vec<Migration> = next
+        .migrations
+        .iter()
+        .filter(|m| failed.contains(&m.from) || failed.contains(&m.to))
+        .copied()
+        .collect();
+    for m in &interrupted {
+        next.shards[m.shard.0 as usize].primary = m.from;
+    }
+    next.migrations.retain(|m| !interrupted.contains(m));
     next.members.retain(|m| !failed.contains(&m.node));
     if next.members.is_empty() {
         return Err(CmError::Invalid("every server failed".into()));
@@ -59,11 +76,17 @@ fn refill(config: &mut Config) {
             *load.entry(n).or_default() += 1;
         }
     }
+    // A migration's source still holds the shard's data and is not a replica.
+    let sources: Vec<(ShardId, NodeId)> = config
+        .migrations
+        .iter()
+        .map(|m| (m.shard, m.from))
+        .collect();
     for s in &mut config.shards {
         while s.write_target_count() < wanted {
             let pick = load
                 .iter()
-                .filter(|(n, _)| !s.is_replica(**n))
+                .filter(|(n, _)| !s.is_replica(**n) && !sources.contains(&(s.shard, **n)))
                 .min_by_key(|(n, l)| (**l, **n))
                 .map(|(n, _)| *n);
             let Some(n) = pick else { break };
@@ -99,6 +122,7 @@ pub fn plan_move(current: &Config, shard: ShardId, from: NodeId, to: NodeId) -> 
     let s = current.shard(shard)?;
     if !s.backups.contains(&from)
         || s.is_replica(to)
+        || current.migration(shard).is_some_and(|m| m.from == to)
         || !current.members.iter().any(|m| m.node == to)
         || current.shards.iter().any(|a| !a.joining.is_empty())
     {
@@ -132,9 +156,328 @@ pub fn plan_join(current: &Config, member: Member) -> Option<Config> {
     Some(next)
 }
 
+/// What a shard cost in one statistics window (§4.6: 500 ms): the requests
+/// its primary received, and the replication writes it sent to each backup
+/// (a backup's CPU may never see them, so the primary counts them).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ShardLoad {
+    pub requests: u64,
+    pub replication_writes: u64,
+}
+
+/// When [`plan_reshard`] acts and where it stops.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ReshardPolicy {
+    /// A server is overloaded above `(1 + overload) ×` the average load
+    /// (paper: 30 %).
+    pub overload: f64,
+    /// Moves go on until every server is within `(1 + within) ×` the average
+    /// (paper: 5 %), or no move helps.
+    pub within: f64,
+}
+
+impl Default for ReshardPolicy {
+    fn default() -> Self {
+        ReshardPolicy {
+            overload: 0.30,
+            within: 0.05,
+        }
+    }
+}
+
+/// Each member's load: the requests of the shards it leads plus the
+/// replication writes of the shards it backs (joining or not). Members with
+/// no shard count 0; shards missing from `loads` count 0.
+pub fn server_loads(
+    config: &Config,
+    loads: &BTreeMap<ShardId, ShardLoad>,
+) -> BTreeMap<NodeId, u64> {
+    let mut out: BTreeMap<NodeId, u64> = config.members.iter().map(|m| (m.node, 0)).collect();
+    for s in &config.shards {
+        let l = loads.get(&s.shard).copied().unwrap_or_default();
+        *out.entry(s.primary).or_default() += l.requests;
+        for b in s.write_targets() {
+            *out.entry(b).or_default() += l.replication_writes;
+        }
+    }
+    out
+}
+
+/// Dynamic resharding (§4.6): if a member's load is more than `policy.overload`
+/// above the average, move primary shards off the most loaded member, one at a
+/// time, each to the least loaded member that holds no replica of it (a
+/// member is a source or a target of a plan, never both), choosing
+/// the move that leaves the pair's larger load smallest and taking only moves
+/// that lower the source's load below where it was — until every member is
+/// within `policy.within` of the average or no move helps. Every move goes into
+/// the migration list (⟨source, target, shard⟩) and names the target as the
+/// shard's primary; its backups stay. `None` if nothing is overloaded, nothing
+/// can move, or a reconfiguration is under way (a migration, a joining backup:
+/// one at a time). A shard moves at most once per plan.
+pub fn plan_reshard(
+    current: &Config,
+    loads: &BTreeMap<ShardId, ShardLoad>,
+    policy: ReshardPolicy,
+) -> Option<Config> {
+    if !current.migrations.is_empty() || current.shards.iter().any(|s| !s.joining.is_empty()) {
+        return None;
+    }
+    let mut load = server_loads(current, loads);
+    let total: u64 = load.values().sum();
+    let average = total as f64 / load.len().max(1) as f64;
+    if total == 0
+        || !load
+            .values()
+            .any(|&l| l as f64 > average * (1.0 + policy.overload))
+    {
+        return None;
+    }
+    let requests = |s: ShardId| loads.get(&s).map_or(0, |l| l.requests);
+    let mut next = current.clone();
+    next.term = Term(current.term.0 + 1);
+    for _ in 0..current.shards.len() {
+        // A member is a source or a target of this plan, not both.
+        let Some((&source, &source_load)) = load
+            .iter()
+            .filter(|(n, _)| !next.migrations.iter().any(|m| m.to == **n))
+            .max_by_key(|(n, l)| (**l, std::cmp::Reverse(**n)))
+        else {
+            break;
+        };
+        if source_load as f64 <= average * (1.0 + policy.within) {
+            break;
+        }
+        // (resulting larger load of the pair, shard, target)
+        let mut best: Option<(u64, ShardId, NodeId)> = None;
+        // Hottest first, so that of moves that help alike the hottest shard's
+        // is taken.
+        let mut candidates: Vec<_> = next
+            .shards
+            .iter()
+            .filter(|s| s.primary == source && next.migration(s.shard).is_none())
+            .collect();
+        candidates.sort_by_key(|s| (std::cmp::Reverse(requests(s.shard)), s.shard));
+        for s in candidates {
+            let r = requests(s.shard);
+            let target = load
+                .iter()
+                .filter(|(n, _)| {
+                    !s.is_replica(**n) && !next.migrations.iter().any(|m| m.from == **n)
+                })
+                .min_by_key(|(n, l)| (**l, **n))
+                .map(|(n, l)| (*n, *l));
+            let Some((target, target_load)) = target else {
+                continue;
+            };
+            let after = (source_load - r).max(target_load + r);
+            if r > 0 && after < source_load && best.is_none_or(|(b, _, _)| after < b) {
+                best = Some((after, s.shard, target));
+            }
+        }
+        let Some((_, shard, target)) = best else {
+            break;
+        };
+        let r = requests(shard);
+        *load.get_mut(&source).expect("a member") -= r;
+        *load.get_mut(&target).expect("a member") += r;
+        next.shards[shard.0 as usize].primary = target;
+        next.migrations.push(Migration {
+            shard,
+            from: source,
+            to: target,
+        });
+    }
+    if next.migrations.is_empty() {
+        return None;
+    }
+    next.validate().ok()?;
+    Some(next)
+}
+
+/// The configuration after `shard`'s migration finished (its target has every
+/// entry): struck from the list. `None` if it is not in the list (finished
+/// already, or rolled back by a failover).
+pub fn plan_migrated(current: &Config, shard: ShardId) -> Option<Config> {
+    current.migration(shard)?;
+    let mut next = current.clone();
+    next.term = Term(current.term.0 + 1);
+    next.migrations.retain(|m| m.shard != shard);
+    Some(next)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn uniform(c: &Config, per_shard: u64) -> BTreeMap<ShardId, ShardLoad> {
+        c.shards
+            .iter()
+            .map(|s| {
+                (
+                    s.shard,
+                    ShardLoad {
+                        requests: per_shard,
+                        replication_writes: per_shard / 10,
+                    },
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_balanced_cluster_is_left_alone() {
+        let c = config(6, 4, 3);
+        assert!(plan_reshard(&c, &uniform(&c, 1000), ReshardPolicy::default()).is_none());
+        assert!(plan_reshard(&c, &BTreeMap::new(), ReshardPolicy::default()).is_none());
+    }
+
+    /// Figure 15's scenario: 80 % of server A's (n0) requests go to one shard
+    /// of server B (n1). Returns the loads and that shard.
+    fn figure_15(c: &Config) -> (BTreeMap<ShardId, ShardLoad>, ShardId) {
+        let mut loads = uniform(c, 1000);
+        let a_shards: Vec<ShardId> = c.primary_shards(NodeId(0)).map(|s| s.shard).collect();
+        let hot = c.primary_shards(NodeId(1)).next().unwrap().shard;
+        for s in &a_shards {
+            loads.get_mut(s).unwrap().requests = 200;
+        }
+        loads.get_mut(&hot).unwrap().requests += 4 * 800;
+        (loads, hot)
+    }
+
+    /// Figure 15's scenario: the hot shard moves to the least loaded server,
+    /// and the migration is listed.
+    #[test]
+    fn a_hot_shard_moves_off_its_overloaded_server() {
+        let c = config(6, 4, 3);
+        let b = NodeId(1);
+        let (loads, hot) = figure_15(&c);
+        let before = server_loads(&c, &loads);
+        let next = plan_reshard(&c, &loads, ReshardPolicy::default()).expect("a plan");
+        next.validate().unwrap();
+        assert_eq!(next.term, Term(c.term.0 + 1));
+        let m = next.migration(hot).copied().expect("the hot shard moves");
+        assert_eq!(m.from, b);
+        assert!(!c.shard(hot).unwrap().is_replica(m.to), "{m:?}");
+        assert_eq!(next.shard(hot).unwrap().primary, m.to);
+        assert_eq!(
+            next.shard(hot).unwrap().backups,
+            c.shard(hot).unwrap().backups,
+            "its backups stay"
+        );
+        let after = server_loads(&next, &loads);
+        let max = |l: &BTreeMap<NodeId, u64>| *l.values().max().unwrap();
+        assert!(max(&after) < max(&before), "{before:?} -> {after:?}");
+        // Only primaries moved, each listed once, from the server it left.
+        for (x, y) in c.shards.iter().zip(&next.shards) {
+            if x.primary != y.primary {
+                let m = next.migration(x.shard).expect("listed");
+                assert_eq!((m.from, m.to), (x.primary, y.primary));
+            } else {
+                assert!(next.migration(x.shard).is_none());
+            }
+        }
+        // One reshard at a time.
+        assert!(plan_reshard(&next, &loads, ReshardPolicy::default()).is_none());
+        // The target reports the copy done: struck from the list.
+        let done = plan_migrated(&next, hot).unwrap();
+        assert!(done.migration(hot).is_none());
+        assert_eq!(done.shard(hot).unwrap().primary, m.to);
+        assert!(plan_migrated(&done, hot).is_none());
+        done.validate().unwrap();
+    }
+
+    /// Wherever the planner stops, no server is more loaded than the most
+    /// loaded one was; taken in order, every move lowered its source's load
+    /// and left the pair's larger load below it; no member is both a source
+    /// and a target.
+    #[test]
+    fn random_loads_never_make_the_hottest_server_hotter() {
+        let c = config(6, 4, 3);
+        let mut seed = 0x9E37_79B9_7F4A_7C15u64;
+        let mut next_rand = || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        let mut planned = 0;
+        for _ in 0..500 {
+            let loads: BTreeMap<ShardId, ShardLoad> = c
+                .shards
+                .iter()
+                .map(|s| {
+                    let skew = if next_rand() % 8 == 0 { 20 } else { 1 };
+                    (
+                        s.shard,
+                        ShardLoad {
+                            requests: next_rand() % 1000 * skew,
+                            replication_writes: next_rand() % 100,
+                        },
+                    )
+                })
+                .collect();
+            let before = server_loads(&c, &loads);
+            let Some(next) = plan_reshard(&c, &loads, ReshardPolicy::default()) else {
+                continue;
+            };
+            planned += 1;
+            next.validate().unwrap();
+            let after = server_loads(&next, &loads);
+            assert!(
+                after.values().max() <= before.values().max(),
+                "{before:?} -> {after:?}"
+            );
+            let mut now = before.clone();
+            for m in &next.migrations {
+                let r = loads[&m.shard].requests;
+                let (from, to) = (now[&m.from] - r, now[&m.to] + r);
+                assert!(from.max(to) < now[&m.from], "{m:?}: {now:?}");
+                now.insert(m.from, from);
+                now.insert(m.to, to);
+                assert!(!next.migrations.iter().any(|x| x.to == m.from), "{m:?}");
+            }
+            assert_eq!(now, after);
+        }
+        assert!(
+            planned > 50,
+            "only {planned} of 500 skewed loads planned a move"
+        );
+    }
+
+    /// A failure of a migration's source or target rolls the shard back to
+    /// its source before the failover promotes (§4.6).
+    #[test]
+    fn a_failover_rolls_back_the_migrations_of_the_failed_servers() {
+        let c = config(6, 4, 3);
+        let (loads, hot) = figure_15(&c);
+        let moving = plan_reshard(&c, &loads, ReshardPolicy::default()).unwrap();
+        let m = *moving.migration(hot).unwrap();
+        // The target fails: the source leads the shard again.
+        let back = plan_failover(&moving, &[m.to]).unwrap();
+        assert!(back
+            .migrations
+            .iter()
+            .all(|x| x.to != m.to && x.from != m.to));
+        assert_eq!(back.shard(hot).unwrap().primary, m.from);
+        back.validate().unwrap();
+        // The source fails: rolled back to it, then replaced by its first backup.
+        let back = plan_failover(&moving, &[m.from]).unwrap();
+        assert!(back.migration(hot).is_none());
+        assert_eq!(
+            back.shard(hot).unwrap().primary,
+            c.shard(hot).unwrap().backups[0]
+        );
+        back.validate().unwrap();
+        // Another server fails: the migration goes on.
+        let other = moving
+            .members
+            .iter()
+            .map(|x| x.node)
+            .find(|n| moving.migrations.iter().all(|x| x.from != *n && x.to != *n))
+            .unwrap();
+        let on = plan_failover(&moving, &[other]).unwrap();
+        assert_eq!(on.migration(hot), Some(&m));
+    }
 
     #[test]
     fn a_server_that_joins_refills_the_shards_a_failover_left_short() {

@@ -55,7 +55,10 @@ use rowankv_types::{Clock, NodeId, ShardId, Term};
 use rowankv_wire::config::Member;
 use rowankv_wire::frame::{self, Body, Envelope, ErrorCode, Response};
 
-use crate::{plan_failover, plan_join, plan_ready, ActiveLease, ConfigManager};
+use crate::{
+    plan_failover, plan_join, plan_ready, plan_reshard, server_loads, ActiveLease, ConfigManager,
+    ReshardPolicy, ShardLoad,
+};
 
 /// A prepare/commit round of one configuration term.
 #[derive(Debug)]
@@ -175,10 +178,30 @@ pub struct CmTask<N: Nic> {
     next_leave_scan_ns: u64,
     /// What the metrics show ([`CmTask::with_stats`]).
     stats: Arc<CmStats>,
+    /// Each member's last load report (seed 000 §4.6): when it came, its
+    /// window (ns), and per shard (requests, replication writes).
+    loads: BTreeMap<NodeId, LoadReport>,
+    /// Looks at the load reports for overloaded servers.
+    weigh: Periodic,
+    /// Members found overloaded at the last look (an `Overloaded` event is
+    /// recorded when one becomes so).
+    overloaded: BTreeSet<NodeId>,
+    /// When [`plan_reshard`] finds a server overloaded.
+    reshard: ReshardPolicy,
+}
+
+/// One member's load over its last statistics window.
+#[derive(Clone, Debug)]
+struct LoadReport {
+    at_ns: u64,
+    window_ns: u64,
+    shards: Vec<(ShardId, u64, u64)>,
 }
 
 /// How often the active CM reads the store for servers recorded as having left.
 const LEAVE_SCAN_NS: u64 = 1_000_000_000;
+/// How often the active CM looks at the members' load reports.
+pub const WEIGH_NS: u64 = 100_000_000;
 
 /// Servers waiting to be added to the configuration ([`CmTask::with_joins`]).
 pub type Joins = Arc<parking_lot::Mutex<Vec<Member>>>;
@@ -395,6 +418,10 @@ impl<N: Nic> CmTask<N> {
             leaves: Leaves::default(),
             next_leave_scan_ns: 0,
             stats: Arc::default(),
+            loads: BTreeMap::new(),
+            weigh: Periodic::new(crate::role::WEIGH_NS),
+            overloaded: BTreeSet::new(),
+            reshard: ReshardPolicy::default(),
         }
     }
 
@@ -815,6 +842,22 @@ impl<N: Nic> CmTask<N> {
                 let committed = self.committed.0;
                 self.respond(peer, h.request_id, Response::Ok { version: committed });
             }
+            // A member's load over its last window (§4.6): kept for `weigh`.
+            Body::Load { window_ms, entries } => {
+                let config = self.manager.current();
+                if self.active.is_some() && config.member(h.sender).is_some() && window_ms > 0 {
+                    self.loads.insert(
+                        h.sender,
+                        LoadReport {
+                            at_ns: now_ns,
+                            window_ns: u64::from(window_ms) * 1_000_000,
+                            shards: rowankv_wire::frame::load_entries(entries).collect(),
+                        },
+                    );
+                }
+                let term = config.term;
+                self.respond(peer, h.request_id, Response::Ok { version: term.0 });
+            }
             Body::Ready { shard, node } => {
                 let config = self.manager.current();
                 let refusal = if self.active.is_none() {
@@ -936,6 +979,71 @@ impl<N: Nic> CmTask<N> {
 }
 
 impl<N: Nic> CmTask<N> {
+    /// Dynamic resharding's detection (§4.6): from the members' latest load
+    /// reports (each at most two of its windows old), each member's load per
+    /// second; a member more than `reshard.overload` above the average is
+    /// overloaded, and when one becomes so the CM records an `Overloaded`
+    /// event with the move [`plan_reshard`] would make first. (Moving the
+    /// shard — the migration — is not done yet: docs/resharding.md.)
+    fn weigh(&mut self, now_ns: u64) {
+        let config = self.manager.current();
+        self.loads.retain(|n, r| {
+            config.member(*n).is_some() && now_ns.saturating_sub(r.at_ns) <= 2 * r.window_ns
+        });
+        if self.loads.len() < config.members.len() {
+            self.overloaded.clear();
+            return;
+        }
+        // Per second, so that members with other windows weigh alike.
+        let mut per_shard: BTreeMap<ShardId, ShardLoad> = BTreeMap::new();
+        for r in self.loads.values() {
+            for &(shard, requests, writes) in &r.shards {
+                let per_s = |n: u64| (n as u128 * 1_000_000_000 / r.window_ns as u128) as u64;
+                let e = per_shard.entry(shard).or_default();
+                e.requests += per_s(requests);
+                e.replication_writes += per_s(writes);
+            }
+        }
+        let loads = server_loads(&config, &per_shard);
+        let total: u64 = loads.values().sum();
+        let average = total / loads.len().max(1) as u64;
+        let over: BTreeSet<NodeId> = loads
+            .iter()
+            .filter(|(_, &l)| {
+                total > 0 && l as f64 > average as f64 * (1.0 + self.reshard.overload)
+            })
+            .map(|(n, _)| *n)
+            .collect();
+        let plan = if over.iter().any(|n| !self.overloaded.contains(n)) {
+            plan_reshard(&config, &per_shard, self.reshard)
+        } else {
+            None
+        };
+        for &node in over.difference(&self.overloaded) {
+            let first = plan
+                .as_ref()
+                .and_then(|p| p.migrations.iter().find(|m| m.from == node));
+            tracing::info!(
+                cm = %self.name, %node, load_per_s = loads[&node], average_per_s = average,
+                plan = ?plan.as_ref().map(|p| &p.migrations),
+                "a server is overloaded"
+            );
+            if let Some(m) = first {
+                self.events.record(
+                    now_ns,
+                    EventKind::Overloaded {
+                        node,
+                        load_per_s: loads[&node],
+                        average_per_s: average,
+                        shard: m.shard,
+                        to: m.to,
+                    },
+                );
+            }
+        }
+        self.overloaded = over;
+    }
+
     /// The gauges of [`CmStats`], as of the end of this step.
     fn publish_gauges(&self) {
         let config = self.manager.current();
@@ -1000,6 +1108,9 @@ impl<N: Nic> Task for CmTask<N> {
             did |= self.admit_joins(now_ns);
             did |= self.admit_leaves(now_ns);
             did |= self.watch_store(now_ns);
+            if self.weigh.due(now_ns) {
+                self.weigh(now_ns);
+            }
         }
         self.publish_gauges();
         if did {

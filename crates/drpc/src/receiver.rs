@@ -518,7 +518,9 @@ impl<N: Nic, O: Operator> Receiver<N, O> {
     /// sender may have seen it durable — then its queue pair is closed and its ring
     /// deregistered (nothing more lands), the ring is scanned once more for what
     /// landed meanwhile, and the connection resumes at a fresh chunk, as after
-    /// recovery. Requests executed here get no reply. Returns how many.
+    /// recovery, with its seqs moved one window on (`done_seq` grows by
+    /// `inflight_max`: no request of the old sender can be taken for one of the
+    /// next). Requests executed here get no reply. Returns how many.
     ///
     /// If the operator defers a request ([`DrpcError::NotNow`]), the release is
     /// not finished: call it again later (the connection cannot be accepted
@@ -547,12 +549,16 @@ impl<N: Nic, O: Operator> Receiver<N, O> {
         let log = &mut self.logs[conn.0 as usize];
         let resume =
             layout::align_up(log.scan_abs.max(log.head_abs) as usize, g.chunk_bytes) as u64;
-        if resume != log.head_abs {
-            log.head_abs = resume;
-            let off = g.conn_header_offset(conn);
-            self.pool.write_u64(off, resume);
-            self.persist(off, CONN_HEADER_BYTES);
-        }
+        log.head_abs = resume;
+        // The seqs the old sender may still have on their way (its window
+        // reaches at most `inflight_max` past `done_seq`) are skipped: a late
+        // WRITE of one that lands after all is never taken for the new
+        // sender's next request.
+        log.done_seq += self.flow.inflight_max as u64;
+        let off = g.conn_header_offset(conn);
+        self.pool.write_u64(off, resume);
+        self.pool.write_u64(off + 8, log.done_seq);
+        self.persist(off, CONN_HEADER_BYTES);
         let log = &mut self.logs[conn.0 as usize];
         log.scan_abs = resume;
         log.expect_seq = log.done_seq + 1;

@@ -407,7 +407,11 @@ fn a_released_connection_executes_what_landed_and_is_accepted_again() {
             4,
             "{v}: the other four landed"
         );
-        assert_eq!(r.done_seq(ConnId(0)), 5);
+        assert_eq!(
+            r.done_seq(ConnId(0)),
+            5 + 6,
+            "{v}: one window of seqs skipped"
+        );
         assert_eq!(r.backlog(ConnId(0)), 0);
         for i in 1..=5 {
             assert_eq!(counter(&r, i), 1, "{v}: request {i} exactly once");
@@ -438,7 +442,8 @@ fn a_released_connection_executes_what_landed_and_is_accepted_again() {
         let nic = rowankv_fabric::Fabric::attach(&fabric, NodeId(9)).unwrap();
         let mut new = Sender::new(&nic, variant, flow).unwrap();
         let offer = r.accept(ConnId(0), variant, new.qp_addr()).unwrap();
-        assert_eq!(offer.next_seq, 6, "{v}");
+        // One window (six) past the last executed: the old sender's seqs.
+        assert_eq!(offer.next_seq, 12, "{v}");
         assert_eq!(
             offer.tail_abs % geometry().chunk_bytes as u64,
             0,
@@ -448,7 +453,7 @@ fn a_released_connection_executes_what_landed_and_is_accepted_again() {
         let seen = drive(&mut r, &mut new, &[7, 8], |_| {});
         assert_eq!(
             seen.completed.keys().copied().collect::<Vec<_>>(),
-            vec![6, 7]
+            vec![12, 13]
         );
         for i in [1, 2, 3, 4, 5, 7, 8] {
             assert_eq!(counter(&r, i), 1, "{v}: request {i} exactly once");
@@ -458,7 +463,7 @@ fn a_released_connection_executes_what_landed_and_is_accepted_again() {
         let fabric = LoopbackFabric::new();
         let (_r, _s, report) = connect(&fabric, pool, variant, flow, ConnId(0));
         assert!(report.reexecuted.is_empty(), "{v}: {:?}", report.reexecuted);
-        assert_eq!(report.next_seq[0], 8);
+        assert_eq!(report.next_seq[0], 14);
     }
 }
 

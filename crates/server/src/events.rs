@@ -27,6 +27,16 @@ pub enum EventKind {
         shard: ShardId,
         term: Term,
     },
+    /// The CM found `node` overloaded (seed 000 §4.6): its load over the last
+    /// statistics window, per second, against the members' average; the
+    /// resharding plan would move `shard` (its hottest to move) to `to`.
+    Overloaded {
+        node: NodeId,
+        load_per_s: u64,
+        average_per_s: u64,
+        shard: ShardId,
+        to: NodeId,
+    },
     /// Re-replication of `shard` to `to` completed.
     ReplicaCopied {
         shard: ShardId,

@@ -6,7 +6,11 @@
 //! does. A standby CM answers `Blocked`. A CM that removed this server answers
 //! `NotMember`: the server stops.
 //!
-//! Renewing is all this role does, on a connection of its own, so nothing else a
+//! Every `load_window_ns` it also sends each CM the server's per-shard load
+//! of the window (`Load`, seed 000 §4.6: what dynamic resharding plans from);
+//! their answers are not awaited.
+//!
+//! Renewing is its main work, on a connection of its own, so nothing else a
 //! server does can hold a renewal up: the control role's promotions walk log
 //! segments and install thousands of entries in one step, which took up to 40 ms
 //! with 100,000 objects, most of the 50 ms lease of the benchmarks. It keeps
@@ -35,6 +39,9 @@ pub struct LeaseTask<N: Nic> {
     cms: Vec<NodeId>,
     links: Links,
     renew: Periodic,
+    report_load: Periodic,
+    /// Requests of load reports in flight (their answers are ignored).
+    load_requests: std::collections::BTreeSet<u64>,
     next_request: u64,
     /// Outstanding requests: id → (peer, sent at).
     pending: BTreeMap<u64, (PeerId, u64)>,
@@ -52,6 +59,8 @@ impl<N: Nic> LeaseTask<N> {
         LeaseTask {
             name: format!("s{}-lease", shared.node.0),
             renew: Periodic::new(shared.settings.failover.renew_ns),
+            report_load: Periodic::new(shared.settings.load_window_ns),
+            load_requests: Default::default(),
             ep,
             directory,
             cms,
@@ -98,6 +107,40 @@ impl<N: Nic> LeaseTask<N> {
         }
     }
 
+    /// Send the window's per-shard load to every CM reachable now.
+    fn report_load(&mut self, now_ns: u64) {
+        let loads = self.shared.load.take();
+        let entries = frame::encode_load_entries(&loads);
+        let window_ms = (self.shared.settings.load_window_ns / 1_000_000) as u32;
+        let config = self.shared.config();
+        let retry = self.shared.settings.failover.retry_ns;
+        // Reports not answered by now never will be.
+        self.load_requests.clear();
+        for cm in self.cms.clone() {
+            let Some(peer) = self
+                .links
+                .peer(&mut self.ep, &self.directory, cm, now_ns, retry)
+            else {
+                continue;
+            };
+            let id = self.next_request;
+            let env = Envelope {
+                cluster_id: config.cluster_id,
+                term: config.term,
+                request_id: id,
+                sender: self.shared.node,
+            };
+            let body = Body::Load {
+                window_ms,
+                entries: &entries,
+            };
+            if self.ep.request(peer, &env, &body).is_ok() {
+                self.next_request += 1;
+                self.load_requests.insert(id);
+            }
+        }
+    }
+
     fn on_message(&mut self, peer: PeerId, bytes: &[u8]) {
         let Ok(f) = frame::decode(bytes) else {
             tracing::debug!(role = %self.name, "undecodable frame dropped");
@@ -107,6 +150,9 @@ impl<N: Nic> LeaseTask<N> {
         let Body::Response(r) = f.body else {
             return;
         };
+        if self.load_requests.remove(&f.header.request_id) {
+            return;
+        }
         if self.pending.get(&f.header.request_id).map(|(p, _)| *p) != Some(peer) {
             return;
         }
@@ -169,6 +215,10 @@ impl<N: Nic> Task for LeaseTask<N> {
         self.data = data;
         if self.renew.due(now_ns) {
             self.renew(now_ns);
+            did = true;
+        }
+        if self.report_load.due(now_ns) {
+            self.report_load(now_ns);
             did = true;
         }
         if self.shared.stopped() {

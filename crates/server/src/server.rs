@@ -92,6 +92,9 @@ pub struct ServerSettings {
     /// `None`: twice the lease, by when a dead backup is out of the
     /// configuration. See [`ServerSettings::replicate_timeout`].
     pub replicate_timeout_ns: Option<u64>,
+    /// The statistics window of the per-shard load reported to the CM
+    /// (seed 000 §4.6: 500 ms).
+    pub load_window_ns: u64,
     /// For tests (`drpc`): the redo role does not run, so replicated entries
     /// stay in the redo rings until the server restarts without it (or a
     /// failover walk drains them). A sender's window fills after 32 requests.
@@ -115,6 +118,9 @@ impl ServerSettings {
         2 * self.replicate_timeout()
     }
 }
+
+/// The statistics window of seed 000 §4.6.
+pub const LOAD_WINDOW_NS: u64 = 500_000_000;
 
 /// Leases and failover timers.
 ///
@@ -216,6 +222,7 @@ impl Default for ServerSettings {
             blog: BackupLogConfig::default(),
             failover: FailoverSettings::default(),
             replicate_timeout_ns: None,
+            load_window_ns: LOAD_WINDOW_NS,
             test_hold_redo_role: false,
         }
     }
@@ -285,6 +292,51 @@ impl LatencyHistogram {
 /// Error codes counted per command: the wire's codes are below this (a code
 /// at or above it is counted in the last slot).
 pub const ERROR_CODE_SLOTS: usize = 32;
+
+/// Per-shard load of the current statistics window (seed 000 §4.6): the
+/// client requests received as the shard's primary, and the replication
+/// writes sent for it (one per entry per backup: a backup's CPU may never see
+/// them, so the primary counts them for it). The lease role reports and
+/// resets them every `ServerSettings::load_window_ns`.
+#[derive(Debug)]
+pub struct ShardLoads {
+    counts: Vec<[AtomicU64; 2]>,
+}
+
+impl ShardLoads {
+    pub fn new(shards: u16) -> ShardLoads {
+        ShardLoads {
+            counts: (0..shards)
+                .map(|_| [AtomicU64::new(0), AtomicU64::new(0)])
+                .collect(),
+        }
+    }
+
+    pub fn note_request(&self, shard: ShardId) {
+        if let Some(c) = self.counts.get(shard.0 as usize) {
+            c[0].fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    pub fn note_replication(&self, shard: ShardId, writes: u64) {
+        if let Some(c) = self.counts.get(shard.0 as usize) {
+            c[1].fetch_add(writes, Ordering::Relaxed);
+        }
+    }
+
+    /// The window's counts of the shards that had any, reset to zero.
+    pub fn take(&self) -> Vec<(ShardId, u64, u64)> {
+        self.counts
+            .iter()
+            .enumerate()
+            .filter_map(|(i, c)| {
+                let r = c[0].swap(0, Ordering::Relaxed);
+                let w = c[1].swap(0, Ordering::Relaxed);
+                (r + w > 0).then_some((ShardId(i as u16), r, w))
+            })
+            .collect()
+    }
+}
 
 /// Counters of one server. The per-command arrays are indexed by the
 /// `ServerStats::CMD_*` constants; their label names are [`ServerStats::COMMANDS`].
@@ -426,6 +478,8 @@ pub struct ServerShared<N: Nic> {
     pub settings: ServerSettings,
     pub versions: VersionBook,
     pub stats: ServerStats,
+    /// This statistics window's per-shard load ([`ShardLoads`]).
+    pub load: ShardLoads,
     config: RwLock<Arc<Config>>,
     /// Bumped whenever `config` is replaced, so roles can cache it and check one
     /// atomic instead of taking the lock per request.
@@ -529,6 +583,7 @@ impl<N: Nic> ServerShared<N> {
             settings,
             versions,
             stats: ServerStats::default(),
+            load: ShardLoads::new(shards),
             config: RwLock::new(config),
             config_epoch: AtomicU64::new(0),
             cm,

@@ -437,6 +437,7 @@ impl<N: Nic> Worker<N> {
             | Body::Install { .. }
             | Body::Ready { .. }
             | Body::Config { .. }
+            | Body::Load { .. }
             | Body::Stats => {
                 let detail = format!("{:?} goes to a server's control role", f.body.msg_type());
                 self.reject(peer, h.request_id, ErrorCode::UnknownType, &detail);
@@ -461,6 +462,7 @@ impl<N: Nic> Worker<N> {
             self.reject(peer, request_id, ErrorCode::Blocked, &detail);
             return None;
         }
+        self.shared.load.note_request(s.shard);
         Some(s.shard)
     }
 
@@ -757,6 +759,9 @@ impl<N: Nic> Worker<N> {
             sent_ns,
         });
         self.inflight += 1;
+        self.shared
+            .load
+            .note_replication(shard, target_count as u64);
         if target_count == 0 {
             self.finish(slot, now_ns);
             return;

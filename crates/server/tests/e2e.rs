@@ -589,6 +589,82 @@ fn drpc_a_write_acknowledged_by_the_redo_rings_alone_survives_a_power_failure() 
     cluster.shutdown();
 }
 
+/// `drpc`: a backup whose b-log has no room for what its redo rings
+/// acknowledged defers it — never waits inside a request, never panics — and,
+/// the stall lasting past `redo_stall_limit`, stops itself (a fail-stop); its
+/// rings keep every acknowledged entry, which its restart re-executes. (The
+/// b-log's lack of room is the `redo.no-room` fault site, forced on for good.)
+#[test]
+fn drpc_a_backup_without_room_stops_itself_and_keeps_what_its_rings_acknowledged() {
+    let defaults = ServerSettings::default();
+    let cluster = Cluster::start(ClusterConfig {
+        strategy: Strategy::Drpc,
+        servers: SERVERS,
+        shards_per_server: SHARDS_PER_SERVER,
+        replication_factor: SERVERS as u8,
+        pool_bytes: POOL_BYTES,
+        segment_bytes: SEGMENT_BYTES,
+        crash_sim: true,
+        keys_per_shard_expected: 1024,
+        settings: ServerSettings {
+            workers: WORKERS,
+            failover: common::steady_leases(),
+            // A stall limit of 2 × 300 ms rather than the leases' minutes.
+            replicate_timeout_ns: Some(300_000_000),
+            ..defaults
+        },
+        ..ClusterConfig::default()
+    })
+    .expect("a drpc cluster");
+    let mut cluster = cluster;
+    let stuck = cluster.servers()[2].clone();
+    stuck.buggify.force("redo.no-room", u32::MAX / 2);
+    let mut c = client(&mut cluster, 0);
+    let config = cluster.cm().current();
+    let keys: Vec<Vec<u8>> =
+        keys_over_shards(&config, "no-room-", 4 * config.shard_count() as usize)
+            .into_iter()
+            .filter(|k| config.shard_for_key(k).primary != stuck.node)
+            .take(6)
+            .collect();
+    assert_eq!(keys.len(), 6);
+    let mut written = Vec::new();
+    for (i, key) in keys.iter().enumerate() {
+        let value = format!("waits in the rings {i}").into_bytes();
+        let version = c
+            .put(key, &value)
+            .unwrap_or_else(|e| panic!("PUT #{i}: {e}"));
+        written.push((key.clone(), value, Version(version)));
+    }
+    let deadline = Instant::now() + PHASE_TIMEOUT;
+    while !stuck.stopped() {
+        assert!(
+            Instant::now() < deadline,
+            "{}: its b-log had no room for {PHASE_TIMEOUT:?} and it did not stop",
+            stuck.node
+        );
+        thread::sleep(Duration::from_millis(10));
+    }
+    let why = stuck.fail_stopped().expect("stopped by itself");
+    assert!(why.contains("no room"), "{why}");
+    {
+        let rings = stuck.redo.get().expect("drpc's rings").lock();
+        assert_eq!(rings.counts().0, 0, "nothing was appended to the b-log");
+        assert!(rings.deferred() > 0, "requests were deferred");
+    }
+    // Every acknowledged write is in the stopped backup's rings: its restart
+    // (the recovery of its pool) re-executes them into its b-log.
+    for (key, value, version) in written {
+        check_durable_everywhere(
+            &cluster,
+            &key,
+            Some((value, version)),
+            "drpc, a backup stopped for want of room",
+        );
+    }
+    cluster.shutdown();
+}
+
 fn backups_index_what_primaries_index(strategy: Strategy, seed: u64) {
     let mut cluster = start(strategy, None);
     let model = run_random_clients(

@@ -156,6 +156,24 @@ pub struct Config {
     pub replication_factor: u8,
     pub members: Vec<Member>,
     pub shards: Vec<ShardAssignment>,
+    /// Dynamic resharding (seed 000 §4.6): the primary shards being moved,
+    /// ⟨source, target, shard⟩. The shard's assignment already names the
+    /// target as its primary; the source still holds its data until the move
+    /// ends (and is struck from this list). Empty in a configuration written
+    /// before the field.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub migrations: Vec<Migration>,
+}
+
+/// One migration task of the list a configuration carries (seed 000 §4.6).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Migration {
+    pub shard: ShardId,
+    /// The server the shard's primary moves from: it stops serving the shard
+    /// at this configuration and copies its entries to `to`.
+    pub from: NodeId,
+    /// The shard's new primary.
+    pub to: NodeId,
 }
 
 /// A configuration that breaks an invariant, or bytes that are not a configuration.
@@ -223,6 +241,7 @@ impl Config {
             replication_factor,
             members: nodes.to_vec(),
             shards,
+            migrations: Vec::new(),
         };
         config.validate()?;
         Ok(config)
@@ -337,7 +356,48 @@ impl Config {
                 }
             }
         }
+        let mut migrating = BTreeSet::new();
+        for m in &self.migrations {
+            let Some(s) = self.shard(m.shard) else {
+                return Err(invalid(format!(
+                    "a migration of {}, which does not exist",
+                    m.shard
+                )));
+            };
+            if !migrating.insert(m.shard) {
+                return Err(invalid(format!("{} is migrated twice at once", m.shard)));
+            }
+            if m.from == m.to {
+                return Err(invalid(format!(
+                    "{} migrates from {} to itself",
+                    m.shard, m.from
+                )));
+            }
+            if s.primary != m.to {
+                return Err(invalid(format!(
+                    "{} migrates to {}, but its primary is {}",
+                    m.shard, m.to, s.primary
+                )));
+            }
+            if !nodes.contains(&m.from) {
+                return Err(invalid(format!(
+                    "{} migrates from {}, which is not a member",
+                    m.shard, m.from
+                )));
+            }
+            if s.is_replica(m.from) {
+                return Err(invalid(format!(
+                    "{} migrates from {}, which is also one of its replicas",
+                    m.shard, m.from
+                )));
+            }
+        }
         Ok(())
+    }
+
+    /// The migration of `shard` under way, if any.
+    pub fn migration(&self, shard: ShardId) -> Option<&Migration> {
+        self.migrations.iter().find(|m| m.shard == shard)
     }
 
     /// The shard whose range holds `hash`. Requires a validated configuration.

@@ -42,6 +42,7 @@
 //! | `PutIf`             | 15   | `expect` (9 B, below), then as `Put`                                  |
 //! | `DelIf`             | 16   | `expect` (9 B), then as `Del`                                         |
 //! | `Scan`              | 17   | `shard u16, cursor u64, count u32` (keys of a shard, answered `Keys`) |
+//! | `Load`              | 18   | `window_ms u32`, then per shard (ids strictly ascending) `shard u16, requests u64, replication_writes u64` (a server's load statistics for the CM, §4.6) |
 //! | `Response`          | 0x80 | `status u8`, then per status (below)                                  |
 //!
 //! | status | response   | rest of the body                                                    |
@@ -213,6 +214,7 @@ pub enum MsgType {
     PutIf = 15,
     DelIf = 16,
     Scan = 17,
+    Load = 18,
     Response = 0x80,
 }
 
@@ -236,6 +238,7 @@ impl MsgType {
             15 => MsgType::PutIf,
             16 => MsgType::DelIf,
             17 => MsgType::Scan,
+            18 => MsgType::Load,
             0x80 => MsgType::Response,
             _ => return None,
         })
@@ -330,7 +333,68 @@ pub enum Body<'a> {
     /// Ask a server's control role for its state (`rowankv status`): answered
     /// with `Response::Value`, the value a JSON object, the version its term.
     Stats,
+    /// A server's load over its last statistics window of `window_ms` (seed
+    /// 000 §4.6), for the CM: per shard, the client requests it received as
+    /// the primary and the replication writes it sent per backup. `entries`:
+    /// [`LOAD_ENTRY_BYTES`] each, shard ids strictly ascending
+    /// ([`encode_load_entries`], [`load_entries`]).
+    Load {
+        window_ms: u32,
+        entries: &'a [u8],
+    },
     Response(Response<'a>),
+}
+
+/// Bytes of one shard's entry in a `Load` body.
+pub const LOAD_ENTRY_BYTES: usize = 2 + 8 + 8;
+
+/// The entries of a `Load` body: `(shard, requests, replication writes)`,
+/// sorted by shard (duplicates of a shard are summed).
+pub fn encode_load_entries(loads: &[(ShardId, u64, u64)]) -> Vec<u8> {
+    let mut merged: std::collections::BTreeMap<u16, (u64, u64)> = Default::default();
+    for &(shard, r, w) in loads {
+        let e = merged.entry(shard.0).or_default();
+        e.0 = e.0.saturating_add(r);
+        e.1 = e.1.saturating_add(w);
+    }
+    let mut out = Vec::with_capacity(merged.len() * LOAD_ENTRY_BYTES);
+    for (shard, (r, w)) in merged {
+        out.extend_from_slice(&shard.to_le_bytes());
+        out.extend_from_slice(&r.to_le_bytes());
+        out.extend_from_slice(&w.to_le_bytes());
+    }
+    out
+}
+
+/// The entries of a decoded `Load` body.
+pub fn load_entries(entries: &[u8]) -> impl Iterator<Item = (ShardId, u64, u64)> + '_ {
+    entries.chunks_exact(LOAD_ENTRY_BYTES).map(|e| {
+        let u64_at = |i: usize| u64::from_le_bytes(e[i..i + 8].try_into().expect("8 bytes"));
+        (
+            ShardId(u16::from_le_bytes([e[0], e[1]])),
+            u64_at(2),
+            u64_at(10),
+        )
+    })
+}
+
+fn check_load_entries(entries: &[u8]) -> Result<usize, FrameError> {
+    if !entries.len().is_multiple_of(LOAD_ENTRY_BYTES) {
+        return Err(FrameError::FieldLength(format!(
+            "load: entries must be a multiple of {LOAD_ENTRY_BYTES} bytes, got {} bytes",
+            entries.len()
+        )));
+    }
+    let mut previous: Option<ShardId> = None;
+    for (shard, _, _) in load_entries(entries) {
+        if previous.is_some_and(|p| p >= shard) {
+            return Err(FrameError::FieldLength(format!(
+                "load: {shard} is not after the previous entry's shard (ids strictly ascending)"
+            )));
+        }
+        previous = Some(shard);
+    }
+    Ok(entries.len())
 }
 
 impl Body<'_> {
@@ -351,6 +415,7 @@ impl Body<'_> {
             Body::PutIf { .. } => MsgType::PutIf,
             Body::DelIf { .. } => MsgType::DelIf,
             Body::Scan { .. } => MsgType::Scan,
+            Body::Load { .. } => MsgType::Load,
             Body::Replicate { .. } => MsgType::Replicate,
             Body::GrantSegment { .. } => MsgType::GrantSegment,
             Body::Ping => MsgType::Ping,
@@ -419,6 +484,7 @@ impl Body<'_> {
                 EXPECT_BYTES + REQUEST_BYTES + KEY_FIXED_BYTES + key.len()
             }
             Body::Scan { .. } => SCAN_BYTES,
+            Body::Load { entries, .. } => 4 + check_load_entries(entries)?,
             Body::Response(Response::Keys { keys, .. }) => {
                 check_keys(keys)?;
                 1 + 8 + keys.len()
@@ -751,6 +817,10 @@ pub fn encode(
             out.extend_from_slice(&count.to_le_bytes());
         }
         Body::Replicate { entries } => out.extend_from_slice(entries),
+        Body::Load { window_ms, entries } => {
+            out.extend_from_slice(&window_ms.to_le_bytes());
+            out.extend_from_slice(entries);
+        }
         Body::GrantSegment { log, sealed } => {
             out.extend_from_slice(&log.to_le_bytes());
             out.push(u8::from(sealed.is_some()));
@@ -967,6 +1037,13 @@ fn decode_body(msg_type: MsgType, bytes: &[u8]) -> Result<Body<'_>, FrameError> 
         MsgType::Lease => {
             Reader::new(bytes, "lease").finish()?;
             Body::Lease
+        }
+        MsgType::Load => {
+            let mut r = Reader::new(bytes, "load");
+            let window_ms = r.u32("window_ms")?;
+            let entries = &bytes[4..];
+            check_load_entries(entries)?;
+            Body::Load { window_ms, entries }
         }
         MsgType::Config => {
             let mut r = Reader::new(bytes, "config");

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use rowankv_types::{NodeId, ShardId, Term};
 use rowankv_wire::config::{
     routing_hash, slot_of_hash, slot_start_hash, Config, ConfigError, ConfigSource, Member,
-    ShardAssignment, ROUTING_SEED,
+    Migration, ShardAssignment, ROUTING_SEED,
 };
 
 fn members(n: u32) -> Vec<Member> {
@@ -320,6 +320,7 @@ fn validate_rejects_more_shards_than_a_shard_id_can_name() {
                 joining: Vec::new(),
             })
             .collect(),
+        migrations: Vec::new(),
     };
     match config.validate() {
         Err(ConfigError::Invalid(message)) => assert!(message.contains("65536"), "{message}"),
@@ -452,4 +453,82 @@ fn a_configuration_stored_without_addresses_still_reads_and_writes_none() {
     );
     let back = Config::from_json(json.as_bytes()).unwrap();
     assert!(back.members.iter().all(|m| m.address.is_none()));
+}
+
+/// A migration list (dynamic resharding, seed 000 §4.6): five servers, so that
+/// a shard has a member holding none of its replicas to move to.
+fn migrating() -> (Config, Migration) {
+    let mut c = Config::initial(7, &members(5), 2, 3).unwrap();
+    let s = c.shards[0].clone();
+    let to = c
+        .members
+        .iter()
+        .map(|m| m.node)
+        .find(|n| !s.is_replica(*n))
+        .unwrap();
+    let m = Migration {
+        shard: s.shard,
+        from: s.primary,
+        to,
+    };
+    c.shards[0].primary = to;
+    c.migrations.push(m);
+    (c, m)
+}
+
+#[test]
+fn a_migration_list_validates_round_trips_and_is_optional() {
+    let (c, m) = migrating();
+    c.validate().unwrap();
+    assert_eq!(c.migration(m.shard), Some(&m));
+    let back = Config::from_json(&c.to_json()).unwrap();
+    assert_eq!(back, c);
+    // A configuration written before the field has none, and writes none.
+    let plain = standard();
+    let json = String::from_utf8(plain.to_json()).unwrap();
+    assert!(!json.contains("migrations"), "{json}");
+    assert!(Config::from_json(json.as_bytes())
+        .unwrap()
+        .migrations
+        .is_empty());
+}
+
+#[test]
+fn a_broken_migration_list_is_refused() {
+    let broken = |what: &str, needle: &str, f: &dyn Fn(&mut Config)| {
+        let (mut c, _) = migrating();
+        f(&mut c);
+        match c.validate() {
+            Err(ConfigError::Invalid(message)) => {
+                assert!(message.contains(needle), "{what}: {message:?}")
+            }
+            other => panic!("{what}: expected Invalid, got {other:?}"),
+        }
+        assert!(
+            Config::from_json(&c.to_json()).is_err(),
+            "{what}: from_json accepted it"
+        );
+    };
+    broken("target not the primary", "but its primary is", &|c| {
+        c.shards[0].primary = c.migrations[0].from
+    });
+    broken("to itself", "to itself", &|c| {
+        c.migrations[0].from = c.migrations[0].to
+    });
+    broken("twice", "twice", &|c| {
+        let m = c.migrations[0];
+        c.migrations.push(m)
+    });
+    broken("no such shard", "does not exist", &|c| {
+        c.migrations[0].shard = ShardId(99)
+    });
+    broken("source not a member", "not a member", &|c| {
+        c.migrations[0].from = NodeId(77)
+    });
+    broken("source a replica", "also one of its replicas", &|c| {
+        let from = c.migrations[0].from;
+        let b = c.shards[0].backups[0];
+        c.migrations[0].from = b;
+        let _ = from;
+    });
 }

@@ -4,9 +4,9 @@
 use proptest::prelude::*;
 use rowankv_types::{NodeId, RequestId, RequestRecord, ShardId, Term};
 use rowankv_wire::frame::{
-    decode, decode_header, encode, put_value_bytes_max, value_response_bytes_max, Body, Envelope,
-    ErrorCode, Expect, FrameError, MsgType, Response, FRAME_BYTES_MAX_DEFAULT, HEADER_BYTES,
-    KEY_BYTES_MAX, MAGIC, WIRE_VERSION,
+    decode, decode_header, encode, encode_load_entries, load_entries, put_value_bytes_max,
+    value_response_bytes_max, Body, Envelope, ErrorCode, Expect, FrameError, MsgType, Response,
+    FRAME_BYTES_MAX_DEFAULT, HEADER_BYTES, KEY_BYTES_MAX, LOAD_ENTRY_BYTES, MAGIC, WIRE_VERSION,
 };
 
 const MAX: usize = FRAME_BYTES_MAX_DEFAULT;
@@ -282,6 +282,7 @@ fn msg_types_map_to_their_bytes() {
         (MsgType::PutIf, 15),
         (MsgType::DelIf, 16),
         (MsgType::Scan, 17),
+        (MsgType::Load, 18),
         (MsgType::Response, 0x80),
     ];
     for (t, b) in all {
@@ -289,7 +290,7 @@ fn msg_types_map_to_their_bytes() {
         assert_eq!(MsgType::from_u8(b), Some(t));
     }
     assert_eq!(MsgType::from_u8(0), None);
-    assert_eq!(MsgType::from_u8(18), None);
+    assert_eq!(MsgType::from_u8(19), None);
     assert_eq!(MsgType::from_u8(0x81), None);
 }
 
@@ -1175,4 +1176,57 @@ fn an_expiry_field_that_is_neither_none_nor_a_time_is_refused() {
         Body::Put { expires_at_ms, .. } => assert_eq!(expires_at_ms, None),
         other => panic!("{other:?}"),
     }
+}
+
+/// `Load` (a server's statistics window for the CM): round trip, the layout
+/// spelled out, and every malformed body refused.
+#[test]
+fn load_bodies_round_trip_and_malformed_ones_are_refused() {
+    let entries = encode_load_entries(&[
+        (ShardId(7), 40, 3),
+        (ShardId(2), 1 << 40, u64::MAX),
+        (ShardId(7), 2, 1),
+    ]);
+    assert_eq!(entries.len(), 2 * LOAD_ENTRY_BYTES, "shard 7 merged");
+    assert_eq!(
+        load_entries(&entries).collect::<Vec<_>>(),
+        vec![(ShardId(2), 1 << 40, u64::MAX), (ShardId(7), 42, 4)]
+    );
+    for e in [&entries[..], &[]] {
+        let body = Body::Load {
+            window_ms: 500,
+            entries: e,
+        };
+        let bytes = encoded(&body);
+        assert_eq!(decode(&bytes).unwrap().body, body);
+    }
+    let mut raw = 500u32.to_le_bytes().to_vec();
+    raw.extend_from_slice(&3u16.to_le_bytes());
+    raw.extend_from_slice(&9u64.to_le_bytes());
+    raw.extend_from_slice(&1u64.to_le_bytes());
+    let frame = raw_frame(18, &raw);
+    let f = decode(&frame).unwrap();
+    match f.body {
+        Body::Load { window_ms, entries } => {
+            assert_eq!(window_ms, 500);
+            assert_eq!(
+                load_entries(entries).collect::<Vec<_>>(),
+                vec![(ShardId(3), 9, 1)]
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    // A torn entry, a short window, shards out of order or twice.
+    assert!(decode(&raw_frame(18, &raw[..raw.len() - 1])).is_err());
+    assert!(decode(&raw_frame(18, &raw[..3])).is_err());
+    let mut twice = raw.clone();
+    twice.extend_from_slice(&raw[4..]);
+    assert!(matches!(
+        decode(&raw_frame(18, &twice)),
+        Err(FrameError::FieldLength(_))
+    ));
+    let mut descending = 500u32.to_le_bytes().to_vec();
+    descending.extend_from_slice(&entries[LOAD_ENTRY_BYTES..]);
+    descending.extend_from_slice(&entries[..LOAD_ENTRY_BYTES]);
+    assert!(decode(&raw_frame(18, &descending)).is_err());
 }

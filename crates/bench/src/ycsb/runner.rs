@@ -976,6 +976,15 @@ fn describe(kind: &EventKind) -> String {
         EventKind::ReplicaCopied { shard, to, entries } => {
             format!("{shard} copied to {to} ({entries} entries)")
         }
+        EventKind::Overloaded {
+            node,
+            load_per_s,
+            average_per_s,
+            shard,
+            to,
+        } => format!(
+            "{node} overloaded ({load_per_s}/s, average {average_per_s}/s): {shard} would move to {to}"
+        ),
     }
 }
 
