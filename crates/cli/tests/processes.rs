@@ -593,7 +593,21 @@ fn a_drpc_backup_killed_while_its_rings_hold_entries_re_executes_them_on_restart
     std::fs::write(&file, &plain).unwrap();
     c.restart_server(0);
     c.wait_ready(3);
-    let log = std::fs::read_to_string(dir.path().join("logs/server-0-again.log")).unwrap();
+    // The cluster may answer before the restarted process logs its start:
+    // wait for its "serving" line (the rings' replay is logged before it).
+    let path = dir.path().join("logs/server-0-again.log");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let log = loop {
+        let log = std::fs::read_to_string(&path).unwrap_or_default();
+        if log.contains("rowankv_deploy::server: serving") {
+            break log;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the restarted server 0 is not serving after 30 s: {log}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
     let reexecuted: u64 = log
         .lines()
         .filter(|l| l.contains("redo rings recovered into the b-log"))
