@@ -699,7 +699,7 @@ pub fn ycsb_sweep(points: &[SweepPoint], path: &Path) -> Result<(), PlotError> {
             "Open loop: {} arrivals at each offered rate ({} rates per strategy), {} clients with at most {} \
              operations in flight each; latency measured from each operation's scheduled start, so time spent \
              behind schedule counts (coordinated omission avoided). x: operations completed per second of a \
-             {:.1} s window after {:.1} s of warm-up. Filled markers: the strategy achieved at least {:.0} % of \
+             {:.1} s window after {} s of warm-up. Filled markers: the strategy achieved at least {:.0} % of \
              the offered rate; hollow: it fell behind. One cluster per strategy, loaded with {} objects; \
              in-process cluster on the loopback fabric. Errors + timeouts: {}.",
             first.arrivals,

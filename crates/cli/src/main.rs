@@ -262,6 +262,10 @@ struct YcsbArgs {
     /// uniform (fixed gaps).
     #[arg(long, default_value = "poisson", requires = "sweep")]
     arrivals: String,
+    /// Operations in flight per client of the open loop (default 16); an
+    /// operation due while its client is at the bound waits, and the wait counts.
+    #[arg(long, value_name = "N", requires = "sweep")]
+    inflight: Option<usize>,
 }
 
 #[derive(Args)]

@@ -35,6 +35,9 @@ pub(crate) fn run(args: &YcsbArgs, ycsb: YcsbOptions) -> Result<()> {
         opts.rates = Rates::Fixed(r.clone());
     }
     opts.arrivals = args.arrivals.parse()?;
+    if let Some(n) = args.inflight {
+        opts.inflight_per_client_max = n;
+    }
     check_plot_target(args.plot.as_deref());
 
     let y = &opts.ycsb;
@@ -44,11 +47,11 @@ pub(crate) fn run(args: &YcsbArgs, ycsb: YcsbOptions) -> Result<()> {
         y.media_bandwidth,
     );
     let setting = format!(
-        "YCSB-{} sweep, open loop: {} keys, {:?} sizes, {} servers, RF {}, {} workers/server, \
+        "YCSB-{} sweep, open loop: {} keys, {} sizes, {} servers, RF {}, {} workers/server, \
          {} clients (at most {} in flight each), {} arrivals, {}, {} s per point after {} s of warm-up, \
          {} fabric; {timing}",
         y.workload.to_string().to_uppercase(),
-        format!("{:?}", y.keys).to_lowercase(),
+        y.keys,
         y.sizes,
         y.servers,
         y.replication_factor,

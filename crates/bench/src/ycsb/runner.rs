@@ -836,19 +836,6 @@ impl LoadGenerators {
         Ok(load_start.elapsed().as_secs_f64())
     }
 
-    /// Run the closed loop (every generator `depth` deep) for `seconds` from
-    /// `run_start_ns` on the cluster's clock; the operations completed in it.
-    /// The generators keep running until [`LoadGenerators::stop`].
-    pub(super) fn run_for(&self, run_start_ns: u64, seconds: f64) -> u64 {
-        let before = self.counters.ops.load(Ordering::Relaxed);
-        self.counters
-            .run_start_ns
-            .store(run_start_ns, Ordering::Relaxed);
-        self.phase.store(PHASE_RUN, Ordering::Release);
-        std::thread::sleep(Duration::from_secs_f64(seconds));
-        self.counters.ops.load(Ordering::Relaxed) - before
-    }
-
     /// Stop the generators and let them hand in what they measured.
     pub(super) fn stop(&self) {
         self.phase.store(PHASE_STOP, Ordering::Release);

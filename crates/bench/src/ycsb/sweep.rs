@@ -33,9 +33,17 @@
 //! of each strategy's peak, the same fractions for every strategy
 //! ([`Rates::OfProbePeak`], the default: [`RATE_STEPS_DEFAULT`] steps from 10 %
 //! to 120 %). The peak comes from a short closed-loop probe on the strategy's
-//! own cluster after loading (the default `bench ycsb` setting: `clients` ×
-//! `depth` in flight), so each strategy is measured from light load to past its
-//! saturation whatever its speed.
+//! own cluster after loading, run by the sweep's own clients (each `depth`
+//! deep, `clients` × `depth` in flight as in `bench ycsb`), so each strategy is
+//! measured from light load to past its saturation whatever its speed.
+//!
+//! **Workload streams.** Each client draws its operations from a generator of
+//! its own seed, as YCSB's client threads do. (The closed-loop generators of
+//! [`super::runner`] all start from `seed`, so their clients replay one stream:
+//! most writes are overwritten by another client moments later, which leaves
+//! the cleaner little live data to copy. The probe is therefore run by the
+//! sweep's clients, not by those generators, so that the rates derive from the
+//! peak of the streams the points offer.)
 //!
 //! **One cluster per strategy.** Each strategy gets a fresh cluster of the same
 //! configuration ([`Target::start`], as the closed-loop runs), loaded once; the
@@ -56,7 +64,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
@@ -425,22 +433,31 @@ pub fn latency_from_schedule_us(scheduled_ns: u64, sent_ns: u64, service: Durati
 /// client never reads a point's index with another point's window state.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Stage {
-    /// Before the first point.
+    /// Before the probe or the first point.
     Idle,
+    /// The closed-loop probe: keep `depth` in flight; count completions while
+    /// `measuring`.
+    Probe { measuring: bool },
     /// Run point `index`; count completions while `measuring`.
     Point { index: usize, measuring: bool },
     /// Hand in and end.
     Stop,
 }
 
+const STAGE_PROBE_WARMUP: u64 = u64::MAX - 3;
+const STAGE_PROBE_MEASURE: u64 = u64::MAX - 2;
 const STAGE_IDLE: u64 = u64::MAX - 1;
 const STAGE_STOP: u64 = u64::MAX;
+/// The point of an operation sent by the probe.
+const PROBE_POINT: usize = usize::MAX;
 
 impl Stage {
     fn encode(self) -> u64 {
         match self {
             Stage::Idle => STAGE_IDLE,
             Stage::Stop => STAGE_STOP,
+            Stage::Probe { measuring: false } => STAGE_PROBE_WARMUP,
+            Stage::Probe { measuring: true } => STAGE_PROBE_MEASURE,
             Stage::Point { index, measuring } => {
                 assert!(index < RATES_MAX);
                 ((index as u64) << 1) | measuring as u64
@@ -452,6 +469,8 @@ impl Stage {
         match word {
             STAGE_IDLE => Stage::Idle,
             STAGE_STOP => Stage::Stop,
+            STAGE_PROBE_WARMUP => Stage::Probe { measuring: false },
+            STAGE_PROBE_MEASURE => Stage::Probe { measuring: true },
             w => Stage::Point {
                 index: (w >> 1) as usize,
                 measuring: w & 1 == 1,
@@ -504,6 +523,10 @@ impl Tally {
 /// What the harness and the clients share.
 struct Shared {
     stage: AtomicU64,
+    /// Each point's offered rate (total ops/s), set before the first point.
+    rates: OnceLock<Vec<f64>>,
+    /// Operations completed in the probe's window.
+    probe_ops: AtomicU64,
     /// One per point.
     tallies: Mutex<Vec<Tally>>,
     /// Clients that have ended.
@@ -528,8 +551,9 @@ struct SweepParts {
     gen: Generator,
     requests: Requests,
     arrivals: Arrivals,
-    /// This client's share of each point's offered rate, ops/s.
-    rates_per_client: Vec<f64>,
+    /// Operations in flight in the probe (closed loop).
+    depth: usize,
+    /// Operations in flight at most in the open loop.
     inflight_max: usize,
     seed: u64,
     shared: Arc<Shared>,
@@ -603,26 +627,33 @@ impl<N: Nic> Task for SweepClient<N> {
     }
 
     fn step(&mut self, now_ns: u64) -> Step {
-        let (index, measuring) = match Stage::decode(self.p.shared.stage.load(Ordering::Acquire)) {
+        let stage = Stage::decode(self.p.shared.stage.load(Ordering::Acquire));
+        match stage {
             Stage::Idle => return Step::Idle,
             Stage::Stop => {
                 self.hand_in(now_ns);
                 self.p.shared.ended.fetch_add(1, Ordering::Release);
                 return Step::Done;
             }
-            Stage::Point { index, measuring } => (index, measuring),
-        };
-        if self.current.as_ref().map(|(i, _)| *i) != Some(index) {
-            self.hand_in(now_ns);
-            let stagger = self.p.index as f64 / self.p.clients as f64;
-            let schedule = Schedule::new(
-                self.p.arrivals,
-                self.p.rates_per_client[index],
-                now_ns,
-                stagger,
-                self.p.seed ^ (index as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15),
-            );
-            self.current = Some((index, schedule));
+            Stage::Point { index, .. } if self.current.as_ref().map(|(i, _)| *i) != Some(index) => {
+                self.hand_in(now_ns);
+                let rates = self
+                    .p
+                    .shared
+                    .rates
+                    .get()
+                    .expect("the rates are set before the first point");
+                let stagger = self.p.index as f64 / self.p.clients as f64;
+                let schedule = Schedule::new(
+                    self.p.arrivals,
+                    rates[index] / self.p.clients as f64,
+                    now_ns,
+                    stagger,
+                    self.p.seed ^ (index as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15),
+                );
+                self.current = Some((index, schedule));
+            }
+            _ => {}
         }
         let mut did = false;
         let mut done = std::mem::take(&mut self.done);
@@ -634,46 +665,84 @@ impl<N: Nic> Task for SweepClient<N> {
             let Some(f) = self.inflight.remove(&c.id.0) else {
                 continue;
             };
-            // Only this point's operations, and only those completing in its window.
-            if measuring && f.point == index {
-                self.record(c, f);
+            // Only the current stage's operations, and only those completing
+            // in its window.
+            match stage {
+                Stage::Probe { measuring: true } if f.point == PROBE_POINT => {
+                    if matches!(
+                        (&c.result, f.kind),
+                        (Ok(_), Kind::Put { .. }) | (Ok(_) | Err(ClientError::NotFound), Kind::Get)
+                    ) {
+                        self.p.shared.probe_ops.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+                Stage::Point {
+                    index,
+                    measuring: true,
+                } if f.point == index => self.record(c, f),
+                _ => {}
             }
         }
         self.done = done;
-        let Some((_, schedule)) = self.current.as_mut() else {
-            unreachable!("the schedule was set above");
-        };
-        while self.client.inflight() < self.p.inflight_max {
-            let Some(scheduled_ns) = schedule.take_due(now_ns) else {
-                break;
-            };
-            let (op, kind) = self.p.requests.request(self.p.gen.next_op());
-            match self.client.submit(op) {
-                Ok(id) => {
-                    self.inflight.insert(
-                        id.0,
-                        Flight {
-                            kind,
-                            point: index,
-                            scheduled_ns,
-                            sent_ns: now_ns,
-                        },
-                    );
+        match stage {
+            Stage::Probe { .. } => {
+                while self.client.inflight() < self.p.depth {
+                    if !self.send(PROBE_POINT, now_ns, now_ns, false) {
+                        break;
+                    }
                     did = true;
                 }
-                Err(_) => {
-                    // The operation is lost to the schedule; it counts as an error.
-                    if measuring {
-                        self.tally.errors += 1;
+            }
+            Stage::Point { index, measuring } => {
+                while self.client.inflight() < self.p.inflight_max {
+                    let Some((_, schedule)) = self.current.as_mut() else {
+                        unreachable!("the schedule was set above");
+                    };
+                    let Some(scheduled_ns) = schedule.take_due(now_ns) else {
+                        break;
+                    };
+                    // An operation the client refuses is lost to the schedule.
+                    if !self.send(index, scheduled_ns, now_ns, measuring) {
+                        break;
                     }
-                    break;
+                    did = true;
                 }
             }
+            Stage::Idle | Stage::Stop => {}
         }
         if did {
             Step::Worked
         } else {
             Step::Idle
+        }
+    }
+}
+
+impl<N: Nic> SweepClient<N> {
+    /// Send the workload's next operation for `point`, scheduled at
+    /// `scheduled_ns`; whether the client took it (a refusal counts as an
+    /// error of the point if `measuring`).
+    fn send(&mut self, point: usize, scheduled_ns: u64, now_ns: u64, measuring: bool) -> bool {
+        let (op, kind) = self.p.requests.request(self.p.gen.next_op());
+        match self.client.submit(op) {
+            Ok(id) => {
+                self.inflight.insert(
+                    id.0,
+                    Flight {
+                        kind,
+                        point,
+                        scheduled_ns,
+                        sent_ns: now_ns,
+                    },
+                );
+                true
+            }
+            Err(_) => {
+                if measuring {
+                    self.tally.errors += 1;
+                }
+                false
+            }
         }
     }
 }
@@ -727,19 +796,61 @@ fn sweep_one(
         strategy: strategy.name().to_string(),
         message,
     };
+    // Load through the closed-loop generators, then hand over to the sweep's
+    // own clients: they run the probe too, so that the peak the rates derive
+    // from is the peak of the very workload streams the points offer.
     let generators = LoadGenerators::spawn(target, y, 0).map_err(cluster)?;
     generators.load(y, strategy).map_err(cluster)?;
+    generators.stop();
+
+    let steps = match &opts.rates {
+        Rates::Fixed(r) | Rates::OfProbePeak(r) => r.len(),
+    };
+    let shared = Arc::new(Shared {
+        stage: AtomicU64::new(Stage::Idle.encode()),
+        rates: OnceLock::new(),
+        probe_ops: AtomicU64::new(0),
+        tallies: Mutex::new(vec![Tally::new(); steps]),
+        ended: AtomicU64::new(0),
+    });
+    let max_value = max_value_bytes(y.sizes);
+    for c in 0..y.clients {
+        let seed = y.seed ^ SWEEP_SEED_SALT ^ (c as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        let config = ClientConfig {
+            worker_hint: c,
+            inflight_max: opts.inflight_per_client_max.max(y.depth),
+            timeout: Duration::from_secs(10),
+            ..ClientConfig::default()
+        };
+        let parts = SweepParts {
+            name: format!("sweep-client-{c}"),
+            index: c,
+            clients: y.clients,
+            gen: Generator::new(y.workload, y.keys, y.sizes, y.records, max_value, seed)
+                .with_client(c as u64, y.clients as u64),
+            requests: Requests::new(y.sizes, max_value, ChaCha8Rng::seed_from_u64(!seed)),
+            arrivals: opts.arrivals,
+            depth: y.depth,
+            inflight_max: opts.inflight_per_client_max,
+            seed,
+            shared: shared.clone(),
+        };
+        target.spawn_client(config, parts).map_err(cluster)?;
+    }
+    let set_stage = |stage: Stage| shared.stage.store(stage.encode(), Ordering::Release);
+
     let (rates, fractions, probe) = match &opts.rates {
-        Rates::Fixed(rates) => {
-            generators.stop();
-            (rates.clone(), None, None)
-        }
+        Rates::Fixed(rates) => (rates.clone(), None, None),
         Rates::OfProbePeak(fractions) => {
+            set_stage(Stage::Probe { measuring: false });
+            std::thread::sleep(Duration::from_secs_f64(opts.warmup_seconds));
             let start = Instant::now();
-            let ops = generators.run_for(target.clock().now_ns(), opts.probe_seconds);
+            set_stage(Stage::Probe { measuring: true });
+            std::thread::sleep(Duration::from_secs_f64(opts.probe_seconds));
+            let ops = shared.probe_ops.load(Ordering::Relaxed);
             let peak = ops as f64 / start.elapsed().as_secs_f64();
-            generators.stop();
             if ops == 0 {
+                set_stage(Stage::Stop);
                 return Err(SweepError::NoProbePeak {
                     strategy: strategy.name().to_string(),
                     seconds: opts.probe_seconds,
@@ -757,36 +868,11 @@ fn sweep_one(
             (rates, Some(fractions.clone()), Some(peak))
         }
     };
-
-    let shared = Arc::new(Shared {
-        stage: AtomicU64::new(Stage::Idle.encode()),
-        tallies: Mutex::new(vec![Tally::new(); rates.len()]),
-        ended: AtomicU64::new(0),
-    });
-    let max_value = max_value_bytes(y.sizes);
-    for c in 0..y.clients {
-        let seed = y.seed ^ SWEEP_SEED_SALT ^ (c as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-        let config = ClientConfig {
-            worker_hint: c,
-            inflight_max: opts.inflight_per_client_max,
-            timeout: Duration::from_secs(10),
-            ..ClientConfig::default()
-        };
-        let parts = SweepParts {
-            name: format!("sweep-client-{c}"),
-            index: c,
-            clients: y.clients,
-            gen: Generator::new(y.workload, y.keys, y.sizes, y.records, max_value, seed)
-                .with_client(c as u64, y.clients as u64),
-            requests: Requests::new(y.sizes, max_value, ChaCha8Rng::seed_from_u64(!seed)),
-            arrivals: opts.arrivals,
-            rates_per_client: rates.iter().map(|r| r / y.clients as f64).collect(),
-            inflight_max: opts.inflight_per_client_max,
-            seed,
-            shared: shared.clone(),
-        };
-        target.spawn_client(config, parts).map_err(cluster)?;
-    }
+    assert_eq!(rates.len(), steps);
+    shared
+        .rates
+        .set(rates.clone())
+        .expect("the rates are set once, before the first point");
 
     let point = |index: usize, tally: &Tally, window_seconds: f64| {
         let q = |h: &Histogram<u64>, p: f64| {
@@ -802,8 +888,8 @@ fn sweep_one(
         SweepPoint {
             strategy: strategy.name().to_string(),
             workload: y.workload.to_string(),
-            sizes: format!("{:?}", y.sizes).to_lowercase(),
-            keys: format!("{:?}", y.keys).to_lowercase(),
+            sizes: y.sizes.to_string(),
+            keys: y.keys.to_string(),
             arrivals: opts.arrivals,
             offered_ops_per_sec: offered,
             offered_fraction: fractions.as_ref().map(|f: &Vec<f64>| f[index]),
@@ -862,14 +948,10 @@ fn sweep_one(
     let mut window_seconds = vec![0.0; rates.len()];
     for index in 0..rates.len() {
         let warmup_start = Instant::now();
-        shared.stage.store(
-            Stage::Point {
-                index,
-                measuring: false,
-            }
-            .encode(),
-            Ordering::Release,
-        );
+        set_stage(Stage::Point {
+            index,
+            measuring: false,
+        });
         // The previous point's figures come in during this one's warm-up.
         if index > 0 {
             let p = point(index - 1, &collect(index - 1), window_seconds[index - 1]);
@@ -879,18 +961,14 @@ fn sweep_one(
         let warmup = Duration::from_secs_f64(opts.warmup_seconds);
         std::thread::sleep(warmup.saturating_sub(warmup_start.elapsed()));
         let window_start = Instant::now();
-        shared.stage.store(
-            Stage::Point {
-                index,
-                measuring: true,
-            }
-            .encode(),
-            Ordering::Release,
-        );
+        set_stage(Stage::Point {
+            index,
+            measuring: true,
+        });
         std::thread::sleep(Duration::from_secs_f64(y.seconds));
         window_seconds[index] = window_start.elapsed().as_secs_f64();
     }
-    shared.stage.store(Stage::Stop.encode(), Ordering::Release);
+    set_stage(Stage::Stop);
     let last = rates.len() - 1;
     let p = point(last, &collect(last), window_seconds[last]);
     on_event(SweepEvent::Point(&p));
@@ -1366,6 +1444,8 @@ mod tests {
         for stage in [
             Stage::Idle,
             Stage::Stop,
+            Stage::Probe { measuring: false },
+            Stage::Probe { measuring: true },
             Stage::Point {
                 index: 0,
                 measuring: false,
