@@ -696,7 +696,7 @@ pub fn ycsb_sweep(points: &[SweepPoint], path: &Path) -> Result<(), PlotError> {
                 .map(|p| (p.media_timing, p.media_write_bytes_per_sec_per_dimm)),
         ),
         format!(
-            "Open loop: {} arrivals at each offered rate ({} rates per strategy), {} clients with at most {} \
+            "Open loop: {} arrivals at each offered rate ({} rates per strategy), {} clients ({}) with at most {} \
              operations in flight each; latency measured from each operation's scheduled start, so time spent \
              behind schedule counts (coordinated omission avoided). x: operations completed per second of a \
              {:.1} s window after {} s of warm-up. Filled markers: the strategy achieved at least {:.0} % of \
@@ -705,6 +705,11 @@ pub fn ycsb_sweep(points: &[SweepPoint], path: &Path) -> Result<(), PlotError> {
             first.arrivals,
             rates_per_strategy,
             first.clients,
+            if first.shared_stream {
+                "all replaying one workload stream"
+            } else {
+                "each with its own workload stream"
+            },
             first.inflight_per_client_max,
             first.seconds,
             first.warmup_seconds,
@@ -1140,6 +1145,7 @@ mod tests {
                     sizes: "zippydb".into(),
                     keys: "zipfian".into(),
                     arrivals: crate::ycsb::sweep::Arrivals::Poisson,
+                    shared_stream: false,
                     offered_ops_per_sec: offered,
                     offered_fraction: Some(f),
                     probe_ops_per_sec: Some(peak),

@@ -266,6 +266,10 @@ struct YcsbArgs {
     /// operation due while its client is at the bound waits, and the wait counts.
     #[arg(long, value_name = "N", requires = "sweep")]
     inflight: Option<usize>,
+    /// Every open-loop client replays one workload stream, as the closed-loop
+    /// generators do (default: a stream per client, as YCSB's threads).
+    #[arg(long, requires = "sweep")]
+    shared_stream: bool,
 }
 
 #[derive(Args)]

@@ -38,6 +38,7 @@ pub(crate) fn run(args: &YcsbArgs, ycsb: YcsbOptions) -> Result<()> {
     if let Some(n) = args.inflight {
         opts.inflight_per_client_max = n;
     }
+    opts.shared_stream = args.shared_stream;
     check_plot_target(args.plot.as_deref());
 
     let y = &opts.ycsb;
@@ -48,7 +49,7 @@ pub(crate) fn run(args: &YcsbArgs, ycsb: YcsbOptions) -> Result<()> {
     );
     let setting = format!(
         "YCSB-{} sweep, open loop: {} keys, {} sizes, {} servers, RF {}, {} workers/server, \
-         {} clients (at most {} in flight each), {} arrivals, {}, {} s per point after {} s of warm-up, \
+         {} clients ({}, at most {} in flight each), {} arrivals, {}, {} s per point after {} s of warm-up, \
          {} fabric; {timing}",
         y.workload.to_string().to_uppercase(),
         y.keys,
@@ -57,6 +58,11 @@ pub(crate) fn run(args: &YcsbArgs, ycsb: YcsbOptions) -> Result<()> {
         y.replication_factor,
         y.workers,
         y.clients,
+        if opts.shared_stream {
+            "all replaying one workload stream"
+        } else {
+            "a workload stream each"
+        },
         opts.inflight_per_client_max,
         opts.arrivals,
         match &opts.rates {

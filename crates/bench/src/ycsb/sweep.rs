@@ -38,12 +38,15 @@
 //! measured from light load to past its saturation whatever its speed.
 //!
 //! **Workload streams.** Each client draws its operations from a generator of
-//! its own seed, as YCSB's client threads do. (The closed-loop generators of
+//! its own seed, as YCSB's client threads do. The closed-loop generators of
 //! [`super::runner`] all start from `seed`, so their clients replay one stream:
 //! most writes are overwritten by another client moments later, which leaves
-//! the cleaner little live data to copy. The probe is therefore run by the
-//! sweep's clients, not by those generators, so that the rates derive from the
-//! peak of the streams the points offer.)
+//! the cleaner little live data to copy, and with the media timing on that
+//! roughly doubles Rowan's closed-loop throughput. `shared_stream` makes the
+//! sweep's clients replay one stream the same way, to compare with those
+//! results. The probe is run by the sweep's own clients, not by those
+//! generators, so that the rates derive from the peak of the streams the
+//! points offer.
 //!
 //! **One cluster per strategy.** Each strategy gets a fresh cluster of the same
 //! configuration ([`Target::start`], as the closed-loop runs), loaded once; the
@@ -210,6 +213,9 @@ pub struct SweepOptions {
     pub warmup_seconds: f64,
     pub probe_seconds: f64,
     pub inflight_per_client_max: usize,
+    /// Every client replays the one stream of `ycsb.seed` (the closed-loop
+    /// generators' workload) instead of a stream of its own.
+    pub shared_stream: bool,
 }
 
 impl Default for SweepOptions {
@@ -226,6 +232,7 @@ impl Default for SweepOptions {
             warmup_seconds: SWEEP_WARMUP_SECONDS,
             probe_seconds: SWEEP_PROBE_SECONDS,
             inflight_per_client_max: INFLIGHT_PER_CLIENT_MAX_DEFAULT,
+            shared_stream: false,
         }
     }
 }
@@ -270,6 +277,9 @@ pub struct SweepPoint {
     pub sizes: String,
     pub keys: String,
     pub arrivals: Arrivals,
+    /// Whether every client replayed one workload stream (see the module doc).
+    #[serde(default)]
+    pub shared_stream: bool,
     /// Operations per second the clients offered together.
     pub offered_ops_per_sec: f64,
     /// The fraction of the probe's peak this rate is, when derived from it.
@@ -826,8 +836,15 @@ fn sweep_one(
             name: format!("sweep-client-{c}"),
             index: c,
             clients: y.clients,
-            gen: Generator::new(y.workload, y.keys, y.sizes, y.records, max_value, seed)
-                .with_client(c as u64, y.clients as u64),
+            gen: Generator::new(
+                y.workload,
+                y.keys,
+                y.sizes,
+                y.records,
+                max_value,
+                if opts.shared_stream { y.seed } else { seed },
+            )
+            .with_client(c as u64, y.clients as u64),
             requests: Requests::new(y.sizes, max_value, ChaCha8Rng::seed_from_u64(!seed)),
             arrivals: opts.arrivals,
             depth: y.depth,
@@ -891,6 +908,7 @@ fn sweep_one(
             sizes: y.sizes.to_string(),
             keys: y.keys.to_string(),
             arrivals: opts.arrivals,
+            shared_stream: opts.shared_stream,
             offered_ops_per_sec: offered,
             offered_fraction: fractions.as_ref().map(|f: &Vec<f64>| f[index]),
             probe_ops_per_sec: probe,
@@ -1498,6 +1516,7 @@ mod tests {
             sizes: "zippydb".into(),
             keys: "zipfian".into(),
             arrivals: Arrivals::Poisson,
+            shared_stream: false,
             offered_ops_per_sec: offered,
             offered_fraction: None,
             probe_ops_per_sec: None,
