@@ -1,17 +1,19 @@
 //! Plots of the experiments' results, as PNG files (`--plot FILE.png`).
 //!
-//! Three plots, each drawn from the result records of one run and nothing else:
+//! Four plots, each drawn from the result records of one run and nothing else:
 //! - [`dlwa`]: seed 000 Figures 2 and 8 — DLWA against the number of remote write
 //!   streams, one line per (mode, write size), one column per local-writer count;
 //!   the remote write rate of the same points below.
 //! - [`ycsb_compare`]: seed 000 §6.3 — throughput, PUT latency and GET latency
 //!   (p50, p99, p99.9) per replication strategy.
+//! - [`ycsb_sweep`]: seed 000 Figure 9 — median PUT and GET latency against
+//!   achieved throughput under an open-loop load, one line per strategy.
 //! - [`failover`]: seed 000 Figure 14 — throughput per 100 ms of each run, with the
 //!   kill, the commit of the new configuration and the moment every shard of the
 //!   killed server was served again marked.
 //!
 //! This module owns the look of every plot (canvas sizes, fonts, colours, axes,
-//! the title and the caption), so the three stay alike. Every plot's caption says
+//! the title and the caption), so they stay alike. Every plot's caption says
 //! which timing model produced the figures (the media model's timing mode on, with
 //! its bandwidth, or off), as every line the benchmarks print does.
 //!
@@ -29,6 +31,7 @@ use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
 
 use crate::dlwa::{DlwaPoint, Mode};
+use crate::ycsb::sweep::{SweepPoint, KEPT_UP_FRACTION_MIN};
 use crate::ycsb::{YcsbResult, TIMELINE_STEP_NS};
 
 /// The embedded typeface (DejaVu Sans 2.37; licence in `assets/`).
@@ -50,6 +53,9 @@ const CAPTION_CHAR_EM: f64 = 0.48;
 
 const DLWA_SIZE_PX: (u32, u32) = (1400, 960);
 const YCSB_SIZE_PX: (u32, u32) = (1500, 640);
+const SWEEP_SIZE_PX: (u32, u32) = (1500, 700);
+/// Marker radius of a sweep point.
+const SWEEP_MARKER_PX: i32 = 5;
 const FAILOVER_WIDTH_PX: u32 = 1300;
 const FAILOVER_PANEL_HEIGHT_PX: u32 = 380;
 /// Bound on the runs drawn by [`failover`] (one panel each); more are an error.
@@ -72,12 +78,13 @@ pub(crate) const PALETTE: [RGBColor; 11] = [
     RGBColor(0, 0, 0),
 ];
 /// Strategies in the order and colours of every plot.
-const STRATEGY_COLOURS: [(&str, RGBColor); 5] = [
+const STRATEGY_COLOURS: [(&str, RGBColor); 6] = [
     ("rowan", RGBColor(31, 119, 180)),
     ("rpc", RGBColor(255, 127, 14)),
     ("rwrite", RGBColor(214, 39, 40)),
     ("batch", RGBColor(44, 160, 44)),
     ("share", RGBColor(148, 103, 189)),
+    ("drpc", RGBColor(140, 86, 75)),
 ];
 /// Per-sender WRITE logs: warm colours, one per write size.
 const WRITE_COLOURS: [RGBColor; 4] = [
@@ -665,6 +672,157 @@ pub fn ycsb_compare(results: &[YcsbResult], path: &Path) -> Result<(), PlotError
 }
 
 // ---------------------------------------------------------------------------
+// Latency versus throughput, open loop (seed 000 Figure 9)
+
+/// Median PUT and GET latency against achieved throughput: one line per
+/// strategy through its points in order of offered rate (past saturation the
+/// achieved rate stops growing and the line turns up), filled markers where
+/// the strategy kept up with the offered rate, hollow where it fell behind.
+pub fn ycsb_sweep(points: &[SweepPoint], path: &Path) -> Result<(), PlotError> {
+    let Some(first) = points.first() else {
+        return Err(PlotError::NoData("the sweep has no points".into()));
+    };
+    let mut names: Vec<&str> = Vec::new();
+    for p in points {
+        if !names.contains(&p.strategy.as_str()) {
+            names.push(&p.strategy);
+        }
+    }
+    let rates_per_strategy = points.len() / names.len();
+    let caption = vec![
+        timing_model(
+            points
+                .iter()
+                .map(|p| (p.media_timing, p.media_write_bytes_per_sec_per_dimm)),
+        ),
+        format!(
+            "Open loop: {} arrivals at each offered rate ({} rates per strategy), {} clients ({}) with at most {} \
+             operations in flight each; latency measured from each operation's scheduled start, so time spent \
+             behind schedule counts (coordinated omission avoided). x: operations completed per second of a \
+             {:.1} s window after {} s of warm-up. Filled markers: the strategy achieved at least {:.0} % of \
+             the offered rate; hollow: it fell behind. One cluster per strategy, loaded with {} objects; \
+             in-process cluster on the loopback fabric. Errors + timeouts: {}.",
+            first.arrivals,
+            rates_per_strategy,
+            first.clients,
+            if first.shared_stream {
+                "all replaying one workload stream"
+            } else {
+                "each with its own workload stream"
+            },
+            first.inflight_per_client_max,
+            first.seconds,
+            first.warmup_seconds,
+            KEPT_UP_FRACTION_MIN * 100.0,
+            thousands(first.records),
+            names
+                .iter()
+                .map(|n| format!(
+                    "{n} {}",
+                    points
+                        .iter()
+                        .filter(|p| p.strategy == *n)
+                        .map(|p| p.errors + p.timeouts)
+                        .sum::<u64>()
+                ))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    ];
+    let title = format!(
+        "YCSB-{}, {} sizes: {} servers, RF {}, {} workers/server — median latency vs throughput, open loop (seed 000 Fig. 9)",
+        workload_name(&first.workload),
+        first.sizes,
+        first.servers,
+        first.replication_factor,
+        first.workers,
+    );
+    render(path, SWEEP_SIZE_PX, |root| {
+        let body = frame(root, &title, &caption)?;
+        let panels = body.split_evenly((1, 2));
+        let x_hi = points
+            .iter()
+            .map(|p| p.ops_per_sec / 1e3)
+            .fold(0.0, f64::max)
+            .max(1e-3)
+            * 1.08;
+        // (panel, the median it draws, whether any operation of the kind was measured)
+        type Panel<'a> = (&'a str, fn(&SweepPoint) -> f64, bool);
+        let kinds: [Panel<'_>; 2] = [
+            (
+                "(a) PUT",
+                |p| p.put_p50_us,
+                points.iter().any(|p| p.puts > 0),
+            ),
+            (
+                "(b) GET",
+                |p| p.get_p50_us,
+                points.iter().any(|p| p.gets > 0),
+            ),
+        ];
+        for ((what, median, measured), area) in kinds.iter().zip(&panels) {
+            let seen: Vec<f64> = points.iter().map(median).filter(|&v| v > 0.0).collect();
+            let (lo, hi) = if *measured && !seen.is_empty() {
+                (
+                    seen.iter().copied().fold(f64::INFINITY, f64::min) / 2.0,
+                    seen.iter().copied().fold(0.0, f64::max) * 2.0,
+                )
+            } else {
+                (1.0, 10.0)
+            };
+            let title = if *measured {
+                format!("{what}: median latency")
+            } else {
+                format!("{what}: none in this workload")
+            };
+            let mut chart = ChartBuilder::on(area)
+                .caption(title, (FONT_FAMILY, PANEL_TITLE_PX))
+                .margin(MARGIN_PX)
+                .x_label_area_size(45)
+                .y_label_area_size(75)
+                .build_cartesian_2d(0.0..x_hi, (lo..hi).log_scale())?;
+            chart
+                .configure_mesh()
+                .x_desc("achieved throughput (thousand ops/s)")
+                .y_desc("median latency, µs (log scale)")
+                .x_label_formatter(&|v| format!("{v:.0}"))
+                .y_label_formatter(&|v| format!("{v:.0}"))
+                .label_style((FONT_FAMILY, LABEL_PX))
+                .draw()?;
+            if !*measured {
+                continue;
+            }
+            for name in &names {
+                let colour = strategy_colour(name);
+                let mut mine: Vec<&SweepPoint> = points
+                    .iter()
+                    .filter(|p| p.strategy == *name && median(p) > 0.0)
+                    .collect();
+                mine.sort_by(|a, b| a.offered_ops_per_sec.total_cmp(&b.offered_ops_per_sec));
+                let xy = |p: &SweepPoint| (p.ops_per_sec / 1e3, median(p));
+                chart
+                    .draw_series(LineSeries::new(
+                        mine.iter().map(|p| xy(p)),
+                        colour.stroke_width(2),
+                    ))?
+                    .label(*name)
+                    .legend(legend_line(colour));
+                chart.draw_series(mine.iter().map(|p| {
+                    let style = if p.kept_up {
+                        colour.filled()
+                    } else {
+                        colour.stroke_width(2)
+                    };
+                    Circle::new(xy(p), SWEEP_MARKER_PX, style)
+                }))?;
+            }
+            draw_legend(&mut chart, SeriesLabelPosition::UpperLeft, LABEL_PX)?;
+        }
+        Ok(())
+    })
+}
+
+// ---------------------------------------------------------------------------
 // Failover timeline (seed 000 Figure 14)
 
 /// Throughput per timeline step of each run, with the failover events marked.
@@ -967,6 +1125,75 @@ mod tests {
         (r.gets, r.get_p50_us, r.get_p99_us, r.get_p999_us) = (0, 0.0, 0.0, 0.0);
         ycsb_compare(&[r], &path).unwrap();
         check_png(&path, YCSB_SIZE_PX);
+    }
+
+    fn sweep_points(workload: &str) -> Vec<SweepPoint> {
+        let mut points = Vec::new();
+        for (s, peak) in [
+            ("rowan", 110_000.0),
+            ("rpc", 80_000.0),
+            ("share", 105_000.0),
+        ] {
+            for f in crate::ycsb::sweep::fractions(6) {
+                let offered = f * peak;
+                let achieved = offered.min(peak);
+                let load = achieved / peak;
+                let put = 300.0 / (1.05 - load.min(1.0)) * if f > 1.0 { 40.0 } else { 1.0 };
+                points.push(SweepPoint {
+                    strategy: s.into(),
+                    workload: workload.into(),
+                    sizes: "zippydb".into(),
+                    keys: "zipfian".into(),
+                    arrivals: crate::ycsb::sweep::Arrivals::Poisson,
+                    shared_stream: false,
+                    offered_ops_per_sec: offered,
+                    offered_fraction: Some(f),
+                    probe_ops_per_sec: Some(peak),
+                    ops_per_sec: achieved,
+                    kept_up: crate::ycsb::sweep::kept_up(offered, achieved),
+                    ops: achieved as u64 * 5,
+                    puts: if workload == "c" { 0 } else { 100 },
+                    gets: 100,
+                    put_p50_us: if workload == "c" { 0.0 } else { put },
+                    put_p99_us: put * 4.0,
+                    put_p999_us: put * 8.0,
+                    get_p50_us: put / 2.0,
+                    get_p99_us: put * 2.0,
+                    get_p999_us: put * 4.0,
+                    schedule_lag_ms_max: 0.0,
+                    errors: 0,
+                    timeouts: 0,
+                    seconds: 5.0,
+                    warmup_seconds: 1.0,
+                    servers: 3,
+                    replication_factor: 3,
+                    workers: 48,
+                    clients: 48,
+                    inflight_per_client_max: 16,
+                    records: 200_000,
+                    media_timing: true,
+                    media_write_bytes_per_sec_per_dimm: Some(4_000_000),
+                    fabric: crate::ycsb::FabricKind::Loopback,
+                });
+            }
+        }
+        points
+    }
+
+    #[test]
+    fn ycsb_sweep_plot_renders() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("sweep.png");
+        ycsb_sweep(&sweep_points("a"), &path).unwrap();
+        check_png(&path, SWEEP_SIZE_PX);
+        // A read-only sweep has no PUT panel to fill.
+        let path = dir.path().join("sweep-c.png");
+        ycsb_sweep(&sweep_points("c"), &path).unwrap();
+        check_png(&path, SWEEP_SIZE_PX);
+        assert!(matches!(
+            ycsb_sweep(&[], &dir.path().join("none.png")),
+            Err(PlotError::NoData(_))
+        ));
     }
 
     #[test]

@@ -23,6 +23,7 @@ mod demo;
 mod deploy_cmd;
 mod recovery_cmd;
 mod sim_cmd;
+mod sweep_cmd;
 
 #[derive(Parser)]
 #[command(
@@ -90,7 +91,8 @@ enum BenchCommand {
     /// DLWA of a PUT-only run, cold start.
     Engine(EngineArgs),
     /// YCSB on an in-process cluster, replication strategies side by side (seed 000
-    /// §6.3). With no options: the paper's setting scaled to this machine.
+    /// §6.3). With no options: the paper's setting scaled to this machine. With
+    /// --sweep: median latency against throughput under an open-loop load (Figure 9).
     Ycsb(Box<YcsbArgs>),
     /// Failover timeline: YCSB-A on 3 servers, the last one killed mid-run;
     /// time to commit the new configuration and to serve every shard again
@@ -191,7 +193,8 @@ struct YcsbArgs {
     /// Objects loaded before the measured phase.
     #[arg(long)]
     records: Option<u64>,
-    /// Length of the measured phase, seconds.
+    /// Length of the measured phase, seconds (with --sweep: of each point's
+    /// window; default 5).
     #[arg(long)]
     seconds: Option<f64>,
     #[arg(long)]
@@ -207,7 +210,7 @@ struct YcsbArgs {
     /// Client load generators.
     #[arg(long)]
     clients: Option<usize>,
-    /// Operations in flight per client.
+    /// Operations in flight per client (with --sweep: of the closed-loop probe).
     #[arg(long)]
     depth: Option<usize>,
     /// OS threads that run the cluster's roles.
@@ -224,10 +227,12 @@ struct YcsbArgs {
     /// A small, fast run (smoke test).
     #[arg(long)]
     quick: bool,
-    /// Print one JSON object per strategy (an array).
+    /// Print one JSON object per strategy (an array); with --sweep, one per
+    /// point (the summary goes to stderr).
     #[arg(long)]
     json: bool,
-    /// Also draw throughput and PUT/GET latency per strategy into this PNG file.
+    /// Also draw throughput and PUT/GET latency per strategy into this PNG file
+    /// (with --sweep: median latency against throughput).
     #[arg(long, value_name = "FILE.png")]
     plot: Option<PathBuf>,
     /// `loopback`: the cluster in this process; `tcp`: a CM and the servers as
@@ -235,6 +240,36 @@ struct YcsbArgs {
     /// media model there: no DLWA; CPU per operation counts every process).
     #[arg(long, default_value = "loopback")]
     fabric: String,
+    /// Open loop: sweep offered rates, measuring latency from each operation's
+    /// scheduled start; report median PUT/GET latency against throughput per
+    /// strategy and the paper's comparison at rpc's peak (seed 000 Figure 9).
+    #[arg(long)]
+    sweep: bool,
+    /// Offered rates, total ops/s over all clients, the same for every
+    /// strategy (default: --rate-steps fractions of each strategy's peak).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        requires = "sweep",
+        conflicts_with = "rate_steps"
+    )]
+    rates: Option<Vec<f64>>,
+    /// Rates as N even steps up to 120 % of each strategy's peak, found by a
+    /// closed-loop probe on its cluster (default 12: 10 %, 20 %, … 120 %).
+    #[arg(long, value_name = "N", requires = "sweep")]
+    rate_steps: Option<usize>,
+    /// How each client spaces its operations: poisson (exponential gaps) or
+    /// uniform (fixed gaps).
+    #[arg(long, default_value = "poisson", requires = "sweep")]
+    arrivals: String,
+    /// Operations in flight per client of the open loop (default 16); an
+    /// operation due while its client is at the bound waits, and the wait counts.
+    #[arg(long, value_name = "N", requires = "sweep")]
+    inflight: Option<usize>,
+    /// Every open-loop client replays one workload stream, as the closed-loop
+    /// generators do (default: a stream per client, as YCSB's threads).
+    #[arg(long, requires = "sweep")]
+    shared_stream: bool,
 }
 
 #[derive(Args)]
@@ -375,8 +410,54 @@ fn run() -> Result<()> {
 }
 
 fn bench_ycsb(args: YcsbArgs) -> Result<()> {
-    use rowankv_bench::ycsb::{self, YcsbOptions};
+    use rowankv_bench::ycsb;
+    let opts = ycsb_options(&args)?;
+    if args.sweep {
+        return sweep_cmd::run(&args, opts);
+    }
+    check_plot_target(args.plot.as_deref());
+    let results = ycsb::run(&opts)
+        .map_err(anyhow::Error::msg)
+        .context("YCSB")?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&results)?);
+    } else {
+        println!("{}", ycsb_setting(&opts, &args.fabric));
+        print!("{}", ycsb::table(&results));
+    }
+    write_plot(args.plot.as_deref(), |p| plot::ycsb_compare(&results, p))
+}
+
+/// The setting of a `bench ycsb` run, as its first line says it.
+fn ycsb_setting(opts: &rowankv_bench::ycsb::YcsbOptions, fabric: &str) -> String {
+    use rowankv_bench::ycsb;
+    format!(
+        "YCSB-{} {} keys, {:?} sizes, {} servers, RF {}, {} workers/server, {} clients x {} deep, {} s, {} fabric; media timing {}",
+        opts.workload,
+        match opts.keys { rowankv_bench::ycsb::workload::KeyDist::Zipfian { theta } => format!("zipfian {theta}"), k => format!("{k:?}").to_lowercase() },
+        opts.sizes,
+        opts.servers,
+        opts.replication_factor,
+        opts.workers,
+        opts.clients,
+        opts.depth,
+        opts.seconds,
+        fabric,
+        if opts.fabric == ycsb::FabricKind::Tcp {
+            "n/a (servers in other processes)".to_string()
+        } else {
+            opts.media_bandwidth.map_or("off".to_string(), |b| format!("{} MB/s per DIMM", b / 1_000_000))
+        },
+    )
+}
+
+/// The options of `bench ycsb` from its arguments (closed loop and sweep alike).
+fn ycsb_options(args: &YcsbArgs) -> Result<rowankv_bench::ycsb::YcsbOptions> {
+    use rowankv_bench::ycsb::{sweep, YcsbOptions};
     let mut opts = YcsbOptions::default();
+    if args.sweep {
+        opts.seconds = sweep::SWEEP_POINT_SECONDS;
+    }
     if args.quick {
         opts.records = 20_000;
         opts.seconds = 2.0;
@@ -384,9 +465,12 @@ fn bench_ycsb(args: YcsbArgs) -> Result<()> {
         opts.clients = 8;
         opts.shards_per_server = 8;
         opts.pool_bytes = 512 << 20;
+        if args.sweep {
+            opts.seconds = sweep_cmd::QUICK_POINT_SECONDS;
+        }
     }
     opts.workload = args.workload.parse().map_err(anyhow::Error::msg)?;
-    opts.keys = match args.keys {
+    opts.keys = match &args.keys {
         Some(k) => k.parse().map_err(anyhow::Error::msg)?,
         None => opts.workload.default_key_dist(),
     };
@@ -434,34 +518,7 @@ fn bench_ycsb(args: YcsbArgs) -> Result<()> {
     }
     opts.fabric = args.fabric.parse().map_err(anyhow::Error::msg)?;
     opts.progress = !args.json;
-    check_plot_target(args.plot.as_deref());
-    let results = ycsb::run(&opts)
-        .map_err(anyhow::Error::msg)
-        .context("YCSB")?;
-    if args.json {
-        println!("{}", serde_json::to_string_pretty(&results)?);
-    } else {
-        println!(
-            "YCSB-{} {} keys, {:?} sizes, {} servers, RF {}, {} workers/server, {} clients x {} deep, {} s, {} fabric; media timing {}",
-            opts.workload,
-            match opts.keys { rowankv_bench::ycsb::workload::KeyDist::Zipfian { theta } => format!("zipfian {theta}"), k => format!("{k:?}").to_lowercase() },
-            opts.sizes,
-            opts.servers,
-            opts.replication_factor,
-            opts.workers,
-            opts.clients,
-            opts.depth,
-            opts.seconds,
-            args.fabric,
-            if opts.fabric == ycsb::FabricKind::Tcp {
-                "n/a (servers in other processes)".to_string()
-            } else {
-                opts.media_bandwidth.map_or("off".to_string(), |b| format!("{} MB/s per DIMM", b / 1_000_000))
-            },
-        );
-        print!("{}", ycsb::table(&results));
-    }
-    write_plot(args.plot.as_deref(), |p| plot::ycsb_compare(&results, p))
+    Ok(opts)
 }
 
 fn bench_resp(args: RespArgs) -> Result<()> {

@@ -1,7 +1,9 @@
-//! YCSB on RowanKV: workload generation (`workload`) and the cluster runner that
-//! compares replication strategies side by side (`runner`).
+//! YCSB on RowanKV: workload generation (`workload`), the cluster runner that
+//! compares replication strategies side by side (`runner`, closed loop), and
+//! the open-loop latency-versus-throughput sweep of seed 000 Figure 9 (`sweep`).
 
 pub mod runner;
+pub mod sweep;
 pub mod workload;
 
 pub use runner::{

@@ -84,7 +84,7 @@ pub struct YcsbOptions {
 }
 
 /// Which fabric a run uses.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum FabricKind {
     Loopback,
@@ -254,13 +254,13 @@ struct Histograms {
     get: Histogram<u64>,
 }
 
-fn histogram() -> Histogram<u64> {
+pub(super) fn histogram() -> Histogram<u64> {
     Histogram::new_with_bounds(1, 60_000_000, 3).expect("valid bounds")
 }
 
 /// What an operation in flight is.
 #[derive(Clone, Copy)]
-enum Kind {
+pub(super) enum Kind {
     Get,
     Put {
         record: u64,
@@ -281,16 +281,36 @@ struct LoadClient<N: Nic> {
     local: Histograms,
     inflight: std::collections::HashMap<u64, Kind>,
     done: Vec<rowankv_client::Completed>,
-    key: Vec<u8>,
-    value: Vec<u8>,
     loading_done: bool,
     load_reported: bool,
 }
 
-impl<N: Nic> LoadClient<N> {
-    fn submit(&mut self, op: Op) -> bool {
-        let key_bytes = self.p.sizes.key_bytes();
-        let (cop, kind) = match op {
+/// Scratch space and the value generator of one load generator: what turns a
+/// workload [`Op`] into a client request.
+pub(super) struct Requests {
+    sizes: SizeDist,
+    max_value: usize,
+    /// Fills values (random bytes, so that nothing compresses or dedups).
+    rng: ChaCha8Rng,
+    key: Vec<u8>,
+    value: Vec<u8>,
+}
+
+impl Requests {
+    pub(super) fn new(sizes: SizeDist, max_value: usize, rng: ChaCha8Rng) -> Requests {
+        Requests {
+            sizes,
+            max_value,
+            rng,
+            key: Vec::new(),
+            value: Vec::new(),
+        }
+    }
+
+    /// The request of `op`, and what to remember about it until it completes.
+    pub(super) fn request(&mut self, op: Op) -> (ClientOp, Kind) {
+        let key_bytes = self.sizes.key_bytes();
+        match op {
             Op::Get { record } => {
                 record_key(record, key_bytes, &mut self.key);
                 (
@@ -321,7 +341,20 @@ impl<N: Nic> LoadClient<N> {
                     Kind::RmwGet { record, value_len },
                 )
             }
-        };
+        }
+    }
+
+    fn fill_value(&mut self, len: usize) {
+        let len = len.min(self.max_value);
+        self.value.clear();
+        self.value.resize(len, 0);
+        self.rng.fill(&mut self.value[..]);
+    }
+}
+
+impl<N: Nic> LoadClient<N> {
+    fn submit(&mut self, op: Op) -> bool {
+        let (cop, kind) = self.p.requests.request(op);
         match self.client.submit(cop) {
             Ok(id) => {
                 self.inflight.insert(id.0, kind);
@@ -332,13 +365,6 @@ impl<N: Nic> LoadClient<N> {
                 false
             }
         }
-    }
-
-    fn fill_value(&mut self, len: usize) {
-        let len = len.min(self.p.max_value);
-        self.value.clear();
-        self.value.resize(len, 0);
-        self.p.rng.fill(&mut self.value[..]);
     }
 }
 
@@ -468,12 +494,12 @@ fn cpu_seconds() -> f64 {
 }
 
 /// Where a run's servers are: in this process, or processes on this host.
-enum Target {
+pub(super) enum Target {
     Loopback(Box<Cluster>),
     Tcp(Box<TcpTarget>),
 }
 
-struct TcpTarget {
+pub(super) struct TcpTarget {
     local: LocalCluster,
     executor: Option<Executor>,
     clock: Arc<dyn Clock>,
@@ -481,7 +507,7 @@ struct TcpTarget {
 }
 
 impl Target {
-    fn start(opts: &YcsbOptions, strategy: Strategy) -> Result<Target, String> {
+    pub(super) fn start(opts: &YcsbOptions, strategy: Strategy) -> Result<Target, String> {
         let total_shards = opts.shards_per_server as usize * opts.servers;
         if opts.fabric == FabricKind::Tcp {
             let binary = match &opts.binary {
@@ -559,7 +585,7 @@ impl Target {
         .map_err(|e| e.to_string())
     }
 
-    fn clock(&self) -> Arc<dyn Clock> {
+    pub(super) fn clock(&self) -> Arc<dyn Clock> {
         match self {
             Target::Loopback(c) => c.clock().clone(),
             Target::Tcp(t) => t.clock.clone(),
@@ -568,7 +594,11 @@ impl Target {
 
     /// A load generator with a new client, on the cluster's executor (`tcp`:
     /// on this process's).
-    fn spawn_client(&mut self, config: ClientConfig, parts: LoadParts) -> Result<(), String> {
+    pub(super) fn spawn_client(
+        &mut self,
+        config: ClientConfig,
+        parts: impl ClientTask,
+    ) -> Result<(), String> {
         match self {
             Target::Loopback(cluster) => {
                 let nic = cluster.attach_client().map_err(|e| e.to_string())?;
@@ -635,7 +665,7 @@ impl Target {
         }
     }
 
-    fn shutdown(self) {
+    pub(super) fn shutdown(self) {
         match self {
             Target::Loopback(c) => c.shutdown(),
             Target::Tcp(mut t) => {
@@ -655,19 +685,27 @@ impl Target {
 struct LoadParts {
     name: String,
     gen: Generator,
-    sizes: SizeDist,
+    requests: Requests,
     depth: usize,
-    max_value: usize,
     phase: Arc<AtomicU8>,
     counters: Arc<Counters>,
     hist: Arc<Mutex<Histograms>>,
-    rng: ChaCha8Rng,
     /// With `verify`: the highest acknowledged version of each record written.
     acked: Option<std::collections::HashMap<u64, u64>>,
     acked_out: Arc<Mutex<std::collections::HashMap<u64, u64>>>,
 }
 
-impl LoadParts {
+/// A load generator waiting for its client: [`Target::spawn_client`] connects
+/// one (its type depends on the fabric) and runs the task it makes.
+pub(super) trait ClientTask {
+    fn with_client<N: Nic>(
+        self,
+        client: Client<N>,
+        keep: Option<Box<dyn std::any::Any + Send>>,
+    ) -> Box<dyn Task>;
+}
+
+impl ClientTask for LoadParts {
     fn with_client<N: Nic>(
         self,
         client: Client<N>,
@@ -683,8 +721,6 @@ impl LoadParts {
             },
             inflight: Default::default(),
             done: Vec::new(),
-            key: Vec::new(),
-            value: Vec::new(),
             loading_done: false,
             load_reported: false,
         })
@@ -700,77 +736,133 @@ pub fn run(opts: &YcsbOptions) -> Result<Vec<YcsbResult>, String> {
     Ok(results)
 }
 
-fn run_one(opts: &YcsbOptions, strategy: Strategy) -> Result<YcsbResult, String> {
-    let mut target = Target::start(opts, strategy)?;
-    let phase = Arc::new(AtomicU8::new(PHASE_WAIT));
-    let buckets = (opts.seconds * 1e9 / TIMELINE_STEP_NS as f64).ceil() as usize + 10;
-    let counters = Arc::new(Counters::new(buckets));
-    let acked_out = Arc::new(Mutex::new(std::collections::HashMap::new()));
-    let hist = Arc::new(Mutex::new(Histograms {
-        put: histogram(),
-        get: histogram(),
-    }));
-    let max_value = KV_BYTES_MAX - opts.sizes.key_bytes();
-    for c in 0..opts.clients {
-        let config = ClientConfig {
-            worker_hint: c,
-            inflight_max: opts.depth,
-            timeout: Duration::from_secs(10),
-            ..ClientConfig::default()
+/// The closed-loop load generators of a run and what they share with the
+/// harness.
+pub(super) struct LoadGenerators {
+    phase: Arc<AtomicU8>,
+    counters: Arc<Counters>,
+    hist: Arc<Mutex<Histograms>>,
+    acked_out: Arc<Mutex<std::collections::HashMap<u64, u64>>>,
+    clients: usize,
+}
+
+impl LoadGenerators {
+    /// Start `opts.clients` generators on `target`, each keeping up to
+    /// `opts.depth` operations in flight; they wait for [`LoadGenerators::load`].
+    /// `buckets`: steps of the throughput timeline.
+    pub(super) fn spawn(
+        target: &mut Target,
+        opts: &YcsbOptions,
+        buckets: usize,
+    ) -> Result<LoadGenerators, String> {
+        let g = LoadGenerators {
+            phase: Arc::new(AtomicU8::new(PHASE_WAIT)),
+            counters: Arc::new(Counters::new(buckets)),
+            hist: Arc::new(Mutex::new(Histograms {
+                put: histogram(),
+                get: histogram(),
+            })),
+            acked_out: Arc::new(Mutex::new(std::collections::HashMap::new())),
+            clients: opts.clients,
         };
-        let gen = Generator::new(
-            opts.workload,
-            opts.keys,
-            opts.sizes,
-            opts.records,
-            max_value,
-            opts.seed,
-        )
-        .with_client(c as u64, opts.clients as u64);
-        let parts = LoadParts {
-            name: format!("client-{c}"),
-            gen,
-            sizes: opts.sizes,
-            depth: opts.depth,
-            max_value,
-            phase: phase.clone(),
-            counters: counters.clone(),
-            hist: hist.clone(),
-            rng: ChaCha8Rng::seed_from_u64(opts.seed ^ (c as u64).wrapping_mul(0x9e37_79b9)),
-            acked: opts.verify.then(std::collections::HashMap::new),
-            acked_out: acked_out.clone(),
-        };
-        target.spawn_client(config, parts)?;
+        let max_value = max_value_bytes(opts.sizes);
+        for c in 0..opts.clients {
+            let config = ClientConfig {
+                worker_hint: c,
+                inflight_max: opts.depth,
+                timeout: Duration::from_secs(10),
+                ..ClientConfig::default()
+            };
+            let gen = Generator::new(
+                opts.workload,
+                opts.keys,
+                opts.sizes,
+                opts.records,
+                max_value,
+                opts.seed,
+            )
+            .with_client(c as u64, opts.clients as u64);
+            let parts = LoadParts {
+                name: format!("client-{c}"),
+                gen,
+                requests: Requests::new(
+                    opts.sizes,
+                    max_value,
+                    ChaCha8Rng::seed_from_u64(opts.seed ^ (c as u64).wrapping_mul(0x9e37_79b9)),
+                ),
+                depth: opts.depth,
+                phase: g.phase.clone(),
+                counters: g.counters.clone(),
+                hist: g.hist.clone(),
+                acked: opts.verify.then(std::collections::HashMap::new),
+                acked_out: g.acked_out.clone(),
+            };
+            target.spawn_client(config, parts)?;
+        }
+        Ok(g)
     }
 
-    // Load.
-    let load_start = Instant::now();
-    let bar = opts.progress.then(|| {
-        let b = indicatif::ProgressBar::new(opts.records);
-        b.set_style(
-            indicatif::ProgressStyle::with_template(
-                "  load {prefix:>6} [{bar:30}] {pos}/{len} {per_sec}",
-            )
-            .expect("template")
-            .progress_chars("=> "),
-        );
-        b.set_prefix(strategy.name());
-        b
-    });
-    phase.store(PHASE_LOAD, Ordering::Release);
-    while counters.load_clients_done.load(Ordering::Relaxed) < opts.clients as u64 {
-        std::thread::sleep(Duration::from_millis(50));
-        if let Some(b) = &bar {
-            b.set_position(counters.loaded.load(Ordering::Relaxed));
+    /// Load `opts.records` objects (with a progress bar if `opts.progress`);
+    /// the seconds it took.
+    pub(super) fn load(&self, opts: &YcsbOptions, strategy: Strategy) -> Result<f64, String> {
+        let load_start = Instant::now();
+        let bar = opts.progress.then(|| {
+            let b = indicatif::ProgressBar::new(opts.records);
+            b.set_style(
+                indicatif::ProgressStyle::with_template(
+                    "  load {prefix:>6} [{bar:30}] {pos}/{len} {per_sec}",
+                )
+                .expect("template")
+                .progress_chars("=> "),
+            );
+            b.set_prefix(strategy.name());
+            b
+        });
+        self.phase.store(PHASE_LOAD, Ordering::Release);
+        while self.counters.load_clients_done.load(Ordering::Relaxed) < self.clients as u64 {
+            std::thread::sleep(Duration::from_millis(50));
+            if let Some(b) = &bar {
+                b.set_position(self.counters.loaded.load(Ordering::Relaxed));
+            }
+            if load_start.elapsed() > Duration::from_secs(LOAD_SECONDS_MAX) {
+                return Err(format!(
+                    "{strategy}: load did not finish in {LOAD_SECONDS_MAX} s"
+                ));
+            }
         }
-        if load_start.elapsed() > Duration::from_secs(600) {
-            return Err(format!("{strategy}: load did not finish in 600 s"));
+        if let Some(b) = bar {
+            b.finish_and_clear();
         }
+        Ok(load_start.elapsed().as_secs_f64())
     }
-    if let Some(b) = bar {
-        b.finish_and_clear();
+
+    /// Stop the generators and let them hand in what they measured.
+    pub(super) fn stop(&self) {
+        self.phase.store(PHASE_STOP, Ordering::Release);
+        wait_for_hand_in(&self.counters, self.clients);
     }
-    let load_seconds = load_start.elapsed().as_secs_f64();
+}
+
+/// How long loading may take before the run is abandoned.
+const LOAD_SECONDS_MAX: u64 = 600;
+
+/// The longest value a request may carry: a frame holds the key and the value.
+pub(super) fn max_value_bytes(sizes: SizeDist) -> usize {
+    KV_BYTES_MAX - sizes.key_bytes()
+}
+
+fn run_one(opts: &YcsbOptions, strategy: Strategy) -> Result<YcsbResult, String> {
+    let mut target = Target::start(opts, strategy)?;
+    let buckets = (opts.seconds * 1e9 / TIMELINE_STEP_NS as f64).ceil() as usize + 10;
+    let generators = LoadGenerators::spawn(&mut target, opts, buckets)?;
+    let load_seconds = generators.load(opts, strategy)?;
+    let LoadGenerators {
+        phase,
+        counters,
+        hist,
+        acked_out,
+        ..
+    } = generators;
 
     // Measure.
     target.flush_media();
