@@ -82,28 +82,8 @@ impl<N: Nic> LeaseTask<N> {
             4 * retry,
             |(p, at)| (*at, *p),
         );
-        let config = self.shared.config();
-        for cm in self.cms.clone() {
-            let Some(peer) = self
-                .links
-                .peer(&mut self.ep, &self.directory, cm, now_ns, retry)
-            else {
-                continue;
-            };
-            let id = self.next_request;
-            let env = Envelope {
-                cluster_id: config.cluster_id,
-                term: config.term,
-                request_id: id,
-                sender: self.shared.node,
-            };
-            match self.ep.request(peer, &env, &Body::Lease) {
-                Ok(()) => {
-                    self.next_request += 1;
-                    self.pending.insert(id, (peer, now_ns));
-                }
-                Err(e) => tracing::debug!(role = %self.name, error = %e, "lease request not sent"),
-            }
+        for (id, peer) in self.request_cms(now_ns, &Body::Lease) {
+            self.pending.insert(id, (peer, now_ns));
         }
     }
 
@@ -111,11 +91,22 @@ impl<N: Nic> LeaseTask<N> {
     fn report_load(&mut self, now_ns: u64) {
         let loads = self.shared.load.take();
         let entries = frame::encode_load_entries(&loads);
-        let window_ms = (self.shared.settings.load_window_ns / 1_000_000) as u32;
-        let config = self.shared.config();
-        let retry = self.shared.settings.failover.retry_ns;
+        let body = Body::Load {
+            window_ms: (self.shared.settings.load_window_ns / 1_000_000) as u32,
+            entries: &entries,
+        };
         // Reports not answered by now never will be.
         self.load_requests.clear();
+        for (id, _) in self.request_cms(now_ns, &body) {
+            self.load_requests.insert(id);
+        }
+    }
+
+    /// Send `body` to every CM reachable now; the requests sent: (id, peer).
+    fn request_cms(&mut self, now_ns: u64, body: &Body<'_>) -> Vec<(u64, PeerId)> {
+        let config = self.shared.config();
+        let retry = self.shared.settings.failover.retry_ns;
+        let mut sent = Vec::new();
         for cm in self.cms.clone() {
             let Some(peer) = self
                 .links
@@ -130,15 +121,17 @@ impl<N: Nic> LeaseTask<N> {
                 request_id: id,
                 sender: self.shared.node,
             };
-            let body = Body::Load {
-                window_ms,
-                entries: &entries,
-            };
-            if self.ep.request(peer, &env, &body).is_ok() {
-                self.next_request += 1;
-                self.load_requests.insert(id);
+            match self.ep.request(peer, &env, body) {
+                Ok(()) => {
+                    self.next_request += 1;
+                    sent.push((id, peer));
+                }
+                Err(e) => {
+                    tracing::debug!(role = %self.name, error = %e, "request to a CM not sent")
+                }
             }
         }
+        sent
     }
 
     fn on_message(&mut self, peer: PeerId, bytes: &[u8]) {

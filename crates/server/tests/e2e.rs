@@ -77,6 +77,17 @@ const COMMIT_WAIT_MAX: Duration = Duration::from_secs(10);
 
 fn start(strategy: Strategy, commit_interval_ns: Option<u64>) -> Cluster {
     let defaults = ServerSettings::default();
+    start_with(
+        strategy,
+        ServerSettings {
+            commit_interval_ns: commit_interval_ns.unwrap_or(defaults.commit_interval_ns),
+            ..defaults
+        },
+    )
+}
+
+/// [`start`] with `settings` (its workers and leases are the suite's).
+fn start_with(strategy: Strategy, settings: ServerSettings) -> Cluster {
     Cluster::start(ClusterConfig {
         strategy,
         servers: SERVERS,
@@ -88,9 +99,8 @@ fn start(strategy: Strategy, commit_interval_ns: Option<u64>) -> Cluster {
         keys_per_shard_expected: 1024,
         settings: ServerSettings {
             workers: WORKERS,
-            commit_interval_ns: commit_interval_ns.unwrap_or(defaults.commit_interval_ns),
             failover: common::steady_leases(),
-            ..defaults
+            ..settings
         },
         ..ClusterConfig::default()
     })
@@ -596,27 +606,14 @@ fn drpc_a_write_acknowledged_by_the_redo_rings_alone_survives_a_power_failure() 
 /// b-log's lack of room is the `redo.no-room` fault site, forced on for good.)
 #[test]
 fn drpc_a_backup_without_room_stops_itself_and_keeps_what_its_rings_acknowledged() {
-    let defaults = ServerSettings::default();
-    let cluster = Cluster::start(ClusterConfig {
-        strategy: Strategy::Drpc,
-        servers: SERVERS,
-        shards_per_server: SHARDS_PER_SERVER,
-        replication_factor: SERVERS as u8,
-        pool_bytes: POOL_BYTES,
-        segment_bytes: SEGMENT_BYTES,
-        crash_sim: true,
-        keys_per_shard_expected: 1024,
-        settings: ServerSettings {
-            workers: WORKERS,
-            failover: common::steady_leases(),
+    let mut cluster = start_with(
+        Strategy::Drpc,
+        ServerSettings {
             // A stall limit of 2 × 300 ms rather than the leases' minutes.
             replicate_timeout_ns: Some(300_000_000),
-            ..defaults
+            ..ServerSettings::default()
         },
-        ..ClusterConfig::default()
-    })
-    .expect("a drpc cluster");
-    let mut cluster = cluster;
+    );
     let stuck = cluster.servers()[2].clone();
     stuck.buggify.force("redo.no-room", u32::MAX / 2);
     let mut c = client(&mut cluster, 0);
