@@ -7,7 +7,9 @@
 //! It is a state machine driven by [`Receiver::poll`]; it starts no thread.
 //!
 //! # Processing one request (`complete_next`)
-//! 1. the operator executes it and returns its state writes and reply;
+//! 1. the operator executes it and returns its state writes and reply — or defers it
+//!    ([`crate::NotNow`]): nothing of it takes effect, it stays in the ring, and the
+//!    connection's later requests wait behind it until a later poll;
 //! 2. if it writes: the apply record `(conn, seq, writes)` is written and persisted —
 //!    the commit point — then the writes are stored and persisted;
 //! 3. `done_seq` (and `head_abs`, when the request was the last of its entry) are
@@ -154,6 +156,9 @@ pub struct Receiver<N: Nic, O: Operator> {
     logs: Vec<ConnLog>,
     conns: Vec<Option<Conn<N>>>,
     next_conn: usize,
+    /// Per connection: its next request was deferred in this `poll` (kept
+    /// here so that a poll allocates nothing).
+    deferred_in_poll: Vec<bool>,
     stats: ReceiverStats,
 }
 
@@ -249,6 +254,7 @@ impl<N: Nic, O: Operator> Receiver<N, O> {
             logs,
             conns: (0..geometry.connections).map(|_| None).collect(),
             next_conn: 0,
+            deferred_in_poll: vec![false; geometry.connections as usize],
             stats: ReceiverStats::default(),
         };
         let report = r.recover()?;
@@ -464,17 +470,17 @@ impl<N: Nic, O: Operator> Receiver<N, O> {
         let mut idle = 0;
         // Connections whose next request the operator deferred: left for a
         // later poll (their order is kept: nothing after it runs first).
-        let mut deferred = vec![false; n];
+        self.deferred_in_poll.fill(false);
         while done < self.flow.requests_per_poll_max && idle < n {
             let c = ConnId(self.next_conn as u32);
             self.next_conn = (self.next_conn + 1) % n;
-            if deferred[c.0 as usize] || self.logs[c.0 as usize].backlog.is_empty() {
+            if self.deferred_in_poll[c.0 as usize] || self.logs[c.0 as usize].backlog.is_empty() {
                 idle += 1;
                 continue;
             }
             idle = 0;
             let Ok((seq, reply)) = self.complete_next(c) else {
-                deferred[c.0 as usize] = true;
+                self.deferred_in_poll[c.0 as usize] = true;
                 idle += 1;
                 continue;
             };

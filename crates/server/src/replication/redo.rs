@@ -35,6 +35,10 @@
 //!   connection back after everything that landed on it is executed
 //!   ([`Receiver::release`]); a sender removed from the configuration has its
 //!   connections released the same way, so nothing more lands from it.
+//! - A request the b-log has no room for is deferred, never dropped or waited
+//!   for: it stays in its ring (see [`Appender`]); segments held in reserve
+//!   ([`replay_reserve_segments`]) let a restart re-execute all the rings hold,
+//!   and a stall past `ServerSettings::redo_stall_limit` stops the server.
 //! - A block that does not parse is not appended (a ring entry's CRC-32C makes
 //!   this a sender's bug, not a torn write); it is logged and counted.
 
