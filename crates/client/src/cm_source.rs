@@ -81,6 +81,49 @@ impl<N: Nic> CmSource<N> {
 
     /// The configuration from CM `i`.
     fn fetch_from(&self, inner: &mut Inner<N>, i: usize) -> Result<Config, String> {
+        self.with_cm(inner, i, |this, inner, peer, cm| {
+            this.read_pages(inner, peer, cm)
+        })
+    }
+
+    /// Ask the active CM to move `shard`'s primary to `to` (a migration,
+    /// seed 000 §4.6; `rowankv reshard`): the CMs are asked in turn (a
+    /// standby refuses). Returns the term of the configuration that lists
+    /// the migration, or why none does.
+    pub fn reshard(&self, shard: rowankv_types::ShardId, to: NodeId) -> Result<Term, String> {
+        let mut inner = self.inner.lock();
+        let mut why = Vec::new();
+        for i in 0..self.cms.len() {
+            let asked = self.with_cm(&mut inner, i, |this, inner, peer, cm| {
+                this.call(inner, peer, cm, &Body::Reshard { shard, to }, |b| match b {
+                    Body::Response(Response::Ok { version }) => Ok(Ok(Term(version))),
+                    Body::Response(Response::Error { code, detail, .. }) => {
+                        Ok(Err(format!("{cm}: {code}: {detail}")))
+                    }
+                    other => Err(format!("{cm} answered {other:?}")),
+                })
+            });
+            match asked {
+                Ok(Ok(term)) => return Ok(term),
+                Ok(Err(refused)) => why.push(refused),
+                Err(e) => why.push(e),
+            }
+        }
+        Err(if why.is_empty() {
+            "no CM to ask".into()
+        } else {
+            why.join("; ")
+        })
+    }
+
+    /// Run `f` on a connection to CM `i`, made if there is none and
+    /// forgotten if `f` fails (the CM may have restarted).
+    fn with_cm<T>(
+        &self,
+        inner: &mut Inner<N>,
+        i: usize,
+        f: impl FnOnce(&Self, &mut Inner<N>, PeerId, NodeId) -> Result<T, String>,
+    ) -> Result<T, String> {
         let (cm, service) = self.cms[i];
         let peer = match inner.links[i] {
             Some(p) => p,
@@ -93,7 +136,7 @@ impl<N: Nic> CmSource<N> {
                 p
             }
         };
-        let result = self.read_pages(inner, peer, cm);
+        let result = f(self, inner, peer, cm);
         if result.is_err() {
             // Connect afresh next time (the CM may have restarted).
             inner.ep.forget(peer);
@@ -146,6 +189,27 @@ impl<N: Nic> CmSource<N> {
         cm: NodeId,
         offset: u32,
     ) -> Result<(Term, u32, Vec<u8>), String> {
+        self.call(inner, peer, cm, &Body::Config { offset }, |b| match b {
+            Body::Response(Response::Config { term, total, chunk }) => {
+                Ok((term, total, chunk.to_vec()))
+            }
+            Body::Response(Response::Error { code, detail, .. }) => {
+                Err(format!("{cm} refused: {code:?}: {detail}"))
+            }
+            other => Err(format!("{cm} answered {other:?}")),
+        })
+    }
+
+    /// Send `body` to `cm` and wait (at most the timeout) for its answer,
+    /// taken by `answer`.
+    fn call<T>(
+        &self,
+        inner: &mut Inner<N>,
+        peer: PeerId,
+        cm: NodeId,
+        body: &Body<'_>,
+        answer: impl FnOnce(Body<'_>) -> Result<T, String>,
+    ) -> Result<T, String> {
         let request_id = inner.next_request;
         inner.next_request += 1;
         let env = Envelope {
@@ -156,7 +220,7 @@ impl<N: Nic> CmSource<N> {
         };
         inner
             .ep
-            .request(peer, &env, &Body::Config { offset })
+            .request(peer, &env, body)
             .map_err(|e| format!("asking {cm}: {e}"))?;
         let deadline = Instant::now() + self.timeout;
         loop {
@@ -177,15 +241,7 @@ impl<N: Nic> CmSource<N> {
                         if f.header.request_id != request_id {
                             continue;
                         }
-                        return match f.body {
-                            Body::Response(Response::Config { term, total, chunk }) => {
-                                Ok((term, total, chunk.to_vec()))
-                            }
-                            Body::Response(Response::Error { code, detail, .. }) => {
-                                Err(format!("{cm} refused: {code:?}: {detail}"))
-                            }
-                            other => Err(format!("{cm} answered {other:?}")),
-                        };
+                        return answer(f.body);
                     }
                     Event::SendFailed { peer: p, status } if p == peer => {
                         return Err(format!("the connection to {cm} failed: {status:?}"));

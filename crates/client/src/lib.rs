@@ -13,6 +13,10 @@
 //! [`Client::delete_if`]: executed only if the key's live version is the one
 //! expected) and pages of a shard's keys ([`Client::scan`]).
 //!
+//! A GET that the target of its shard's migration does not hold yet is
+//! answered `AskSource` (seed 000 §4.6) and sent at once to the migration's
+//! source as `GetMigrating`, which answers from the index it still holds.
+//!
 //! Retries: an operation refused with `StaleTerm`, `NotPrimary`, `Busy`,
 //! `Blocked` or `NotMember` changed nothing at the server, so it is sent again
 //! after refreshing the configuration: at once for a term or routing refusal (up
@@ -280,6 +284,9 @@ struct Pending {
     attempts: u32,
     /// Where the current attempt went.
     sent_to: Option<PeerId>,
+    /// A GET the target of its shard's migration sent back (`AskSource`):
+    /// the next attempt goes to the migration's source as `GetMigrating`.
+    ask_source: bool,
 }
 
 /// A connection being made: the peer, the answer to come, when it started.
@@ -630,6 +637,7 @@ impl<N: Nic> Client<N> {
             not_before_ns: 0,
             attempts: 0,
             sent_to: None,
+            ask_source: false,
         };
         if self.queued.is_empty() {
             self.send(p);
@@ -673,7 +681,18 @@ impl<N: Nic> Client<N> {
                     return false;
                 }
             },
-            op => self.cluster.shard_for_key(op.key()).primary,
+            op => {
+                let s = self.cluster.shard_for_key(op.key());
+                // Sent back by a migration's target: to the source, while the
+                // configuration still lists the migration.
+                match self.cluster.migration(s.shard).filter(|_| p.ask_source) {
+                    Some(m) => m.from,
+                    None => {
+                        p.ask_source = false;
+                        s.primary
+                    }
+                }
+            }
         };
         let peer = match self.reach_server(primary) {
             Ok(peer) => peer,
@@ -699,6 +718,7 @@ impl<N: Nic> Client<N> {
         };
         let request = p.request.map(|r| self.record(r));
         let body = match &p.op {
+            Op::Get { key } if p.ask_source => Body::GetMigrating { key },
             Op::Get { key } => Body::Get { key },
             Op::Put {
                 key,
@@ -1015,7 +1035,11 @@ impl<N: Nic> Client<N> {
                 })
             }
             Response::Error { code, term, detail } => {
-                let routing = matches!(code, ErrorCode::StaleTerm | ErrorCode::NotPrimary);
+                // The target of the key's migration does not hold it yet: read
+                // it at the source (a GET only), at once.
+                let ask = code == ErrorCode::AskSource && matches!(p.op, Op::Get { .. });
+                p.ask_source = ask;
+                let routing = ask || matches!(code, ErrorCode::StaleTerm | ErrorCode::NotPrimary);
                 // An internal error leaves a write's outcome unknown: with its
                 // request record it is asked again, and answered with the
                 // outcome once the server knows it.
@@ -1031,8 +1055,10 @@ impl<N: Nic> Client<N> {
                 {
                     p.attempts += 1;
                     p.maybe_applied |= code == ErrorCode::Internal;
-                    // A busy server is not a configuration matter.
-                    if code != ErrorCode::Busy {
+                    // A busy server is not a configuration matter, nor is a
+                    // migration's target sending a GET to the source (both
+                    // hold the client's term).
+                    if !matches!(code, ErrorCode::Busy | ErrorCode::AskSource) {
                         let _ = self.refresh();
                     }
                     p.sent_to = None;

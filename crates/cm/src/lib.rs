@@ -43,7 +43,7 @@ pub use manager::{
     CONFIG_KEY, NEXT_NODE_KEY, NODE_RECORD_PREFIX,
 };
 pub use plan::{
-    plan_failover, plan_join, plan_migrated, plan_move, plan_ready, plan_reshard, server_loads,
-    ReshardPolicy, ShardLoad,
+    plan_failover, plan_join, plan_migrate, plan_migrated, plan_move, plan_ready, plan_reshard,
+    server_loads, ReshardPolicy, ShardLoad,
 };
 pub use store::{CoordStore, EmbeddedStore, Guard, LeaseId, Revision, StoreError};

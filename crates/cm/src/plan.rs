@@ -31,8 +31,14 @@ use crate::manager::CmError;
 pub fn plan_failover(current: &Config, failed: &[NodeId]) -> Result<Config, CmError> {
     let mut next = current.clone();
     next.term = Term(current.term.0 + 1);
-    // An interrupted migration rolls back: the source is the primary again
-    // (and, if it failed, is replaced as any failed primary is).
+    // An interrupted migration rolls back (§4.6): the shard's first full
+    // backup is promoted, as when a primary fails. Neither end of the move
+    // may lead it again: the target may lack entries not copied yet, and the
+    // source lacks every write the target acknowledged since the hand-over
+    // — the backups hold them all (every write of either went to them).
+    // Both ends are left out of the shard's replicas; the refill below gives
+    // it its backup back. (With no backup, the source leads again: a shard
+    // of replication factor 1 has no other copy of its older entries.)
     let interrupted: Vec<Migration> = next
         .migrations
         .iter()
@@ -40,7 +46,17 @@ pub fn plan_failover(current: &Config, failed: &[NodeId]) -> Result<Config, CmEr
         .copied()
         .collect();
     for m in &interrupted {
-        next.shards[m.shard.0 as usize].primary = m.from;
+        let s = &mut next.shards[m.shard.0 as usize];
+        s.primary = if s.backups.iter().any(|b| !failed.contains(b)) {
+            let at = s
+                .backups
+                .iter()
+                .position(|b| !failed.contains(b))
+                .expect("checked");
+            s.backups.remove(at)
+        } else {
+            m.from
+        };
     }
     next.migrations.retain(|m| !interrupted.contains(m));
     next.members.retain(|m| !failed.contains(&m.node));
@@ -294,6 +310,42 @@ pub fn plan_reshard(
     Some(next)
 }
 
+/// The configuration after an operator asks to move `shard`'s primary to
+/// `to` (`rowankv reshard`, Redis `CLUSTER SETSLOT … NODE`): one migration
+/// task. `Err` with why, if that is not a move now: the shard or member does
+/// not exist, `to` already holds a replica of it, or a reconfiguration is
+/// under way (a migration, a joining backup: one at a time).
+pub fn plan_migrate(current: &Config, shard: ShardId, to: NodeId) -> Result<Config, String> {
+    let s = current
+        .shard(shard)
+        .ok_or_else(|| format!("{shard} does not exist"))?;
+    if current.member(to).is_none() {
+        return Err(format!("{to} is not a member"));
+    }
+    if s.primary == to {
+        return Err(format!("{to} leads {shard} already"));
+    }
+    if s.is_replica(to) {
+        return Err(format!(
+            "{to} holds a replica of {shard}: move it to a server that holds none"
+        ));
+    }
+    if !current.migrations.is_empty() || current.shards.iter().any(|a| !a.joining.is_empty()) {
+        return Err("a reconfiguration is under way (a migration or a joining backup)".into());
+    }
+    let mut next = current.clone();
+    next.term = Term(current.term.0 + 1);
+    next.migrations.push(Migration {
+        shard,
+        from: s.primary,
+        to,
+    });
+    next.shards[shard.0 as usize].primary = to;
+    next.validate()
+        .map_err(|e| format!("planned configuration: {e}"))?;
+    Ok(next)
+}
+
 /// The configuration after `shard`'s migration finished (its target has every
 /// entry): struck from the list. `None` if it is not in the list (finished
 /// already, or rolled back by a failover).
@@ -452,22 +504,22 @@ mod tests {
         let (loads, hot) = figure_15(&c);
         let moving = plan_reshard(&c, &loads, ReshardPolicy::default()).unwrap();
         let m = *moving.migration(hot).unwrap();
-        // The target fails: the source leads the shard again.
-        let back = plan_failover(&moving, &[m.to]).unwrap();
-        assert!(back
-            .migrations
-            .iter()
-            .all(|x| x.to != m.to && x.from != m.to));
-        assert_eq!(back.shard(hot).unwrap().primary, m.from);
-        back.validate().unwrap();
-        // The source fails: rolled back to it, then replaced by its first backup.
-        let back = plan_failover(&moving, &[m.from]).unwrap();
-        assert!(back.migration(hot).is_none());
-        assert_eq!(
-            back.shard(hot).unwrap().primary,
-            c.shard(hot).unwrap().backups[0]
-        );
-        back.validate().unwrap();
+        let first_backup = c.shard(hot).unwrap().backups[0];
+        // Either end fails: the shard's first backup leads it (it holds every
+        // write of both ends), and neither end is a replica of it.
+        for failed in [m.to, m.from] {
+            let back = plan_failover(&moving, &[failed]).unwrap();
+            assert!(back
+                .migrations
+                .iter()
+                .all(|x| x.to != failed && x.from != failed));
+            assert!(back.migration(hot).is_none());
+            let s = back.shard(hot).unwrap();
+            assert_eq!(s.primary, first_backup, "{failed} failed");
+            assert!(!s.is_replica(m.from) && !s.is_replica(m.to), "{s:?}");
+            assert_eq!(s.write_target_count(), 2, "refilled: {s:?}");
+            back.validate().unwrap();
+        }
         // Another server fails: the migration goes on.
         let other = moving
             .members
@@ -477,6 +529,51 @@ mod tests {
             .unwrap();
         let on = plan_failover(&moving, &[other]).unwrap();
         assert_eq!(on.migration(hot), Some(&m));
+    }
+
+    /// An operator's move: one task, the target named primary; refused with
+    /// why when it cannot be a move now.
+    #[test]
+    fn an_operator_moves_one_shard_to_a_server_that_holds_none_of_it() {
+        let c = config(5, 2, 3);
+        let s = c.shard(ShardId(0)).unwrap().clone();
+        let to = c
+            .members
+            .iter()
+            .map(|m| m.node)
+            .find(|n| !s.is_replica(*n))
+            .unwrap();
+        let next = plan_migrate(&c, ShardId(0), to).unwrap();
+        assert_eq!(next.term, Term(c.term.0 + 1));
+        assert_eq!(
+            next.migrations,
+            vec![Migration {
+                shard: ShardId(0),
+                from: s.primary,
+                to
+            }]
+        );
+        assert_eq!(next.shard(ShardId(0)).unwrap().primary, to);
+        assert_eq!(next.shard(ShardId(0)).unwrap().backups, s.backups);
+        assert!(plan_migrate(&c, ShardId(0), s.backups[0])
+            .unwrap_err()
+            .contains("holds a replica"));
+        assert!(plan_migrate(&c, ShardId(0), s.primary).is_err());
+        assert!(plan_migrate(&c, ShardId(999), to).is_err());
+        assert!(plan_migrate(&c, ShardId(0), NodeId(77)).is_err());
+        let other = next
+            .shards
+            .iter()
+            .find(|x| !x.is_replica(s.primary) && x.shard != ShardId(0))
+            .map(|x| x.shard);
+        if let Some(other) = other {
+            assert!(plan_migrate(&next, other, s.primary)
+                .unwrap_err()
+                .contains("under way"));
+        }
+        let done = plan_migrated(&next, ShardId(0)).unwrap();
+        assert!(done.migrations.is_empty());
+        done.validate().unwrap();
     }
 
     #[test]

@@ -56,8 +56,8 @@ use rowankv_wire::config::Member;
 use rowankv_wire::frame::{self, Body, Envelope, ErrorCode, Response};
 
 use crate::{
-    plan_failover, plan_join, plan_ready, plan_reshard, server_loads, ActiveLease, ConfigManager,
-    ReshardPolicy, ShardLoad,
+    plan_failover, plan_join, plan_migrate, plan_migrated, plan_ready, plan_reshard, server_loads,
+    ActiveLease, ConfigManager, ReshardPolicy, ShardLoad,
 };
 
 /// A prepare/commit round of one configuration term.
@@ -106,6 +106,10 @@ pub struct CmStats {
     pub failovers: AtomicU64,
     /// Joining backups made full backups once their copy was reported.
     pub backups_promoted: AtomicU64,
+    /// Migrations of a shard's primary put in the list (§4.6: by an
+    /// operator or the load's detection), and struck once copied.
+    pub migrations_started: AtomicU64,
+    pub migrations_finished: AtomicU64,
     /// Servers added as members, and removed on request (`rowankv leave`).
     pub joins: AtomicU64,
     pub leaves: AtomicU64,
@@ -688,6 +692,31 @@ impl<N: Nic> CmTask<N> {
         };
         while let Some(((shard, node), primary)) = self.ready.pop_first() {
             let config = self.manager.current();
+            // A migration's copy is complete: the task is struck (§4.6), and
+            // its source frees the shard's index when it adopts that.
+            if config
+                .migration(shard)
+                .is_some_and(|m| m.from == primary && m.to == node)
+            {
+                let Some(next) = plan_migrated(&config, shard) else {
+                    continue;
+                };
+                let stored = self
+                    .store_next(next, now_ns, now_ns, "a finished migration")
+                    .is_some();
+                if stored {
+                    CmStats::add(&self.stats.migrations_finished, 1);
+                    self.events.record(
+                        now_ns,
+                        EventKind::MigrationFinished {
+                            shard,
+                            from: primary,
+                            to: node,
+                        },
+                    );
+                }
+                return stored;
+            }
             // The copy is the primary's: a shard that changed primary since
             // needs the new one's report.
             if config.shard(shard).map(|s| s.primary) != Some(primary) {
@@ -864,10 +893,14 @@ impl<N: Nic> CmTask<N> {
                     Some((ErrorCode::Blocked, "a standby CM"))
                 } else if h.term != config.term {
                     Some((ErrorCode::StaleTerm, "copied in another term than the CM's"))
-                } else if config.shard(shard).map(|s| s.primary) != Some(h.sender) {
+                } else if config.shard(shard).map(|s| s.primary) != Some(h.sender)
+                    && !config
+                        .migration(shard)
+                        .is_some_and(|m| m.from == h.sender && m.to == node)
+                {
                     Some((
                         ErrorCode::NotPrimary,
-                        "only the shard's primary reports a copy",
+                        "only the shard's primary, or its migration's source, reports a copy",
                     ))
                 } else {
                     None
@@ -879,6 +912,42 @@ impl<N: Nic> CmTask<N> {
                 }
                 self.ready.insert((shard, node), h.sender);
                 self.respond(peer, h.request_id, Response::Ok { version: 0 });
+            }
+            // An operator's move of a shard's primary (`rowankv reshard`).
+            Body::Reshard { shard, to } => {
+                let config = self.manager.current();
+                let planned = if self.active.is_none() {
+                    Err((ErrorCode::Blocked, "a standby CM".to_string()))
+                } else if self.round.is_some() {
+                    Err((
+                        ErrorCode::Busy,
+                        "a configuration round is under way: ask again".to_string(),
+                    ))
+                } else {
+                    plan_migrate(&config, shard, to)
+                        .map_err(|why| (ErrorCode::ConditionFailed, why))
+                };
+                let stored = planned.and_then(|next| {
+                    let term = next.term;
+                    self.store_next(next, now_ns, now_ns, "an operator's migration")
+                        .map(|_| term)
+                        .ok_or((
+                            ErrorCode::Internal,
+                            "the configuration could not be stored".into(),
+                        ))
+                });
+                match stored {
+                    Ok(term) => {
+                        tracing::info!(cm = %self.name, %shard, %to, %term, "migration requested");
+                        CmStats::add(&self.stats.migrations_started, 1);
+                        self.respond(peer, h.request_id, Response::Ok { version: term.0 });
+                    }
+                    Err((code, detail)) => {
+                        let term = config.term;
+                        let detail = detail.as_str();
+                        self.respond(peer, h.request_id, Response::Error { code, term, detail });
+                    }
+                }
             }
             Body::Response(r) => {
                 let probed = self
@@ -983,8 +1052,9 @@ impl<N: Nic> CmTask<N> {
     /// reports (each at most two of its windows old), each member's load per
     /// second; a member more than `reshard.overload` above the average is
     /// overloaded, and when one becomes so the CM records an `Overloaded`
-    /// event with the move [`plan_reshard`] would make first. (Moving the
-    /// shard — the migration — is not done yet: docs/resharding.md.)
+    /// event with the move [`plan_reshard`] makes first; with
+    /// `FailoverSettings::reshard_auto` the plan is committed
+    /// (docs/resharding.md).
     fn weigh(&mut self, now_ns: u64) {
         let config = self.manager.current();
         self.loads.retain(|n, r| {
@@ -1019,6 +1089,21 @@ impl<N: Nic> CmTask<N> {
         } else {
             None
         };
+        // Dynamic resharding, when enabled: the plan is committed like any
+        // configuration (one reconfiguration at a time: `plan_reshard` plans
+        // nothing while a migration or a joining backup is under way).
+        if let Some(next) = plan
+            .as_ref()
+            .filter(|_| self.settings.reshard_auto && self.round.is_none())
+        {
+            let moves = next.migrations.len() as u64;
+            if self
+                .store_next(next.clone(), now_ns, now_ns, "a resharding plan")
+                .is_some()
+            {
+                CmStats::add(&self.stats.migrations_started, moves);
+            }
+        }
         for &node in over.difference(&self.overloaded) {
             let first = plan
                 .as_ref()

@@ -759,6 +759,18 @@ impl Collector for CmMetrics {
         )?;
         counter(
             e,
+            "rowankv_cm_migrations_started",
+            "Migrations of a shard's primary put in the configuration's list (dynamic resharding)",
+            load(&st.migrations_started),
+        )?;
+        counter(
+            e,
+            "rowankv_cm_migrations_finished",
+            "Migrations struck from the list once their copy was reported",
+            load(&st.migrations_finished),
+        )?;
+        counter(
+            e,
             "rowankv_cm_joins",
             "Servers added to the configuration",
             load(&st.joins),

@@ -113,6 +113,9 @@ pub struct EngineConfig {
 pub const WORKERS_MAX: usize = 255;
 /// Bound on retries of a read that raced with cleaning.
 const READ_RETRIES_MAX: usize = 16;
+/// Bound on the passes of [`Engine::forget_below`] over an index whose
+/// entries the cleaner relocates meanwhile.
+pub const FORGET_PASSES_MAX: usize = 8;
 
 impl Default for EngineConfig {
     fn default() -> Self {
@@ -978,6 +981,90 @@ impl Engine {
             Some(e) => Err(e),
             None => Ok(count),
         }
+    }
+
+    /// Dynamic resharding (seed 000 §4.6): drop from `shard`'s index every
+    /// entry whose version is below `floor` (tombstones included); their bytes
+    /// are dead from then on and go with cleaning. A migration's target calls
+    /// it with the source's next version before it serves the shard — entries
+    /// below that are left from an earlier time this server held the shard,
+    /// and may be stale — and a finished migration's source with
+    /// `Version(u64::MAX)` to free the shard's index. Returns how many items
+    /// it removed. The shard must take no writes meanwhile; an entry the
+    /// cleaner relocates meanwhile is found at its new address by another
+    /// pass (at most [`FORGET_PASSES_MAX`]).
+    pub fn forget_below(&self, shard_id: ShardId, floor: Version) -> Result<usize, EngineError> {
+        let shard = self.shard(shard_id)?;
+        let mut buf = Vec::with_capacity(FIRST_READ_BYTES);
+        let mut removed = 0;
+        for _ in 0..FORGET_PASSES_MAX {
+            let mut doomed = Vec::new();
+            shard.index.for_each(|addr| {
+                if self.version_at(addr) < floor.0 {
+                    doomed.push(addr);
+                }
+            });
+            if doomed.is_empty() {
+                return Ok(removed);
+            }
+            for addr in doomed {
+                if self.read_entry(addr, &mut buf).is_err() {
+                    continue; // relocated and reused meanwhile: the next pass
+                }
+                let Ok(e) = entry::parse_entry(&buf) else {
+                    continue;
+                };
+                if e.shard != shard_id || e.version.0 >= floor.0 {
+                    continue;
+                }
+                let len = e.encoded_len as u64;
+                if shard.index.remove_exact(hash_key(e.key), addr) {
+                    self.account_live(addr, len, false);
+                    removed += 1;
+                }
+            }
+        }
+        Err(EngineError::Corrupt(format!(
+            "{shard_id:?}: entries below version {} still indexed after {FORGET_PASSES_MAX} passes",
+            floor.0
+        )))
+    }
+
+    /// Whether `key` has an entry in `shard`'s index, a tombstone or an
+    /// expired value included (a GET that reads it as absent knows the key's
+    /// latest write here).
+    pub fn is_indexed(&self, shard_id: ShardId, key: &[u8]) -> Result<bool, EngineError> {
+        let shard = self.shard(shard_id)?;
+        Ok(shard
+            .index
+            .get(hash_key(key), |a| self.key_at(a, key))
+            .is_some())
+    }
+
+    /// The outcomes `shard`'s request table holds, as records (the client's
+    /// floor as `first_incomplete`) with their versions: what a migration's
+    /// source hands its target ([`Engine::note_outcomes`]).
+    pub fn request_outcomes(
+        &self,
+        shard: ShardId,
+    ) -> Result<Vec<(RequestRecord, Version)>, EngineError> {
+        Ok(self.shard(shard)?.requests.lock().outcomes())
+    }
+
+    /// Record outcomes of requests executed elsewhere (a migration's source)
+    /// in `shard`'s request table, so a retry is answered, never executed
+    /// again. Held in DRAM only: see `docs/resharding.md` for what a cold
+    /// start keeps of them.
+    pub fn note_outcomes(
+        &self,
+        shard: ShardId,
+        outcomes: impl IntoIterator<Item = (RequestRecord, Version)>,
+    ) -> Result<(), EngineError> {
+        let mut table = self.shard(shard)?.requests.lock();
+        for (r, version) in outcomes {
+            table.record(&r, version);
+        }
+        Ok(())
     }
 
     /// Keys of `shard` with a live value (tombstones and expired values left out), passed to `f`,

@@ -680,6 +680,25 @@ impl RequestTable {
         self.kept.len()
     }
 
+    /// Every outcome held, as `(record, version)`: the client's floor as the
+    /// record's `first_incomplete` (so [`RequestTable::record`] of the list in
+    /// any order rebuilds the same floors and outcomes elsewhere).
+    pub fn outcomes(&self) -> Vec<(RequestRecord, Version)> {
+        let mut out = Vec::with_capacity(self.outcomes);
+        for (&client, c) in &self.clients {
+            for &(seq, version) in &c.done {
+                out.push((
+                    RequestRecord {
+                        id: RequestId { client, seq },
+                        first_incomplete: c.floor,
+                    },
+                    version,
+                ));
+            }
+        }
+        out
+    }
+
     /// What this shard knows of request `id`.
     pub fn outcome(&self, id: RequestId) -> RequestOutcome {
         let Some(c) = self.clients.get(&id.client) else {

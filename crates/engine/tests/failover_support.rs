@@ -491,3 +491,87 @@ fn for_each_indexed_entry_copies_a_shard_exactly() {
         Err(EngineError::NoSuchShard(_))
     ));
 }
+
+/// Dynamic resharding: a migration's target drops the entries below the
+/// source's next version (left from an earlier time it held the shard) and
+/// keeps the rest; the source frees a shard's index with `Version(u64::MAX)`.
+/// Other shards are untouched, the dropped bytes are dead, and the request
+/// table's outcomes move to another engine and answer retries there.
+#[test]
+fn forget_below_drops_old_entries_and_outcomes_move_between_engines() {
+    use rowankv_engine::RequestOutcome;
+    use rowankv_types::{RequestId, RequestRecord};
+    let a = engine();
+    let s0 = ShardId(0);
+    let s1 = ShardId(1);
+    for i in 0..40u64 {
+        a.put(0, s0, format!("k{i}").as_bytes(), b"old").unwrap();
+    }
+    a.delete(0, s0, b"k3").unwrap();
+    a.put(0, s1, b"other", b"kept").unwrap();
+    let floor = a.next_version(s0).unwrap();
+    for i in 0..10u64 {
+        a.put(0, s0, format!("k{i}").as_bytes(), b"new").unwrap();
+    }
+    a.put(0, s0, b"fresh", b"new").unwrap();
+    assert_eq!(a.indexed(s0).unwrap(), 41);
+    let removed = a.forget_below(s0, floor).unwrap();
+    assert_eq!(removed, 30, "k10..k39 are older than the floor");
+    assert_eq!(a.indexed(s0).unwrap(), 11);
+    for i in 0..40u64 {
+        let key = format!("k{i}");
+        let got = a.get(s0, key.as_bytes()).unwrap();
+        if i < 10 {
+            assert_eq!(got.map(|(v, _)| v).as_deref(), Some(&b"new"[..]), "{key}");
+        } else {
+            assert_eq!(got, None, "{key}");
+            assert!(!a.is_indexed(s0, key.as_bytes()).unwrap(), "{key}");
+        }
+    }
+    assert!(a.is_indexed(s0, b"fresh").unwrap());
+    assert_eq!(
+        a.get(s1, b"other").unwrap().map(|(v, _)| v).as_deref(),
+        Some(&b"kept"[..])
+    );
+    // Nothing is left below the floor: a second call removes nothing.
+    assert_eq!(a.forget_below(s0, floor).unwrap(), 0);
+    assert_eq!(a.forget_below(s0, Version(u64::MAX)).unwrap(), 11);
+    assert_eq!(a.indexed(s0).unwrap(), 0);
+    assert_eq!(a.indexed(s1).unwrap(), 1);
+
+    // A tombstone is indexed (its key's latest write is known here).
+    a.put(0, s1, b"gone", b"x").unwrap();
+    a.delete(0, s1, b"gone").unwrap();
+    assert_eq!(a.get(s1, b"gone").unwrap(), None);
+    assert!(a.is_indexed(s1, b"gone").unwrap());
+    assert!(!a.is_indexed(s1, b"never").unwrap());
+
+    // Outcomes: two requests of one client, one of another.
+    let rec = |client, seq, first_incomplete| RequestRecord {
+        id: RequestId { client, seq },
+        first_incomplete,
+    };
+    let w1 = a
+        .put_with_request(0, s1, b"r1", b"v", rec(9, 5, 4))
+        .unwrap();
+    let w2 = a
+        .put_with_request(0, s1, b"r1", b"w", rec(9, 6, 4))
+        .unwrap();
+    let w3 = a
+        .put_with_request(0, s1, b"r2", b"v", rec(11, 1, 1))
+        .unwrap();
+    let outcomes = a.request_outcomes(s1).unwrap();
+    assert_eq!(outcomes.len(), 3);
+    let b = engine();
+    b.note_outcomes(s1, outcomes).unwrap();
+    let at = |client, seq| b.request_outcome(s1, RequestId { client, seq }).unwrap();
+    assert_eq!(at(9, 5), RequestOutcome::Done(w1.version));
+    assert_eq!(at(9, 6), RequestOutcome::Done(w2.version));
+    assert_eq!(at(11, 1), RequestOutcome::Done(w3.version));
+    assert_eq!(
+        at(9, 3),
+        RequestOutcome::Stale,
+        "below the floor moved with them"
+    );
+    assert_eq!(at(9, 7), RequestOutcome::Unknown);
+}

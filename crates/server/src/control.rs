@@ -244,6 +244,12 @@ enum Pending {
         term: Term,
     },
     Ready,
+    /// A page of a migration's hand-over (§4.6).
+    Migrate {
+        shard: ShardId,
+        to: NodeId,
+        page: usize,
+    },
 }
 
 /// Gathering from one replica.
@@ -276,12 +282,48 @@ struct Recovery {
     install_failures: u32,
 }
 
-/// Re-replication of one shard to one joining backup.
+/// Re-replication of one shard to one joining backup, or the copy of a
+/// migration this server is the source of (§4.6).
 struct Copy {
     pages: Option<Vec<Vec<u8>>>,
     entries: u64,
     target: Target,
     ready_sent_ns: Option<u64>,
+    /// A migration's copy: the hand-over goes before the entries.
+    migration: bool,
+    /// Taken with the pages (a migration's copy only).
+    handover: Option<Handover>,
+}
+
+impl Copy {
+    fn new(migration: bool) -> Copy {
+        Copy {
+            pages: None,
+            entries: 0,
+            target: Target::default(),
+            ready_sent_ns: None,
+            migration,
+            handover: None,
+        }
+    }
+}
+
+/// What a migration's source hands its target before the entries: the
+/// shard's next version and its request outcomes, in pages.
+struct Handover {
+    next_version: u64,
+    /// Encoded outcomes ([`frame::encode_outcomes`]), one page a frame; at
+    /// least one (the last says the hand-over is complete).
+    pages: Vec<Vec<u8>>,
+    target: Target,
+}
+
+/// A shard this server is the target of a migration of, as handed over so far.
+struct Incoming {
+    from: NodeId,
+    next_version: u64,
+    /// The last page arrived: every outcome is recorded.
+    complete: bool,
 }
 
 /// The control role of one server.
@@ -308,6 +350,11 @@ pub struct ControlTask<N: Nic> {
     jobs_epoch: u64,
     recoveries: BTreeMap<ShardId, Recovery>,
     copies: BTreeMap<(ShardId, NodeId), Copy>,
+    /// Migrations to this server, as handed over (this term's jobs).
+    incoming: BTreeMap<ShardId, Incoming>,
+    /// Shards migrating here whose recovery (promotion or cold start) is done:
+    /// they are served once handed over.
+    recovered: std::collections::BTreeSet<ShardId>,
     /// Gather answers being paged out, per asking primary: taken in one walk of
     /// the segments for every shard it is recovering (they take no new writes
     /// until recovered), in the term they were taken.
@@ -345,6 +392,8 @@ impl<N: Nic> ControlTask<N> {
             jobs_epoch: u64::MAX,
             recoveries: BTreeMap::new(),
             copies: BTreeMap::new(),
+            incoming: BTreeMap::new(),
+            recovered: Default::default(),
             gathered: BTreeMap::new(),
             own: None,
             events: Vec::new(),
@@ -531,6 +580,12 @@ impl<N: Nic> ControlTask<N> {
             }
             Body::Gather { shard, cursor } => self.handle_gather(peer, &h, shard, cursor),
             Body::Install { shard, entries } => self.handle_install(peer, &h, shard, entries),
+            Body::Migrate {
+                shard,
+                next_version,
+                last,
+                outcomes,
+            } => self.handle_migrate(peer, &h, shard, next_version, last, outcomes),
             _ => {
                 let detail = format!("{:?} is not for a server's control role", f.body.msg_type());
                 self.reject(peer, h.request_id, ErrorCode::UnknownType, &detail);
@@ -656,7 +711,19 @@ impl<N: Nic> ControlTask<N> {
         let ok = config.shard(shard).is_some_and(|s| {
             s.primary == h.sender && s.write_targets().any(|b| b == self.shared.node)
         });
-        if !ok {
+        let me = self.shared.node;
+        let migrating_here = config
+            .migration(shard)
+            .is_some_and(|m| m.from == h.sender && m.to == me);
+        if migrating_here && !self.shared.shard_ready(shard) {
+            // The copy goes in only after the hand-over (which drops what
+            // an earlier time here left of the shard): the source hands over
+            // again when told so.
+            let detail = format!("{shard} is not handed over here yet");
+            self.reject(peer, h.request_id, ErrorCode::Blocked, &detail);
+            return;
+        }
+        if !ok && !migrating_here {
             let detail = format!("{} may not install {shard} here", h.sender);
             self.reject(peer, h.request_id, ErrorCode::NotPrimary, &detail);
             return;
@@ -700,6 +767,96 @@ impl<N: Nic> ControlTask<N> {
             }
             Err(e) => self.reject(peer, h.request_id, ErrorCode::Internal, &e.to_string()),
         }
+    }
+
+    /// A page of the hand-over of a shard migrating here (§4.6): its request
+    /// outcomes are recorded at once (a retry of a request the source
+    /// executed is answered, never executed again); the last page completes
+    /// the hand-over, and the shard is served once it is also recovered
+    /// ([`ControlTask::run_takeovers`]).
+    fn handle_migrate(
+        &mut self,
+        peer: PeerId,
+        h: &frame::Header,
+        shard: ShardId,
+        next_version: u64,
+        last: bool,
+        outcomes: &[u8],
+    ) {
+        let Some(config) = self.same_term(peer, h) else {
+            return;
+        };
+        let me = self.shared.node;
+        if !config
+            .migration(shard)
+            .is_some_and(|m| m.from == h.sender && m.to == me)
+        {
+            let detail = format!("{shard} does not migrate from {} to {me}", h.sender);
+            self.reject(peer, h.request_id, ErrorCode::NotPrimary, &detail);
+            return;
+        }
+        let list = frame::outcomes_in(outcomes).map(|(r, v)| (r, rowankv_types::Version(v)));
+        if let Err(e) = self.shared.engine.note_outcomes(shard, list) {
+            self.reject(peer, h.request_id, ErrorCode::Internal, &e.to_string());
+            return;
+        }
+        let i = self.incoming.entry(shard).or_insert(Incoming {
+            from: h.sender,
+            next_version,
+            complete: false,
+        });
+        i.next_version = i.next_version.max(next_version);
+        i.complete |= last;
+        self.respond(peer, h.request_id, Response::Ok { version: 0 });
+    }
+
+    /// Serve each shard migrating here that is handed over and recovered:
+    /// first drop what an earlier time here left of it (entries below the
+    /// source's next version: every one of them is the source's to copy, and
+    /// may be stale here), then raise its versions past the source's, so
+    /// every write here wins over the copy's.
+    fn run_takeovers(&mut self, now_ns: u64) -> bool {
+        let config = self.shared.config();
+        let me = self.shared.node;
+        let due: Vec<(ShardId, NodeId, u64)> = self
+            .incoming
+            .iter()
+            .filter(|(s, i)| {
+                i.complete
+                    && self.recovered.contains(s)
+                    && !self.shared.shard_ready(**s)
+                    && config
+                        .migration(**s)
+                        .is_some_and(|m| m.from == i.from && m.to == me)
+            })
+            .map(|(s, i)| (*s, i.from, i.next_version))
+            .collect();
+        for &(shard, from, next_version) in &due {
+            match self
+                .shared
+                .engine
+                .forget_below(shard, rowankv_types::Version(next_version))
+            {
+                Ok(dropped) => {
+                    tracing::info!(role = %self.name, %shard, %from, next_version, dropped, "taking a migrating shard over");
+                }
+                Err(e) => {
+                    tracing::error!(role = %self.name, %shard, error = %e, "dropping a migrating shard's old entries");
+                    continue;
+                }
+            }
+            self.shared.versions.raise(shard, next_version);
+            self.shared.set_shard_ready(shard);
+            self.shared.events.record(
+                now_ns,
+                EventKind::MigrationServed {
+                    shard,
+                    from,
+                    to: me,
+                },
+            );
+        }
+        !due.is_empty()
     }
 
     fn on_response(&mut self, request_id: u64, r: &Response<'_>, now_ns: u64) {
@@ -772,6 +929,28 @@ impl<N: Nic> ControlTask<N> {
                     .recoveries
                     .get_mut(&shard)
                     .filter(|_| term == self.jobs_term);
+                if let Some(c) = self
+                    .copies
+                    .get_mut(&(shard, to))
+                    .filter(|c| c.migration && recovery.is_none())
+                {
+                    // The target has not taken the shard over (it restarted,
+                    // or is still recovering): hand over again, then copy.
+                    if matches!(
+                        r,
+                        Response::Error {
+                            code: ErrorCode::Blocked,
+                            ..
+                        }
+                    ) {
+                        if let Some(h) = c.handover.as_mut() {
+                            h.target = Target::default();
+                        }
+                        c.target = Target::default();
+                        c.target.asked_ns = Some(now_ns);
+                        return;
+                    }
+                }
                 let target = if let Some(rec) = recovery {
                     rec.targets.get_mut(&to)
                 } else if let Some(c) = self.copies.get_mut(&(shard, to)) {
@@ -789,6 +968,22 @@ impl<N: Nic> ControlTask<N> {
                 }
             }
             Pending::Ready => {}
+            Pending::Migrate { shard, to, page } => {
+                let ok = matches!(r, Response::Ok { .. });
+                let Some(h) = self
+                    .copies
+                    .get_mut(&(shard, to))
+                    .and_then(|c| c.handover.as_mut())
+                else {
+                    return;
+                };
+                if ok && h.target.next_page == page {
+                    h.target.next_page += 1;
+                    h.target.asked_ns = None;
+                } else if !ok {
+                    h.target.asked_ns = Some(now_ns);
+                }
+            }
         }
     }
 
@@ -809,13 +1004,58 @@ impl<N: Nic> ControlTask<N> {
             // copy to a backup that is still joining a shard this server still
             // leads stays valid (every write since it joined went to it too).
             self.recoveries.clear();
+            self.recovered.clear();
             let me = self.shared.node;
-            self.copies.retain(|(shard, to), _| {
+            let mut ended = Vec::new();
+            self.copies.retain(|(shard, to), c| {
+                let keep = if c.migration {
+                    config
+                        .migration(*shard)
+                        .is_some_and(|m| m.from == me && m.to == *to)
+                } else {
+                    config
+                        .shard(*shard)
+                        .is_some_and(|s| s.primary == me && s.joining.contains(to))
+                };
+                if !keep && c.migration {
+                    ended.push(*shard);
+                }
+                keep
+            });
+            // A migration from here ended (finished, or rolled back by a
+            // failover): a shard this server holds no replica of any more has
+            // its index freed (§4.6); its entries go with cleaning.
+            for shard in ended {
+                if config.shard(shard).is_some_and(|s| !s.is_replica(me)) {
+                    match self
+                        .shared
+                        .engine
+                        .forget_below(shard, rowankv_types::Version(u64::MAX))
+                    {
+                        Ok(n) => {
+                            tracing::info!(role = %self.name, %shard, freed = n, "a migrated shard's index freed")
+                        }
+                        Err(e) => {
+                            tracing::error!(role = %self.name, %shard, error = %e, "freeing a migrated shard's index")
+                        }
+                    }
+                }
+            }
+            self.incoming.retain(|shard, i| {
                 config
-                    .shard(*shard)
-                    .is_some_and(|s| s.primary == me && s.joining.contains(to))
+                    .migration(*shard)
+                    .is_some_and(|m| m.from == i.from && m.to == me)
             });
             self.jobs_term = config.term;
+        }
+        for m in config
+            .migrations
+            .iter()
+            .filter(|m| m.from == self.shared.node)
+        {
+            self.copies
+                .entry((m.shard, m.to))
+                .or_insert_with(|| Copy::new(true));
         }
         let me = self.shared.node;
         for s in config.primary_shards(me) {
@@ -831,12 +1071,9 @@ impl<N: Nic> ControlTask<N> {
                 });
             } else {
                 for j in &s.joining {
-                    self.copies.entry((s.shard, *j)).or_insert(Copy {
-                        pages: None,
-                        entries: 0,
-                        target: Target::default(),
-                        ready_sent_ns: None,
-                    });
+                    self.copies
+                        .entry((s.shard, *j))
+                        .or_insert_with(|| Copy::new(false));
                 }
             }
         }
@@ -1009,6 +1246,19 @@ impl<N: Nic> ControlTask<N> {
                 if rec.targets.values().all(|t| t.next_page >= rec.pages.len()) {
                     let top = self.shared.engine.highest_version(shard).unwrap_or(0);
                     self.shared.versions.raise(shard, top + 1);
+                    self.recoveries.remove(&shard);
+                    let me = self.shared.node;
+                    if self
+                        .shared
+                        .config()
+                        .migration(shard)
+                        .is_some_and(|m| m.to == me)
+                    {
+                        // Served once handed over (`run_takeovers`).
+                        self.recovered.insert(shard);
+                        did = true;
+                        continue;
+                    }
                     self.shared.set_shard_ready(shard);
                     self.shared
                         .stats
@@ -1022,7 +1272,6 @@ impl<N: Nic> ControlTask<N> {
                             term: self.jobs_term,
                         },
                     );
-                    self.recoveries.remove(&shard);
                     // Its joining backups are copied next.
                     self.jobs_epoch = u64::MAX;
                     did = true;
@@ -1077,6 +1326,41 @@ impl<N: Nic> ControlTask<N> {
                 if !self.shared.writes_since(self.jobs_term) {
                     continue;
                 }
+                let migration = self.copies[&(shard, to)].migration;
+                // A migration's source hands over once no write of the
+                // shard is in flight here: every one was published (and is
+                // in the index, so in the copy) or given up.
+                if migration && !self.shared.versions.idle(shard) {
+                    continue;
+                }
+                if migration {
+                    let next_version = self.shared.versions.next(shard);
+                    let outcomes = match self.shared.engine.request_outcomes(shard) {
+                        Ok(o) => o,
+                        Err(e) => {
+                            tracing::error!(role = %self.name, %shard, error = %e, "reading the shard's outcomes");
+                            continue;
+                        }
+                    };
+                    let per_page = (self.ep.config().frame_bytes_max
+                        - HEADER_BYTES
+                        - frame::MIGRATE_FIXED_BYTES)
+                        / frame::MIGRATE_OUTCOME_BYTES;
+                    assert!(per_page > 0, "a frame holds no request outcome");
+                    let records: Vec<_> = outcomes.into_iter().map(|(r, v)| (r, v.0)).collect();
+                    let mut pages: Vec<Vec<u8>> = records
+                        .chunks(per_page)
+                        .map(frame::encode_outcomes)
+                        .collect();
+                    if pages.is_empty() {
+                        pages.push(Vec::new());
+                    }
+                    self.copies.get_mut(&(shard, to)).expect("listed").handover = Some(Handover {
+                        next_version,
+                        pages,
+                        target: Target::default(),
+                    });
+                }
                 let mut list: Vec<Vec<u8>> = Vec::new();
                 let counted = self
                     .shared
@@ -1092,7 +1376,55 @@ impl<N: Nic> ControlTask<N> {
                 c.pages = Some(pack(list.iter().map(|e| e.as_slice()), max));
                 did = true;
             }
+            // A migration: the hand-over, page by page, before any entry.
+            if let Some(h) = self.copies[&(shard, to)]
+                .handover
+                .as_ref()
+                .filter(|h| h.target.next_page < h.pages.len())
+            {
+                if h.target.asked_ns.is_some_and(|a| now_ns < a + resend) {
+                    continue;
+                }
+                let page = h.target.next_page;
+                let next_version = h.next_version;
+                let last = page + 1 == h.pages.len();
+                let Some(peer) =
+                    self.peer_links
+                        .peer(&mut self.ep, &self.directory, to, now_ns, retry)
+                else {
+                    continue;
+                };
+                let outcomes = std::mem::take(
+                    &mut self
+                        .copies
+                        .get_mut(&(shard, to))
+                        .and_then(|c| c.handover.as_mut())
+                        .expect("listed")
+                        .pages[page],
+                );
+                let body = Body::Migrate {
+                    shard,
+                    next_version,
+                    last,
+                    outcomes: &outcomes,
+                };
+                let sent = self.request(peer, &body, Pending::Migrate { shard, to, page }, now_ns);
+                let h = self
+                    .copies
+                    .get_mut(&(shard, to))
+                    .and_then(|c| c.handover.as_mut())
+                    .expect("listed");
+                h.pages[page] = outcomes;
+                if sent {
+                    h.target.asked_ns = Some(now_ns);
+                    did = true;
+                }
+                continue;
+            }
             let c = &self.copies[&(shard, to)];
+            if c.migration && self.shared.migration_copy_held() {
+                continue;
+            }
             let pages = c.pages.as_ref().expect("set above");
             if c.target.next_page < pages.len() {
                 if c.target.asked_ns.is_some_and(|a| now_ns < a + resend) {
@@ -1135,14 +1467,20 @@ impl<N: Nic> ControlTask<N> {
                 stats
                     .copy_entries_done
                     .fetch_add(c.entries, std::sync::atomic::Ordering::Relaxed);
-                self.shared.events.record(
-                    now_ns,
+                let kind = if c.migration {
+                    EventKind::MigrationCopied {
+                        shard,
+                        to,
+                        entries: c.entries,
+                    }
+                } else {
                     EventKind::ReplicaCopied {
                         shard,
                         to,
                         entries: c.entries,
-                    },
-                );
+                    }
+                };
+                self.shared.events.record(now_ns, kind);
             }
             self.copies
                 .get_mut(&(shard, to))
@@ -1246,6 +1584,7 @@ impl<N: Nic> Task for ControlTask<N> {
         if self.plan() {
             did |= self.run_recoveries(now_ns);
             did |= self.run_copies(now_ns);
+            did |= self.run_takeovers(now_ns);
         }
         // Gauges of the metrics: recoveries and copies under way.
         let stats = &self.shared.stats;

@@ -37,6 +37,26 @@ pub enum EventKind {
         shard: ShardId,
         to: NodeId,
     },
+    /// A migration's target took `shard` over from `from` (seed 000 §4.6):
+    /// it serves the shard from now on, while the copy goes on.
+    MigrationServed {
+        shard: ShardId,
+        from: NodeId,
+        to: NodeId,
+    },
+    /// A migration's source copied `shard`'s `entries` to its target and
+    /// told the CMs.
+    MigrationCopied {
+        shard: ShardId,
+        to: NodeId,
+        entries: u64,
+    },
+    /// The CM struck a finished migration from the list (§4.6).
+    MigrationFinished {
+        shard: ShardId,
+        from: NodeId,
+        to: NodeId,
+    },
     /// Re-replication of `shard` to `to` completed.
     ReplicaCopied {
         shard: ShardId,

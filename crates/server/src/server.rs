@@ -168,6 +168,11 @@ pub struct FailoverSettings {
     /// formatting its pool) are not failed before they could ask. Safe: a
     /// later grant only makes a failover wait longer. 0 in one process.
     pub startup_grace_ns: u64,
+    /// Dynamic resharding (seed 000 §4.6): the active CM commits the moves
+    /// its load detection plans (`rowankv_cm::plan_reshard`). Off by
+    /// default: the CM then only detects and reports an overload, and
+    /// operators move shards with `rowankv reshard`.
+    pub reshard_auto: bool,
 }
 
 impl FailoverSettings {
@@ -198,6 +203,7 @@ impl Default for FailoverSettings {
             unsafe_ignore_request_ids: false,
             unsafe_announce_writes_late: false,
             startup_grace_ns: 0,
+            reshard_auto: false,
         }
     }
 }
@@ -379,6 +385,9 @@ pub struct ServerStats {
     pub copy_pages_remaining: AtomicU64,
     pub copies_done: AtomicU64,
     pub copy_entries_done: AtomicU64,
+    /// GETs a migration's target sent back that this server, the source,
+    /// answered from the index it still holds (§4.6).
+    pub migration_reads: AtomicU64,
     /// The cleaners' passes: segments cleaned, entries and bytes moved, and
     /// segments freed (the bytes freed are these times the segment size).
     pub cleaner_segments_cleaned: AtomicU64,
@@ -510,6 +519,9 @@ pub struct ServerShared<N: Nic> {
     /// Fault injection: the lease role does nothing until here (a thread that
     /// is not scheduled), while the other roles run.
     lease_role_paused_until_ns: AtomicU64,
+    /// Fault injection: a migration from here hands over but copies nothing
+    /// while set (`hold_migration_copy`).
+    migration_copy_held: AtomicBool,
     /// The highest term known committed (every server acknowledged it).
     committed_term: AtomicU64,
     /// The CM removed this server: it never serves again.
@@ -569,6 +581,7 @@ impl<N: Nic> ServerShared<N> {
         ServerShared {
             lease_until_ns: AtomicU64::new(0),
             lease_role_paused_until_ns: AtomicU64::new(0),
+            migration_copy_held: AtomicBool::new(false),
             committed_term,
             evicted: AtomicBool::new(false),
             shard_ready,
@@ -742,6 +755,17 @@ impl<N: Nic> ServerShared<N> {
     pub fn pause_lease_role(&self, until_ns: u64) {
         self.lease_role_paused_until_ns
             .store(until_ns, Ordering::Release);
+    }
+
+    /// Fault injection (tests): while `hold` is set, a migration from this
+    /// server hands its shard over and copies none of its entries, so the
+    /// target serves the shard with none of them (its GETs go to the source).
+    pub fn hold_migration_copy(&self, hold: bool) {
+        self.migration_copy_held.store(hold, Ordering::Release);
+    }
+
+    pub(crate) fn migration_copy_held(&self) -> bool {
+        self.migration_copy_held.load(Ordering::Acquire)
     }
 
     pub(crate) fn lease_role_paused(&self, now_ns: u64) -> bool {

@@ -120,6 +120,21 @@ impl VersionBook {
         }
     }
 
+    /// The next version `shard` hands out.
+    pub fn next(&self, shard: ShardId) -> u64 {
+        self.shards
+            .get(shard.0 as usize)
+            .map_or(0, |b| b.lock().next)
+    }
+
+    /// Whether no version of `shard` is in flight (a migration's source hands
+    /// the shard over only then, §4.6).
+    pub fn idle(&self, shard: ShardId) -> bool {
+        self.shards
+            .get(shard.0 as usize)
+            .is_none_or(|b| b.lock().inflight.is_empty())
+    }
+
     /// The shard's CommitVer.
     pub fn commit_version(&self, shard: ShardId) -> u64 {
         self.shards.get(shard.0 as usize).map_or(0, |b| {

@@ -371,13 +371,17 @@ impl<N: Nic> Worker<N> {
             self.reject(peer, h.request_id, ErrorCode::StaleTerm, &detail);
             return;
         }
-        if matches!(f.body, Body::Get { .. } | Body::Scan { .. }) || f.body.is_write() {
+        if matches!(
+            f.body,
+            Body::Get { .. } | Body::GetMigrating { .. } | Body::Scan { .. }
+        ) || f.body.is_write()
+        {
             // A write is admitted on the clock now, not at the step's start:
             // earlier messages of this step may have taken a while. A GET is
             // admitted on the step's time, an early refusal only: it is checked
             // on the clock again right before its answer (`handle_get`).
             let now = match f.body {
-                Body::Get { .. } => now_ns,
+                Body::Get { .. } | Body::GetMigrating { .. } => now_ns,
                 _ => self.shared.now_ns(),
             };
             if let Some((code, why)) = self.shared.admit(now, self.config.term) {
@@ -386,7 +390,8 @@ impl<N: Nic> Worker<N> {
             }
         }
         match f.body {
-            Body::Get { key } => self.handle_get(peer, h.request_id, key),
+            Body::Get { key } => self.handle_get(peer, h.request_id, key, false),
+            Body::GetMigrating { key } => self.handle_get(peer, h.request_id, key, true),
             Body::Put {
                 key,
                 value,
@@ -438,6 +443,8 @@ impl<N: Nic> Worker<N> {
             | Body::Ready { .. }
             | Body::Config { .. }
             | Body::Load { .. }
+            | Body::Migrate { .. }
+            | Body::Reshard { .. }
             | Body::Stats => {
                 let detail = format!("{:?} goes to a server's control role", f.body.msg_type());
                 self.reject(peer, h.request_id, ErrorCode::UnknownType, &detail);
@@ -489,6 +496,13 @@ impl<N: Nic> Worker<N> {
             self.reject(peer, request_id, ErrorCode::Blocked, &detail);
             return;
         }
+        // Keys not copied here yet would be missed: a scan waits for the end
+        // of the migration.
+        if let Some(source) = self.migrating_from(shard) {
+            let detail = format!("{shard} is migrating here from {source}");
+            self.reject(peer, request_id, ErrorCode::Blocked, &detail);
+            return;
+        }
         // What a response frame holds after its fixed fields.
         let budget = frame::value_response_bytes_max(self.ep.config().frame_bytes_max);
         let mut keys = Vec::new();
@@ -509,11 +523,60 @@ impl<N: Nic> Worker<N> {
         }
     }
 
-    fn handle_get(&mut self, peer: PeerId, request_id: u64, key: &[u8]) {
-        let Some(shard) = self.primary_shard(peer, request_id, key) else {
+    /// The shard of `key` if this server is the source of its migration
+    /// (seed 000 §4.6): the index it still holds answers a GET its target
+    /// sent back, until the migration ends.
+    fn migration_source_shard(
+        &mut self,
+        peer: PeerId,
+        request_id: u64,
+        key: &[u8],
+    ) -> Option<ShardId> {
+        let shard = self.config.shard_for_key(key).shard;
+        if self
+            .config
+            .migration(shard)
+            .is_some_and(|m| m.from == self.shared.node)
+        {
+            return Some(shard);
+        }
+        let detail = format!(
+            "{shard} does not migrate from {} in term {}",
+            self.shared.node, self.config.term
+        );
+        self.reject(peer, request_id, ErrorCode::NotPrimary, &detail);
+        None
+    }
+
+    /// The source of `shard`'s migration here, if it is migrating to this
+    /// server: keys it does not hold yet are read there.
+    fn migrating_from(&self, shard: ShardId) -> Option<rowankv_types::NodeId> {
+        self.config
+            .migration(shard)
+            .filter(|m| m.to == self.shared.node)
+            .map(|m| m.from)
+    }
+
+    /// A GET (`from_target`: a `GetMigrating`, answered by a migration's
+    /// source). At a migration's target, a key it holds no entry of (value or
+    /// tombstone) is not copied yet: the client is told to read it from the
+    /// source (`AskSource`), which holds its latest acknowledged write.
+    fn handle_get(&mut self, peer: PeerId, request_id: u64, key: &[u8], from_target: bool) {
+        let shard = if from_target {
+            self.migration_source_shard(peer, request_id, key)
+        } else {
+            self.primary_shard(peer, request_id, key)
+        };
+        let Some(shard) = shard else {
             return;
         };
         self.shared.stats.gets.fetch_add(1, Ordering::Relaxed);
+        if from_target {
+            self.shared
+                .stats
+                .migration_reads
+                .fetch_add(1, Ordering::Relaxed);
+        }
         let mut value = std::mem::take(&mut self.value_buf);
         // An expired value reads as absent here, the primary, on its clock.
         let read = self.shared.engine.get_stored_into(shard, key, &mut value);
@@ -549,10 +612,16 @@ impl<N: Nic> Worker<N> {
                     );
                 }
             }
-            Ok(None) => {
-                self.shared.stats.latency[ServerStats::CMD_GET].observe_ns(took_ns);
-                self.respond(peer, request_id, Response::NotFound)
-            }
+            Ok(None) => match self.migrating_from(shard).filter(|_| !from_target) {
+                Some(source) if !self.shared.engine.is_indexed(shard, key).unwrap_or(false) => {
+                    let detail = format!("{shard} is migrating here from {source}");
+                    self.reject(peer, request_id, ErrorCode::AskSource, &detail);
+                }
+                _ => {
+                    self.shared.stats.latency[ServerStats::CMD_GET].observe_ns(took_ns);
+                    self.respond(peer, request_id, Response::NotFound)
+                }
+            },
             Err(e) => self.reject(peer, request_id, ErrorCode::Internal, &e.to_string()),
         }
         self.value_buf = value;
@@ -627,6 +696,17 @@ impl<N: Nic> Worker<N> {
                 self.shared.end_request(shard, r.id);
                 return;
             }
+        }
+        // A condition on a key not copied here yet cannot be checked here
+        // (it would read as absent): the client asks again after a pause.
+        if expect.is_some()
+            && self.migrating_from(shard).is_some()
+            && !self.shared.engine.is_indexed(shard, key).unwrap_or(false)
+        {
+            let why = "the key is not migrated here yet";
+            let to = (peer, request_id);
+            self.refuse_write(shard, None, request, to, ErrorCode::Blocked, why);
+            return;
         }
         let key_hash = hash_key(key);
         let allocated = match expect {

@@ -357,6 +357,7 @@ fn settings(sim: &SimConfig, clock: &Arc<SimClock>) -> ServerSettings {
             unsafe_ignore_request_ids: planted == Some(PlantedBug::IgnoreRequestIds),
             unsafe_announce_writes_late: planted == Some(PlantedBug::AnnounceWritesLate),
             startup_grace_ns: 0,
+            reshard_auto: false,
         },
         ..ServerSettings::default()
     };

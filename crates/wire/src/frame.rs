@@ -43,6 +43,9 @@
 //! | `DelIf`             | 16   | `expect` (9 B), then as `Del`                                         |
 //! | `Scan`              | 17   | `shard u16, cursor u64, count u32` (keys of a shard, answered `Keys`) |
 //! | `Load`              | 18   | `window_ms u32`, then per shard (ids strictly ascending) `shard u16, requests u64, replication_writes u64` (a server's load statistics for the CM, §4.6) |
+//! | `Migrate`           | 19   | `shard u16, next_version u64, last u8 (0 or 1)`, then request outcomes, each `client u64, seq u64, first_incomplete u64, version u64` (a migration's source hands `shard` to its target, §4.6: one page of the shard's request table; `last`: the hand-over is complete) |
+//! | `GetMigrating`      | 20   | `key_len u16, key` (a GET the migration's target sent back to the source: answered from the index the source still holds) |
+//! | `Reshard`           | 21   | `shard u16, to u32` (an operator asks the active CM to move `shard`'s primary to `to`) |
 //! | `Response`          | 0x80 | `status u8`, then per status (below)                                  |
 //!
 //! | status | response   | rest of the body                                                    |
@@ -97,6 +100,8 @@
 //!   backup has ended. (Codes 13 and types 15–17 came with the RESP front end
 //!   within version 2.)
 //! - 4: `Put` and `PutIf` carry an `expiry`, and so does a `Value` answer.
+//!   (Types 19–21 and error code 15 came with dynamic resharding within
+//!   version 4: a peer of an older build refuses them as unknown.)
 
 use std::fmt;
 
@@ -157,6 +162,7 @@ pub const CONFIG_RESPONSE_FIXED_BYTES: usize = 1 + 8 + 4 + 4;
 const GATHER_BYTES: usize = 2 + 4;
 /// `shard u16, node u32`.
 const READY_BYTES: usize = 2 + 4;
+const RESHARD_BYTES: usize = 2 + 4;
 
 // key_len travels as a u16.
 const _: () = assert!(KEY_BYTES_MAX <= u16::MAX as usize);
@@ -215,6 +221,9 @@ pub enum MsgType {
     DelIf = 16,
     Scan = 17,
     Load = 18,
+    Migrate = 19,
+    GetMigrating = 20,
+    Reshard = 21,
     Response = 0x80,
 }
 
@@ -239,6 +248,9 @@ impl MsgType {
             16 => MsgType::DelIf,
             17 => MsgType::Scan,
             18 => MsgType::Load,
+            19 => MsgType::Migrate,
+            20 => MsgType::GetMigrating,
+            21 => MsgType::Reshard,
             0x80 => MsgType::Response,
             _ => return None,
         })
@@ -342,7 +354,84 @@ pub enum Body<'a> {
         window_ms: u32,
         entries: &'a [u8],
     },
+    /// A migration's source hands `shard` over to its target (seed 000 §4.6):
+    /// the next version to assign (so versions keep growing across the move)
+    /// and one page of the shard's request table ([`MIGRATE_OUTCOME_BYTES`]
+    /// each: [`encode_outcomes`], [`outcomes_in`]), so a retried write that
+    /// the source executed is not executed again at the target. `last`: the
+    /// final page; the target serves the shard from then on.
+    Migrate {
+        shard: ShardId,
+        next_version: u64,
+        last: bool,
+        outcomes: &'a [u8],
+    },
+    /// A GET of a key of a migrating shard that the target does not hold yet,
+    /// sent to the migration's source, which answers from its index.
+    GetMigrating {
+        key: &'a [u8],
+    },
+    /// An operator asks the active CM to move `shard`'s primary to `to` (a
+    /// migration, seed 000 §4.6); answered `Ok` with the term that lists it.
+    Reshard {
+        shard: ShardId,
+        to: NodeId,
+    },
     Response(Response<'a>),
+}
+
+/// Bytes of one request outcome in a `Migrate` body.
+pub const MIGRATE_OUTCOME_BYTES: usize = 32;
+/// Bytes of a `Migrate` body before its outcomes.
+pub const MIGRATE_FIXED_BYTES: usize = 2 + 8 + 1;
+
+/// The outcomes of a `Migrate` body: `(record, version)` each.
+pub fn encode_outcomes(outcomes: &[(RequestRecord, u64)]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(outcomes.len() * MIGRATE_OUTCOME_BYTES);
+    for (r, version) in outcomes {
+        out.extend_from_slice(&r.id.client.to_le_bytes());
+        out.extend_from_slice(&r.id.seq.to_le_bytes());
+        out.extend_from_slice(&r.first_incomplete.to_le_bytes());
+        out.extend_from_slice(&version.to_le_bytes());
+    }
+    out
+}
+
+/// The outcomes of a decoded `Migrate` body.
+pub fn outcomes_in(outcomes: &[u8]) -> impl Iterator<Item = (RequestRecord, u64)> + '_ {
+    outcomes.chunks_exact(MIGRATE_OUTCOME_BYTES).map(|e| {
+        let u64_at = |i: usize| u64::from_le_bytes(e[i..i + 8].try_into().expect("8 bytes"));
+        (
+            RequestRecord {
+                id: RequestId {
+                    client: u64_at(0),
+                    seq: u64_at(8),
+                },
+                first_incomplete: u64_at(16),
+            },
+            u64_at(24),
+        )
+    })
+}
+
+fn check_outcomes(outcomes: &[u8]) -> Result<usize, FrameError> {
+    if !outcomes.len().is_multiple_of(MIGRATE_OUTCOME_BYTES) {
+        return Err(FrameError::FieldLength(format!(
+            "migrate: outcomes must be a multiple of {MIGRATE_OUTCOME_BYTES} bytes, got {} bytes",
+            outcomes.len()
+        )));
+    }
+    for (r, _) in outcomes_in(outcomes) {
+        check_request(&Some(r))?;
+        if r.id.client == 0 {
+            return Err(FrameError::BadRequest {
+                client: 0,
+                seq: r.id.seq,
+                first_incomplete: r.first_incomplete,
+            });
+        }
+    }
+    Ok(outcomes.len())
 }
 
 /// Bytes of one shard's entry in a `Load` body.
@@ -416,6 +505,9 @@ impl Body<'_> {
             Body::DelIf { .. } => MsgType::DelIf,
             Body::Scan { .. } => MsgType::Scan,
             Body::Load { .. } => MsgType::Load,
+            Body::Migrate { .. } => MsgType::Migrate,
+            Body::GetMigrating { .. } => MsgType::GetMigrating,
+            Body::Reshard { .. } => MsgType::Reshard,
             Body::Replicate { .. } => MsgType::Replicate,
             Body::GrantSegment { .. } => MsgType::GrantSegment,
             Body::Ping => MsgType::Ping,
@@ -441,10 +533,12 @@ impl Body<'_> {
             Ok(())
         }
         Ok(match self {
-            Body::Get { key } => {
+            Body::Get { key } | Body::GetMigrating { key } => {
                 check_key(key)?;
                 KEY_FIXED_BYTES + key.len()
             }
+            Body::Migrate { outcomes, .. } => MIGRATE_FIXED_BYTES + check_outcomes(outcomes)?,
+            Body::Reshard { .. } => RESHARD_BYTES,
             Body::Del { key, request } => {
                 check_key(key)?;
                 check_request(request)?;
@@ -623,6 +717,9 @@ pub enum ErrorCode {
     /// sender (any more): the backup ended it when another path of the sender
     /// arrived. The sender gives its path up and dials anew.
     UnknownLog = 14,
+    /// The target of a migrating shard does not hold the key yet (seed 000
+    /// §4.6): read it from the migration's source with `GetMigrating`.
+    AskSource = 15,
 }
 
 impl ErrorCode {
@@ -642,6 +739,7 @@ impl ErrorCode {
             12 => ErrorCode::Duplicate,
             13 => ErrorCode::ConditionFailed,
             14 => ErrorCode::UnknownLog,
+            15 => ErrorCode::AskSource,
             _ => return None,
         })
     }
@@ -664,6 +762,7 @@ impl fmt::Display for ErrorCode {
             ErrorCode::Duplicate => "duplicate request",
             ErrorCode::ConditionFailed => "condition failed",
             ErrorCode::UnknownLog => "unknown remote log",
+            ErrorCode::AskSource => "not migrated here yet: ask the migration's source",
         })
     }
 }
@@ -839,9 +938,24 @@ pub fn encode(
             out.extend_from_slice(&shard.0.to_le_bytes());
             out.extend_from_slice(entries);
         }
-        Body::Ready { shard, node } => {
+        Body::Ready { shard, node } | Body::Reshard { shard, to: node } => {
             out.extend_from_slice(&shard.0.to_le_bytes());
             out.extend_from_slice(&node.0.to_le_bytes());
+        }
+        Body::Migrate {
+            shard,
+            next_version,
+            last,
+            outcomes,
+        } => {
+            out.extend_from_slice(&shard.0.to_le_bytes());
+            out.extend_from_slice(&next_version.to_le_bytes());
+            out.push(u8::from(*last));
+            out.extend_from_slice(outcomes);
+        }
+        Body::GetMigrating { key } => {
+            put_u16(out, key.len());
+            out.extend_from_slice(key);
         }
         Body::Response(response) => match response {
             Response::Ok { version } => {
@@ -1081,6 +1195,41 @@ fn decode_body(msg_type: MsgType, bytes: &[u8]) -> Result<Body<'_>, FrameError> 
             let node = NodeId(r.u32("node")?);
             r.finish()?;
             Body::Ready { shard, node }
+        }
+        MsgType::Reshard => {
+            let mut r = Reader::new(bytes, "reshard");
+            let shard = ShardId(r.u16("shard")?);
+            let to = NodeId(r.u32("to")?);
+            r.finish()?;
+            Body::Reshard { shard, to }
+        }
+        MsgType::GetMigrating => {
+            let mut r = Reader::new(bytes, "get-migrating");
+            let key = r.key()?;
+            r.finish()?;
+            Body::GetMigrating { key }
+        }
+        MsgType::Migrate => {
+            let mut r = Reader::new(bytes, "migrate");
+            let shard = ShardId(r.u16("shard")?);
+            let next_version = r.u64("next_version")?;
+            let last = match r.u8("last")? {
+                0 => false,
+                1 => true,
+                other => {
+                    return Err(FrameError::FieldLength(format!(
+                        "migrate: last must be 0 or 1, got {other}"
+                    )))
+                }
+            };
+            let outcomes = &bytes[MIGRATE_FIXED_BYTES..];
+            check_outcomes(outcomes)?;
+            Body::Migrate {
+                shard,
+                next_version,
+                last,
+                outcomes,
+            }
         }
         MsgType::GrantSegment => {
             let mut r = Reader::new(bytes, "grant_segment");

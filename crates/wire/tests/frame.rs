@@ -4,9 +4,10 @@
 use proptest::prelude::*;
 use rowankv_types::{NodeId, RequestId, RequestRecord, ShardId, Term};
 use rowankv_wire::frame::{
-    decode, decode_header, encode, encode_load_entries, load_entries, put_value_bytes_max,
-    value_response_bytes_max, Body, Envelope, ErrorCode, Expect, FrameError, MsgType, Response,
-    FRAME_BYTES_MAX_DEFAULT, HEADER_BYTES, KEY_BYTES_MAX, LOAD_ENTRY_BYTES, MAGIC, WIRE_VERSION,
+    decode, decode_header, encode, encode_load_entries, encode_outcomes, load_entries, outcomes_in,
+    put_value_bytes_max, value_response_bytes_max, Body, Envelope, ErrorCode, Expect, FrameError,
+    MsgType, Response, FRAME_BYTES_MAX_DEFAULT, HEADER_BYTES, KEY_BYTES_MAX, LOAD_ENTRY_BYTES,
+    MAGIC, MIGRATE_FIXED_BYTES, MIGRATE_OUTCOME_BYTES, WIRE_VERSION,
 };
 
 const MAX: usize = FRAME_BYTES_MAX_DEFAULT;
@@ -248,8 +249,8 @@ fn every_body_and_response_round_trips() {
 
 #[test]
 fn every_error_code_round_trips() {
-    for b in 1..=14 {
-        let code = ErrorCode::from_u8(b).expect("codes 1..=14 exist");
+    for b in 1..=15 {
+        let code = ErrorCode::from_u8(b).expect("codes 1..=15 exist");
         let body = Body::Response(Response::Error {
             code,
             term: Term(3),
@@ -259,7 +260,7 @@ fn every_error_code_round_trips() {
         assert!(!code.to_string().is_empty());
     }
     assert_eq!(ErrorCode::from_u8(0), None);
-    assert_eq!(ErrorCode::from_u8(15), None);
+    assert_eq!(ErrorCode::from_u8(16), None);
 }
 
 #[test]
@@ -283,6 +284,9 @@ fn msg_types_map_to_their_bytes() {
         (MsgType::DelIf, 16),
         (MsgType::Scan, 17),
         (MsgType::Load, 18),
+        (MsgType::Migrate, 19),
+        (MsgType::GetMigrating, 20),
+        (MsgType::Reshard, 21),
         (MsgType::Response, 0x80),
     ];
     for (t, b) in all {
@@ -290,7 +294,7 @@ fn msg_types_map_to_their_bytes() {
         assert_eq!(MsgType::from_u8(b), Some(t));
     }
     assert_eq!(MsgType::from_u8(0), None);
-    assert_eq!(MsgType::from_u8(19), None);
+    assert_eq!(MsgType::from_u8(22), None);
     assert_eq!(MsgType::from_u8(0x81), None);
 }
 
@@ -1016,6 +1020,7 @@ proptest! {
             Body::Gather { shard: ShardId(blocks as u16), cursor: log },
             Body::Install { shard: ShardId(log as u16), entries: &entries },
             Body::Ready { shard: ShardId(blocks as u16), node: NodeId(log) },
+            Body::Reshard { shard: ShardId(log as u16), to: NodeId(log ^ 1) },
             Body::Response(Response::Entries { next: log, more: sealed.is_some(), entries: &entries }),
             Body::Config { offset: log },
             Body::Response(Response::Config { term: Term(log as u64), total: log, chunk: &entries }),
@@ -1229,4 +1234,86 @@ fn load_bodies_round_trip_and_malformed_ones_are_refused() {
     descending.extend_from_slice(&entries[LOAD_ENTRY_BYTES..]);
     descending.extend_from_slice(&entries[..LOAD_ENTRY_BYTES]);
     assert!(decode(&raw_frame(18, &descending)).is_err());
+}
+
+/// `Migrate` (a migration's source hands its shard to the target, §4.6) and
+/// `GetMigrating`: round trips, the layout spelled out, and malformed bodies
+/// refused (a torn outcome, a `last` other than 0/1, an invalid request record).
+#[test]
+fn migrate_bodies_round_trip_and_malformed_ones_are_refused() {
+    let record = |client, seq, first_incomplete| RequestRecord {
+        id: RequestId { client, seq },
+        first_incomplete,
+    };
+    let list = vec![(record(7, 12, 10), 99), (record(1 << 60, 5, 5), 1 << 45)];
+    let outcomes = encode_outcomes(&list);
+    assert_eq!(outcomes.len(), 2 * MIGRATE_OUTCOME_BYTES);
+    assert_eq!(outcomes_in(&outcomes).collect::<Vec<_>>(), list);
+    for (o, last) in [(&outcomes[..], true), (&[][..], false)] {
+        let body = Body::Migrate {
+            shard: ShardId(4),
+            next_version: 1 << 41,
+            last,
+            outcomes: o,
+        };
+        let bytes = encoded(&body);
+        assert_eq!(bytes.len(), HEADER_BYTES + MIGRATE_FIXED_BYTES + o.len());
+        assert_eq!(decode(&bytes).unwrap().body, body);
+    }
+    let mut raw = 4u16.to_le_bytes().to_vec();
+    raw.extend_from_slice(&77u64.to_le_bytes());
+    raw.push(1);
+    raw.extend_from_slice(&outcomes[..MIGRATE_OUTCOME_BYTES]);
+    match decode(&raw_frame(19, &raw)).unwrap().body {
+        Body::Migrate {
+            shard,
+            next_version,
+            last,
+            outcomes,
+        } => {
+            assert_eq!((shard, next_version, last), (ShardId(4), 77, true));
+            assert_eq!(outcomes_in(outcomes).collect::<Vec<_>>(), vec![list[0]]);
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(
+        decode(&raw_frame(19, &raw[..raw.len() - 1])).is_err(),
+        "torn outcome"
+    );
+    assert!(
+        decode(&raw_frame(19, &raw[..MIGRATE_FIXED_BYTES - 1])).is_err(),
+        "short"
+    );
+    let mut bad_last = raw.clone();
+    bad_last[10] = 2;
+    assert!(matches!(
+        decode(&raw_frame(19, &bad_last)),
+        Err(FrameError::FieldLength(_))
+    ));
+    // An outcome of client 0, and one whose first_incomplete passes its seq.
+    for bad in [record(0, 0, 0), record(3, 4, 9)] {
+        let mut b = raw[..MIGRATE_FIXED_BYTES].to_vec();
+        b.extend_from_slice(&encode_outcomes(&[(bad, 1)]));
+        assert!(
+            matches!(
+                decode(&raw_frame(19, &b)),
+                Err(FrameError::BadRequest { .. })
+            ),
+            "{bad:?}"
+        );
+    }
+    let get = Body::GetMigrating { key: b"user:1" };
+    assert_eq!(decode(&encoded(&get)).unwrap().body, get);
+    let mut too_long = Vec::new();
+    let key = vec![b'k'; KEY_BYTES_MAX + 1];
+    assert!(matches!(
+        encode(
+            &mut too_long,
+            &env(),
+            &Body::GetMigrating { key: &key },
+            MAX
+        ),
+        Err(FrameError::KeyTooLarge { .. })
+    ));
+    assert_eq!(ErrorCode::from_u8(15), Some(ErrorCode::AskSource));
 }

@@ -1068,6 +1068,15 @@ fn describe(kind: &EventKind) -> String {
         EventKind::ReplicaCopied { shard, to, entries } => {
             format!("{shard} copied to {to} ({entries} entries)")
         }
+        EventKind::MigrationServed { shard, from, to } => {
+            format!("{shard} served by {to}, migrating from {from}")
+        }
+        EventKind::MigrationFinished { shard, from, to } => {
+            format!("migration of {shard} from {from} to {to} finished")
+        }
+        EventKind::MigrationCopied { shard, to, entries } => {
+            format!("{shard} migrated to {to} ({entries} entries copied)")
+        }
         EventKind::Overloaded {
             node,
             load_per_s,
