@@ -164,6 +164,55 @@ pub fn leave(a: LeaveArgs) -> Result<()> {
 }
 
 #[derive(Args)]
+pub struct ReshardArgs {
+    /// The shard to move (`shard3` or `3`, as `rowankv status` shows it).
+    #[arg(long, value_parser = parse_shard)]
+    shard: rowankv_types::ShardId,
+    /// The server that leads it from now on (`n10002` or `10002`): a member
+    /// holding no replica of it.
+    #[arg(long, value_parser = parse_node)]
+    to: rowankv_types::NodeId,
+    /// Return once the CM lists the migration, without waiting for its end.
+    #[arg(long)]
+    no_wait: bool,
+    #[command(flatten)]
+    reach: Reach,
+}
+
+fn parse_shard(s: &str) -> Result<rowankv_types::ShardId, String> {
+    let t = s.trim();
+    t.strip_prefix("shard")
+        .unwrap_or(t)
+        .parse()
+        .map(rowankv_types::ShardId)
+        .map_err(|_| format!("{s:?} is not a shard (shard3 or 3)"))
+}
+
+/// Move a shard's primary to another server (dynamic resharding, seed 000
+/// §4.6): the CM lists the migration, the source hands the shard over and
+/// copies it, clients follow; by default this waits for the end.
+pub fn reshard(a: ReshardArgs) -> Result<()> {
+    let timeout = Duration::from_secs_f64(a.reach.timeout_s.max(0.1));
+    let (listed, finished) = client::reshard(
+        a.reach.cluster_id,
+        &a.reach.secret()?,
+        &a.reach.cm,
+        a.shard,
+        a.to,
+        !a.no_wait,
+        timeout,
+    )?;
+    match finished {
+        Some(done) => eprintln!(
+            "{} moved to {}: listed at {listed}, finished at {done}",
+            a.shard, a.to
+        ),
+        None => eprintln!("{} is migrating to {} (listed at {listed})", a.shard, a.to),
+    }
+    Ok(())
+}
+
+#[derive(Args)]
 pub struct ClockStepArgs {
     /// The server's node (`n10002` or `10002`, as `rowankv status` shows it).
     #[arg(value_parser = parse_node)]

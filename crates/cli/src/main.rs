@@ -61,6 +61,9 @@ enum Command {
     /// Remove server NODE from a deployed cluster on purpose: its shards move to
     /// their backups, then it stops (its pool may not serve this cluster again).
     Leave(deploy_cmd::LeaveArgs),
+    /// Move a shard's primary to another server (dynamic resharding): the
+    /// source hands it over and copies it while clients go on.
+    Reshard(deploy_cmd::ReshardArgs),
     /// Step server NODE's calendar clock by --ms (what expiry times are
     /// measured against; never its lease clock), as `date -s` on its host would.
     ClockStep(deploy_cmd::ClockStepArgs),
@@ -361,6 +364,7 @@ fn run() -> Result<()> {
         | Command::Del(_)
         | Command::Status(_)
         | Command::Leave(_)
+        | Command::Reshard(_)
         | Command::ClockStep(_) => "error",
         _ => "warn",
     };
@@ -401,6 +405,7 @@ fn run() -> Result<()> {
         Command::Del(args) => deploy_cmd::del(args),
         Command::Status(args) => deploy_cmd::status(args),
         Command::Leave(args) => deploy_cmd::leave(args),
+        Command::Reshard(args) => deploy_cmd::reshard(args),
         Command::ClockStep(args) => deploy_cmd::clock_step(args),
         Command::Workload(args) => deploy_cmd::workload(args),
         Command::Sim(args) => sim_cmd::run_cmd(args),

@@ -44,6 +44,10 @@ pub struct SimArgs {
     /// before late restarts were simulated (for replaying such a seed).
     #[arg(long)]
     no_late_restarts: bool,
+    /// No migrations: no operator moves a shard's primary mid-run (dynamic
+    /// resharding; as in runs found before migrations were simulated).
+    #[arg(long)]
+    no_migrations: bool,
     /// Run a deliberately broken build: `serve-without-lease`,
     /// `commit-unsettled-tlog-segments`, `abandon-failed-writes`,
     /// `ignore-request-ids`, `announce-writes-late` or `ignore-member-term`.
@@ -76,6 +80,7 @@ pub fn run_cmd(args: SimArgs) -> Result<()> {
     };
     let next = AtomicU64::new(first);
     let totals = Mutex::new((0u64, 0u64, 0u64, 0u64)); // seeds, ops, faults, violations
+    let migrations = Mutex::new((0u64, 0u64)); // started, finished
     let failing = Mutex::new(Vec::new());
     let config_for = |seed: u64| SimConfig {
         faults: !args.no_faults,
@@ -83,6 +88,7 @@ pub fn run_cmd(args: SimArgs) -> Result<()> {
         strategy,
         expiring_puts: !args.no_expiring_puts,
         late_restarts: !args.no_late_restarts,
+        migrations: !args.no_migrations,
         ..SimConfig::new(seed, args.ops)
     };
     let report = |r: &RunResult| -> Result<()> {
@@ -93,6 +99,11 @@ pub fn run_cmd(args: SimArgs) -> Result<()> {
         t.3 += r.report.violations.len() as u64;
         let done = t.0;
         drop(t);
+        {
+            let mut m = migrations.lock().expect("migrations");
+            m.0 += u64::from(r.faults.migrations);
+            m.1 += u64::from(r.faults.migrations_finished);
+        }
         if !r.report.violations.is_empty() {
             failing.lock().expect("failing").push(r.seed);
             println!(
@@ -169,6 +180,10 @@ pub fn run_cmd(args: SimArgs) -> Result<()> {
     failing.sort_unstable();
     if !failing.is_empty() {
         println!("failing seeds: {failing:?}");
+    }
+    let (started, finished) = *migrations.lock().expect("migrations");
+    if started > 0 {
+        println!("migrations: {started} started, {finished} finished (the rest rolled back or cut off by the run's end)");
     }
     println!(
         "sim: seeds {seeds}, operations checked {ops}, faults injected {faults}, violations {violations}"

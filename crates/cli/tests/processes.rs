@@ -521,6 +521,112 @@ fn acknowledged_writes_survive_a_server_killed_mid_run_and_it_rejoins() {
     check_read_back(&c, &records);
 }
 
+/// Per member, the shards it leads (`rowankv status --json`).
+fn primary_shards(c: &Cluster) -> std::collections::BTreeMap<u64, u64> {
+    let out = c.cli(&["status", "--json", "--timeout-s", "2"]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    v["members"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| {
+            (
+                m["node"].as_u64().unwrap(),
+                m["primary_shards"].as_u64().unwrap(),
+            )
+        })
+        .collect()
+}
+
+/// Dynamic resharding across processes: `rowankv reshard` moves a shard's
+/// primary while three workload processes read and write; a move to a
+/// server holding a replica is refused with why; every acknowledged write
+/// reads back after the move, and again after the source (no replica of
+/// the shard any more) is killed with `kill -9`.
+#[test]
+fn rowankv_reshard_moves_a_shard_while_workloads_run_and_loses_nothing() {
+    let _serial = one_at_a_time();
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = Cluster::start(
+        dir.path(),
+        1,
+        4,
+        "kind = \"embedded\"\npath = \"data/cm.store\"",
+    );
+    c.wait_ready(4);
+    let records: Vec<PathBuf> = (0..3).map(|i| c.workload(&format!("m{i}"), 6.0)).collect();
+    std::thread::sleep(Duration::from_secs(2));
+    // Shard 0 has three replicas among the four servers: the one server
+    // that holds none takes it; the others are refused.
+    let (term0, members) = c.status().unwrap();
+    let before = primary_shards(&c);
+    let mut moved = None;
+    let mut refusals = Vec::new();
+    for node in &members {
+        let out = c.cli(&[
+            "reshard",
+            "--shard",
+            "0",
+            "--to",
+            &format!("n{node}"),
+            "--timeout-s",
+            "30",
+        ]);
+        let said = String::from_utf8_lossy(&out.stderr).to_string();
+        if out.status.success() {
+            assert!(said.contains("moved to"), "{said}");
+            moved = Some(*node);
+            break;
+        }
+        refusals.push(said);
+    }
+    let to = moved.unwrap_or_else(|| panic!("no server took shard 0: {refusals:#?}"));
+    assert!(
+        refusals
+            .iter()
+            .all(|r| r.contains("holds a replica") || r.contains("leads shard0 already")),
+        "{refusals:#?}"
+    );
+    let (term1, _) = c.status().unwrap();
+    assert!(
+        term1 >= term0 + 2,
+        "listed, then finished: {term0} → {term1}"
+    );
+    c.wait_workloads();
+    let acked = check_read_back(&c, &records);
+    eprintln!("shard 0 moved to n{to}; {acked} acknowledged writes read back");
+    // Its old primary leads one shard fewer now: kill -9 it — the shard's
+    // data lives on its new primary and its backups.
+    let after = primary_shards(&c);
+    let old = (0..4).find(|&i| {
+        let n = c.node_of(i);
+        after.get(&n) < before.get(&n)
+    });
+    assert!(
+        old.is_some(),
+        "no server leads fewer shards: {before:?} → {after:?}"
+    );
+    assert_eq!(
+        after.get(&to).copied().unwrap_or(0),
+        before.get(&to).copied().unwrap_or(0) + 1,
+        "{after:?}"
+    );
+    if let Some(i) = old {
+        c.kill_server(i);
+        let killed = Instant::now();
+        loop {
+            if let Some((_, m)) = c.status() {
+                if m.len() == 3 {
+                    break;
+                }
+            }
+            assert!(killed.elapsed() < Duration::from_secs(20), "no failover");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        check_read_back(&c, &records);
+    }
+}
+
 /// A server killed and restarted on its pool within its lease is still a
 /// member: the CM never removed it. Its peers' replication connections to its
 /// old process fail; they are given up and dialled again to the new one, and

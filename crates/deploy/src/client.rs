@@ -214,6 +214,51 @@ pub fn attach_for_member(
     Ok((net, source, config))
 }
 
+/// Move `shard`'s primary to `to` (dynamic resharding, seed 000 §4.6;
+/// `rowankv reshard`): the active CM lists the migration, and with `wait`
+/// this waits (up to `timeout`) until it is finished — struck from the list
+/// with `to` the shard's primary. Returns the term that listed it and, when
+/// waited for, the term that finished it.
+pub fn reshard(
+    cluster_id: u64,
+    secret: &[u8],
+    cms: &[String],
+    shard: rowankv_types::ShardId,
+    to: NodeId,
+    wait: bool,
+    timeout: Duration,
+) -> Result<(rowankv_types::Term, Option<rowankv_types::Term>), ProcessError> {
+    let (_net, source) = attach_client(cluster_id, secret, cms, timeout)?;
+    let listed = source
+        .inner
+        .reshard(shard, to)
+        .map_err(|why| ProcessError(format!("moving {shard} to {to}: {why}")))?;
+    if !wait {
+        return Ok((listed, None));
+    }
+    let deadline = std::time::Instant::now() + timeout;
+    loop {
+        if let Ok(c) = source.fetch() {
+            if c.term > listed && c.migration(shard).is_none() {
+                let primary = c.shard(shard).map(|s| s.primary);
+                if primary != Some(to) {
+                    return Err(ProcessError(format!(
+                        "the migration of {shard} was rolled back at {} (a failure of one of its ends): its primary is {primary:?}",
+                        c.term
+                    )));
+                }
+                return Ok((listed, Some(c.term)));
+            }
+        }
+        if std::time::Instant::now() > deadline {
+            return Err(ProcessError(format!(
+                "{shard} is migrating to {to} (listed at {listed}), not finished within {timeout:?}"
+            )));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 pub fn leave_server(
     cluster_id: u64,
     secret: &[u8],

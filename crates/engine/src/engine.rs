@@ -992,7 +992,8 @@ impl Engine {
     /// `Version(u64::MAX)` to free the shard's index. Returns how many items
     /// it removed. The shard must take no writes meanwhile; an entry the
     /// cleaner relocates meanwhile is found at its new address by another
-    /// pass (at most [`FORGET_PASSES_MAX`]).
+    /// pass (at most [`FORGET_PASSES_MAX`]). The request table forgets the
+    /// outcomes of versions below `floor` too.
     pub fn forget_below(&self, shard_id: ShardId, floor: Version) -> Result<usize, EngineError> {
         let shard = self.shard(shard_id)?;
         let mut buf = Vec::with_capacity(FIRST_READ_BYTES);
@@ -1005,6 +1006,13 @@ impl Engine {
                 }
             });
             if doomed.is_empty() {
+                // Their requests' outcomes go with them: a retry of one is
+                // not answered from an entry no longer here.
+                let mut table = shard.requests.lock();
+                table.forget_below(floor);
+                for (addr, len) in table.take_released() {
+                    self.account_live(addr, len, false);
+                }
                 return Ok(removed);
             }
             for addr in doomed {

@@ -680,6 +680,27 @@ impl RequestTable {
         self.kept.len()
     }
 
+    /// Forget every outcome of a version below `floor` (the entries they
+    /// answer for were dropped from the index: `Engine::forget_below`); the
+    /// clients' floors stay. Returns how many were forgotten.
+    pub fn forget_below(&mut self, floor: Version) -> usize {
+        let mut forgotten = 0;
+        for (&client, c) in &mut self.clients {
+            let before = c.done.len();
+            let (kept, released) = (&mut self.kept, &mut self.released);
+            c.done.retain(|&(seq, v)| {
+                let keep = v >= floor;
+                if !keep {
+                    release(kept, released, client, seq);
+                }
+                keep
+            });
+            forgotten += before - c.done.len();
+        }
+        self.outcomes -= forgotten;
+        forgotten
+    }
+
     /// Every outcome held, as `(record, version)`: the client's floor as the
     /// record's `first_incomplete` (so [`RequestTable::record`] of the list in
     /// any order rebuilds the same floors and outcomes elsewhere).

@@ -322,6 +322,10 @@ struct Handover {
 struct Incoming {
     from: NodeId,
     next_version: u64,
+    /// The source's request outcomes, recorded here when the shard is taken
+    /// over — after the entries below `next_version` (and their outcomes)
+    /// are dropped.
+    outcomes: Vec<(rowankv_types::RequestRecord, rowankv_types::Version)>,
     /// The last page arrived: every outcome is recorded.
     complete: bool,
 }
@@ -770,10 +774,10 @@ impl<N: Nic> ControlTask<N> {
     }
 
     /// A page of the hand-over of a shard migrating here (§4.6): its request
-    /// outcomes are recorded at once (a retry of a request the source
-    /// executed is answered, never executed again); the last page completes
-    /// the hand-over, and the shard is served once it is also recovered
-    /// ([`ControlTask::run_takeovers`]).
+    /// outcomes are kept, to be recorded when the shard is taken over (a
+    /// retry of a request the source executed is answered, never executed
+    /// again); the last page completes the hand-over, and the shard is served
+    /// once it is also recovered ([`ControlTask::run_takeovers`]).
     fn handle_migrate(
         &mut self,
         peer: PeerId,
@@ -796,16 +800,32 @@ impl<N: Nic> ControlTask<N> {
             return;
         }
         let list = frame::outcomes_in(outcomes).map(|(r, v)| (r, rowankv_types::Version(v)));
-        if let Err(e) = self.shared.engine.note_outcomes(shard, list) {
-            self.reject(peer, h.request_id, ErrorCode::Internal, &e.to_string());
-            return;
+        let taken = self.shared.shard_ready(shard);
+        if taken {
+            // Taken over already (the source handed over again after a
+            // restart of its own): the outcomes are recorded at once.
+            if let Err(e) = self.shared.engine.note_outcomes(shard, list) {
+                self.reject(peer, h.request_id, ErrorCode::Internal, &e.to_string());
+                return;
+            }
         }
         let i = self.incoming.entry(shard).or_insert(Incoming {
             from: h.sender,
             next_version,
+            outcomes: Vec::new(),
             complete: false,
         });
-        i.next_version = i.next_version.max(next_version);
+        if !taken {
+            if i.complete || i.next_version != next_version {
+                // A new hand-over (the source started over): from its first page.
+                i.outcomes.clear();
+                i.complete = false;
+            }
+            // Bounded by the source's table (REQUEST_CLIENTS_MAX × REQUEST_WINDOW).
+            i.outcomes
+                .extend(frame::outcomes_in(outcomes).map(|(r, v)| (r, rowankv_types::Version(v))));
+        }
+        i.next_version = next_version;
         i.complete |= last;
         self.respond(peer, h.request_id, Response::Ok { version: 0 });
     }
@@ -844,6 +864,15 @@ impl<N: Nic> ControlTask<N> {
                     tracing::error!(role = %self.name, %shard, error = %e, "dropping a migrating shard's old entries");
                     continue;
                 }
+            }
+            let outcomes = self
+                .incoming
+                .get_mut(&shard)
+                .map(|i| std::mem::take(&mut i.outcomes))
+                .unwrap_or_default();
+            if let Err(e) = self.shared.engine.note_outcomes(shard, outcomes) {
+                tracing::error!(role = %self.name, %shard, error = %e, "recording a migrating shard's outcomes");
+                continue;
             }
             self.shared.versions.raise(shard, next_version);
             self.shared.set_shard_ready(shard);

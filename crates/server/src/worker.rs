@@ -13,7 +13,9 @@
 //! stays parked, its version in flight, and is replicated again (`repair`) to the
 //! replicas of the current configuration that lack it until all have it (then it
 //! is published) or this server no longer leads its shard (then it is dropped:
-//! the new primary's gather found it). Exactly once: a write with a request record
+//! the new primary's gather found it) — unless it is the source of the shard's
+//! migration, which keeps replicating it to the backups and publishes it, so
+//! that it is in the copy (docs/resharding.md). Exactly once: a write with a request record
 //! is marked in flight on the server before the shard's request table is read; a
 //! request already executed is answered with its version, one in flight with
 //! `Busy`, one below its client's floor with `Duplicate`; the record goes into
@@ -578,6 +580,12 @@ impl<N: Nic> Worker<N> {
                 .fetch_add(1, Ordering::Relaxed);
         }
         let mut value = std::mem::take(&mut self.value_buf);
+        // At a migration's target: whether the key has an entry here, read
+        // before the value (the copy may install it in between, and a miss
+        // must then not read as absent).
+        let ask = !from_target
+            && self.migrating_from(shard).is_some()
+            && !self.shared.engine.is_indexed(shard, key).unwrap_or(false);
         // An expired value reads as absent here, the primary, on its clock.
         let read = self.shared.engine.get_stored_into(shard, key, &mut value);
         // The value was read under a lease only if the lease (and its margin)
@@ -612,16 +620,14 @@ impl<N: Nic> Worker<N> {
                     );
                 }
             }
-            Ok(None) => match self.migrating_from(shard).filter(|_| !from_target) {
-                Some(source) if !self.shared.engine.is_indexed(shard, key).unwrap_or(false) => {
-                    let detail = format!("{shard} is migrating here from {source}");
-                    self.reject(peer, request_id, ErrorCode::AskSource, &detail);
-                }
-                _ => {
-                    self.shared.stats.latency[ServerStats::CMD_GET].observe_ns(took_ns);
-                    self.respond(peer, request_id, Response::NotFound)
-                }
-            },
+            Ok(None) if ask => {
+                let detail = format!("{shard} is migrating here and the key is not copied yet");
+                self.reject(peer, request_id, ErrorCode::AskSource, &detail);
+            }
+            Ok(None) => {
+                self.shared.stats.latency[ServerStats::CMD_GET].observe_ns(took_ns);
+                self.respond(peer, request_id, Response::NotFound)
+            }
             Err(e) => self.reject(peer, request_id, ErrorCode::Internal, &e.to_string()),
         }
         self.value_buf = value;
@@ -1036,10 +1042,15 @@ impl<N: Nic> Worker<N> {
             let w = self.slots[slot as usize].write.as_mut().expect("due");
             w.retry_at_ns = None;
             let (shard, addr, len) = (w.shard, w.addr, w.len);
-            let Some(assignment) = config
-                .shard(shard)
-                .filter(|a| a.primary == self.shared.node)
-            else {
+            // A migration's source goes on replicating it to the shard's
+            // backups (a migration keeps them): published here once they all
+            // have it, it is in the copy, and the hand-over waits for it. (A
+            // shard that changed primary otherwise was promoted from a
+            // replica, whose gather found it.)
+            let me = self.shared.node;
+            let Some(assignment) = config.shard(shard).filter(|a| {
+                a.primary == me || config.migration(shard).is_some_and(|m| m.from == me)
+            }) else {
                 self.drop_write(slot);
                 continue;
             };
@@ -1096,14 +1107,18 @@ impl<N: Nic> Worker<N> {
         }
         // Every block must verify and belong to a shard this server backs up for
         // the sender — as a backup or a joining one, which takes every new write
-        // too — before anything is appended.
+        // too — before anything is appended. The source of the shard's
+        // migration counts as its primary here: it completes the writes it
+        // had in flight at the hand-over (`repair`).
         let config = Arc::clone(&self.config);
         let mut at = 0;
         while at < entries.len() {
             match entry::parse_block(&entries[at..]) {
                 Ok((h, _)) => {
                     let ok = config.shard(h.shard).is_some_and(|s| {
-                        s.primary == sender && s.write_targets().any(|b| b == self.shared.node)
+                        (s.primary == sender
+                            || config.migration(h.shard).is_some_and(|m| m.from == sender))
+                            && s.write_targets().any(|b| b == self.shared.node)
                     });
                     if !ok {
                         let detail = format!("{} is not backed up here for {sender}", h.shard);

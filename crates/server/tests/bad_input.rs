@@ -574,7 +574,7 @@ fn malformed_and_truncated_frames_get_a_malformed_error() {
 fn an_unknown_message_type_gets_unknown_type_with_its_request_id() {
     let mut p = Probe::start(Strategy::Rowan);
     for node in (0..SERVERS as u32).map(NodeId) {
-        for msg_type in [0u8, 19, 99, 0x7f, 0x81, 0xff] {
+        for msg_type in [0u8, 22, 99, 0x7f, 0x81, 0xff] {
             let env = p.envelope();
             let bytes = raw_frame(msg_type, &env, b"whatever the body");
             let what = format!("type {msg_type} to {node}");

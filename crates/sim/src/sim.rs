@@ -23,6 +23,7 @@
 //! | preemption | a role's read of its clock mid-step runs the other roles for up to a few milliseconds before it answers (`crate::preempt`): a thread descheduled between two things it does |
 //! | backup move | an operator moves one backup of a shard to another server while a role of the shard's primary is preempted mid-step; the new backup is copied, then audited |
 //! | CM partition | a server cannot reach any CM for two to four leases; clients and servers still reach it |
+//! | migration | with [`SimConfig::migrations`], an operator moves a shard's primary to a server that holds none of it (dynamic resharding, seed 000 §4.6) once the cluster is settled: hand-over, GETs sent back to the source, copy and finish run among every other fault (crashes and pauses of either end roll it back, a power failure resumes it after the cold start) |
 //!
 //! Faults that remove a server for good (a crash, a pause or a CM link cut
 //! longer than the lease) are limited so that every shard keeps a full replica.
@@ -175,6 +176,11 @@ pub struct SimConfig {
     /// differently from then on; off in [`SimConfig::new`], so that runs
     /// pinned to a seed replay as they were found.
     pub late_restarts: bool,
+    /// Now and then (drawn from a generator of its own, like late restarts)
+    /// an operator moves a shard's primary to another server: a migration
+    /// (`rowankv_cm::plan_migrate`). Off in [`SimConfig::new`], so that runs
+    /// pinned to a seed replay as they were found; `rowankv sim` turns it on.
+    pub migrations: bool,
 }
 
 /// The expiry time a simulated PUT of `value` carries when
@@ -204,6 +210,7 @@ impl SimConfig {
             strategy: None,
             expiring_puts: false,
             late_restarts: false,
+            migrations: false,
         }
     }
 
@@ -267,6 +274,10 @@ pub struct FaultCounts {
     /// reported one of their fills done (before the CM promoted them) and
     /// restarted at once, within their lease, through a join desk.
     pub filled_restarts: u32,
+    /// Migrations of a shard's primary an operator started
+    /// ([`SimConfig::migrations`]), and those the CM saw through to the end.
+    pub migrations: u32,
+    pub migrations_finished: u32,
 }
 
 impl FaultCounts {
@@ -285,6 +296,7 @@ impl FaultCounts {
             + self.client_retries
             + self.preemptions
             + self.moves
+            + self.migrations
     }
 }
 
@@ -463,6 +475,9 @@ struct World {
     /// [`SimConfig::late_restarts`], and its generator.
     late_restarts: bool,
     late_rng: ChaCha8Rng,
+    /// [`SimConfig::migrations`], and its generator.
+    migrations: bool,
+    migration_rng: ChaCha8Rng,
     /// Rejoins that never made the server a member again.
     rejoin_failures: Vec<String>,
     /// A server that came back as a joining backup, watched until a primary
@@ -544,6 +559,8 @@ impl World {
             rejoining: None,
             late_restarts: sim.late_restarts,
             late_rng: ChaCha8Rng::seed_from_u64(sim.seed ^ 0x6c61_7465_2072_6a6e),
+            migrations: sim.migrations,
+            migration_rng: ChaCha8Rng::seed_from_u64(sim.seed ^ 0x6d69_6772_6174_6521),
             rejoin_failures: Vec::new(),
             fill_watch: None,
             planted: sim.planted,
@@ -892,6 +909,9 @@ impl World {
             return;
         }
         let pick = |rng: &mut ChaCha8Rng, v: &[NodeId]| v[rng.gen_range(0..v.len())];
+        if self.migrations && self.migration_rng.gen_bool(0.25) {
+            self.start_migration();
+        }
         let roll = if self.stalls_only {
             93
         } else {
@@ -2017,6 +2037,60 @@ impl World {
     /// move is prepared, committed and the copy taken. The shard has one full
     /// backup fewer until the new one is copied, so a move counts as a removal
     /// from when it is planned. Only when no reconfiguration is under way.
+    /// An operator moves a shard's primary to a server holding none of it
+    /// (a migration, §4.6), once the cluster is settled: the configuration
+    /// is stored as `rowankv reshard` has the CM store it, and the CM
+    /// prepares and commits it like any operator's configuration.
+    fn start_migration(&mut self) {
+        let Ok(c) = self.parts.source.fetch() else {
+            return;
+        };
+        let settled = self
+            .parts
+            .servers
+            .iter()
+            .filter(|s| !s.stopped() && c.members.iter().any(|m| m.node == s.node))
+            .all(|s| s.committed_term() >= c.term);
+        if !settled || !c.migrations.is_empty() || c.shards.iter().any(|a| !a.joining.is_empty()) {
+            return;
+        }
+        let runnable: Vec<NodeId> = c
+            .members
+            .iter()
+            .map(|m| m.node)
+            .filter(|n| self.live(*n).is_some() && !self.paused.iter().any(|p| p.node == *n))
+            .collect();
+        let candidates: Vec<(ShardId, NodeId)> = c
+            .shards
+            .iter()
+            .filter(|a| runnable.contains(&a.primary))
+            .flat_map(|a| {
+                runnable
+                    .iter()
+                    .copied()
+                    .filter(|n| !a.is_replica(*n))
+                    .map(move |t| (a.shard, t))
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        let Some(&(shard, to)) = candidates.choose(&mut self.migration_rng) else {
+            return;
+        };
+        let result = ConfigManager::open(self.store.clone())
+            .map_err(|e| e.to_string())
+            .and_then(|m| {
+                let next = rowankv_cm::plan_migrate(&m.current(), shard, to)?;
+                m.commit(next).map(|_| ()).map_err(|e| e.to_string())
+            });
+        match result {
+            Ok(()) => {
+                self.faults.migrations += 1;
+                self.log(format!("migrate {shard}'s primary to {to}"));
+            }
+            Err(e) => self.log(format!("no migration of {shard}: {e}")),
+        }
+    }
+
     fn move_backup(&mut self) {
         if self.pending_move.is_some() {
             return;
@@ -2383,6 +2457,12 @@ pub fn run(sim: &SimConfig) -> RunResult {
         .iter()
         .filter_map(|s| s.redo.get().map(|r| r.lock().deferred()))
         .sum();
+    w.faults.migrations_finished = w
+        .events
+        .snapshot()
+        .iter()
+        .filter(|e| matches!(e.kind, EventKind::MigrationFinished { .. }))
+        .count() as u32;
     for s in &w.parts.servers {
         s.stop();
     }

@@ -684,7 +684,7 @@ fn unknown_status_is_rejected() {
 
 #[test]
 fn unknown_error_code_is_rejected() {
-    for code in [0u8, 15, 0xFF] {
+    for code in [0u8, 16, 0xFF] {
         assert_eq!(
             decode(&raw_frame(0x80, &error_body(code, b""))),
             Err(FrameError::BadErrorCode(code))
