@@ -21,6 +21,11 @@
 //!      appended to (the predecessor), even if the interposer redirected it;
 //! 3. link the version on every backup (CAS of the predecessor's `next` from its
 //!    sentinel, then FLUSH) and mark it durable on the primary (one round);
+//!    - if the CAS was redirected (the predecessor is not the version the client
+//!      aimed at), the interposer chose the predecessor and may have been wrong
+//!      (its own CAS may still fail): instead of the mark, READ the predecessor, and
+//!      again until its writer has marked it durable; then mark (one more round).
+//!      A durable mark therefore means "durably reachable from the head";
 //! 4. acknowledge; cache the new tail; report it to the MS (a lazy message).
 //!
 //! **GET**: READ the whole slot of the tail it believes (one round); if its `next`
@@ -108,13 +113,34 @@ pub struct ClientStats {
 #[derive(Clone, Debug)]
 enum Phase {
     WriteData,
-    Cas { guess: SlotRef },
-    Flush { pred: SlotRef },
-    Walk { at: SlotRef },
-    Recover { at: SlotRef },
-    Link { pred: SlotRef },
-    Read { at: SlotRef },
-    ReadFlush { at: SlotRef, value: Option<Vec<u8>> },
+    Cas {
+        guess: SlotRef,
+    },
+    Flush {
+        pred: SlotRef,
+    },
+    Walk {
+        at: SlotRef,
+    },
+    Recover {
+        at: SlotRef,
+    },
+    Link {
+        pred: SlotRef,
+    },
+    /// Redirected appends only: READ the predecessor until it is marked durable.
+    Confirm {
+        pred: SlotRef,
+    },
+    /// Mark the new version durable (after a confirmed redirected append).
+    Mark,
+    Read {
+        at: SlotRef,
+    },
+    ReadFlush {
+        at: SlotRef,
+        value: Option<Vec<u8>>,
+    },
 }
 
 #[derive(Clone, Debug)]
@@ -143,6 +169,10 @@ struct OpState {
     unknown: bool,
     /// The next round is decided and is posted by the next poll.
     pending_post: bool,
+    /// The CAS was redirected (appended after a version the client did not
+    /// name): the predecessor must be confirmed durably linked before the ack.
+    confirm: bool,
+    confirm_reads: usize,
 }
 
 struct Round {
@@ -353,6 +383,8 @@ impl<F: Fabric, N: Nic> Client<F, N> {
             round_trips,
             unknown: false,
             pending_post: false,
+            confirm: false,
+            confirm_reads: 0,
         });
         self.post_phase()
     }
@@ -434,6 +466,8 @@ impl<F: Fabric, N: Nic> Client<F, N> {
             Phase::Walk { .. } if op.unknown => Resume::RecoverFromHead,
             Phase::Walk { .. } => Resume::AppendFromHint,
             Phase::Link { pred } => Resume::Again(Phase::Link { pred }),
+            Phase::Confirm { pred } => Resume::Again(Phase::Confirm { pred }),
+            Phase::Mark => Resume::Again(Phase::Mark),
             Phase::Read { .. } | Phase::ReadFlush { .. } => Resume::ReadFromHint,
         };
         op.waiting = Some(resume);
@@ -542,6 +576,18 @@ impl<F: Fabric, N: Nic> Client<F, N> {
 
     fn on_round_done(&mut self) -> Option<Outcome> {
         let phase = self.op().phase.clone();
+        if crate::TRACE.load(std::sync::atomic::Ordering::Relaxed) {
+            let old = self.local.read_u64(CAS_OLD_AT);
+            let op = self.op.as_ref().expect("running");
+            eprintln!(
+                "client {} slot {:?} done {:?} cas_old {:?} confirm {}",
+                self.nic.node(),
+                op.slot.map(|s| s.offset),
+                phase,
+                layout::decode_word(old),
+                op.confirm
+            );
+        }
         match phase {
             Phase::WriteData => {
                 let op = self.op();
@@ -568,6 +614,9 @@ impl<F: Fabric, N: Nic> Client<F, N> {
                         pred.offset, me.offset,
                         "a version is never its own predecessor"
                     );
+                    // Appended after a version this client did not name: the
+                    // interposer chose it, and may have been wrong about it.
+                    self.op().confirm = pred != guess;
                     self.op().phase = if self.config.flush_with_cas {
                         Phase::Link { pred }
                     } else {
@@ -579,6 +628,7 @@ impl<F: Fabric, N: Nic> Client<F, N> {
                 match layout::decode_word(old) {
                     Word::Link(next) if next == me => {
                         // Only after an unknown outcome: it is appended already.
+                        self.op().confirm = false;
                         self.op().phase = Phase::Flush { pred: guess };
                         self.post_phase()
                     }
@@ -604,7 +654,9 @@ impl<F: Fabric, N: Nic> Client<F, N> {
                 };
                 match layout::decode_word(v.next) {
                     Word::Link(next) if next == me => {
-                        // Our version is linked (an unknown CAS took effect).
+                        // Our version is linked (an unknown CAS took effect),
+                        // after a version reached from the head.
+                        self.op().confirm = false;
                         self.op().phase = Phase::Flush { pred: at };
                         self.post_phase()
                     }
@@ -626,7 +678,33 @@ impl<F: Fabric, N: Nic> Client<F, N> {
                     _ => self.restart(),
                 }
             }
-            Phase::Link { .. } => {
+            Phase::Link { pred } | Phase::Confirm { pred } if self.op().confirm => {
+                // The predecessor is durably linked once its writer marked it; a
+                // slot of another generation was freed by GC, which frees only
+                // versions of the chain.
+                let mut buf = vec![0u8; self.config.slot_bytes()];
+                self.local.read(READ_AT, &mut buf);
+                let confirmed = match layout::decode(pred.offset, &buf) {
+                    Ok(v) if v.gen == pred.gen => v.durable,
+                    Ok(_) => true,
+                    Err(_) => false,
+                };
+                if confirmed {
+                    self.op().phase = Phase::Mark;
+                    return self.post_phase();
+                }
+                let max = self.config.walk_steps_max;
+                let op = self.op();
+                op.confirm_reads += 1;
+                if op.confirm_reads > max {
+                    return self.finish_err(CloverError::GaveUp(
+                        "the predecessor of a redirected append was never linked",
+                    ));
+                }
+                op.phase = Phase::Confirm { pred };
+                self.post_phase()
+            }
+            Phase::Link { .. } | Phase::Confirm { .. } | Phase::Mark => {
                 let op = self.op();
                 let (key_id, slot) = (op.meta.key_id, op.slot.expect("a PUT has a slot"));
                 if self.tails.len() < CACHE_KEYS_MAX {
@@ -785,12 +863,54 @@ impl<F: Fabric, N: Nic> Client<F, N> {
                     false,
                 ));
             }
+            Phase::Confirm { pred } => {
+                let c = self.conns[0].as_ref().expect("connected");
+                per_node[0].push(wr(
+                    id,
+                    0,
+                    0,
+                    Op::Read {
+                        remote: c.region.at(pred.offset),
+                        len: slot_bytes,
+                        local: read_local,
+                    },
+                    false,
+                ));
+            }
+            Phase::Mark => {
+                let c = self.conns[0].as_ref().expect("connected");
+                let slot = op.slot.expect("a PUT has a slot");
+                durable_word = slot.durable_word().to_le_bytes();
+                per_node[0].push(wr(
+                    id,
+                    0,
+                    0,
+                    Op::Write {
+                        data: &durable_word,
+                        remote: c.region.at(slot.offset + DURABLE_AT as u64),
+                        imm: None,
+                    },
+                    false,
+                ));
+            }
             Phase::Link { pred } => {
                 let slot = op.slot.expect("a PUT has a slot");
                 durable_word = slot.durable_word().to_le_bytes();
                 for (i, c) in self.conns.iter().enumerate() {
                     let c = c.as_ref().expect("connected");
-                    if i == 0 {
+                    if i == 0 && op.confirm {
+                        per_node[0].push(wr(
+                            id,
+                            0,
+                            0,
+                            Op::Read {
+                                remote: c.region.at(pred.offset),
+                                len: slot_bytes,
+                                local: read_local,
+                            },
+                            false,
+                        ));
+                    } else if i == 0 {
                         per_node[0].push(wr(
                             id,
                             0,

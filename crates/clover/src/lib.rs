@@ -61,6 +61,10 @@ pub use switch::{InterposedNic, Switch, SwitchConfig, SwitchStats};
 use rowankv_fabric::FabricError;
 use rowankv_types::NodeId;
 
+/// Debug tracing of client steps (tests only).
+#[doc(hidden)]
+pub static TRACE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
 /// Upper bounds on a configuration (a typo must not allocate a terabyte).
 pub const REPLICAS_MAX: usize = 8;
 pub const SLOTS_MAX: usize = 1 << 26;

@@ -27,10 +27,16 @@
 //! Correctness never depends on it: a redirected CAS that fails has its result
 //! replaced by [`layout::FAILED`] (so the client falls back to the MS hint and the
 //! chain walk, never mistaking it for success), and the switch **drops all its
-//! state** on any anomaly — a failed CAS it had vouched for, any error completion,
+//! state** on any anomaly — a failed CAS it had vouched for, a CAS it cannot
+//! attribute to a key, any error completion,
 //! a new connection (a restarted memory node, a new client), or [`Switch::reset`]
 //! (a lost packet or a restart of the switch, injected by tests). With no state it
-//! only forwards. Only CASes to the configured `targets` (the primaries) are
+//! only forwards. Dropping state is not enough by itself: CASes redirected to a
+//! version whose own CAS then fails have landed already, linking their versions
+//! behind one that is not in the chain. So the client does not trust a redirection:
+//! a writer whose CAS was redirected confirms that its predecessor is durably
+//! linked (marked durable by its writer) before it marks its own version durable
+//! and acknowledges (`client` module). Only CASes to the configured `targets` (the primaries) are
 //! interposed: a backup's chain is linked by its writer in the primary's order.
 //!
 //! Fit for `tcp`: the wrapper is generic over the fabric, so it runs on `TcpFabric`
@@ -200,12 +206,21 @@ impl Switch {
                     local,
                 } => {
                     self.cas_seen.fetch_add(1, Ordering::Relaxed);
-                    let Some(&(t, key_id, slot)) = s.outstanding.get(&me) else {
+                    let attributed = s
+                        .outstanding
+                        .get(&me)
+                        .copied()
+                        .filter(|&(t, _, slot)| t == target && slot.link() == swap);
+                    let Some((_, key_id, slot)) =
+                        attributed.filter(|_| s.inflight.len() < INFLIGHT_MAX)
+                    else {
+                        // A CAS the switch cannot attribute to a key may change
+                        // any chain: what it knows may be stale.
+                        if !s.tails.is_empty() {
+                            self.reset_locked(&mut s);
+                        }
                         continue;
                     };
-                    if t != target || slot.link() != swap || s.inflight.len() >= INFLIGHT_MAX {
-                        continue;
-                    }
                     let key = (target, key_id);
                     let mut f = Inflight {
                         local: local.mr.clone(),
@@ -221,10 +236,21 @@ impl Switch {
                             s.tails.remove(&key);
                             continue;
                         }
+                        Some(tail)
+                            if tail.offset + NEXT_AT as u64 == remote.offset
+                                && tail.sentinel() != expect =>
+                        {
+                            // Aimed at the tail's slot with another generation: a
+                            // rewrite of the expected word alone would leave the
+                            // client unable to tell success from failure. Let it
+                            // fail natively; forget the key.
+                            s.tails.remove(&key);
+                            continue;
+                        }
                         Some(tail) => {
                             let at = tail.offset + NEXT_AT as u64;
                             f.vouched = true;
-                            f.redirected = at != remote.offset || tail.sentinel() != expect;
+                            f.redirected = at != remote.offset;
                             f.expect_sent = tail.sentinel();
                             if f.redirected {
                                 self.cas_redirected.fetch_add(1, Ordering::Relaxed);
@@ -258,7 +284,10 @@ impl Switch {
             s.inflight.insert((me, wr_id), f);
         }
         let r = qp.post_send(&out);
-        if r.is_err() {
+        // A request that failed as it was posted (a backend that executes at
+        // posting, like loopback, shows it in the queue pair's state at once) may
+        // have made the state wrong before its error completion is polled.
+        if r.is_err() || qp.state() != QpState::Ready {
             self.reset_locked(&mut s);
         }
         r

@@ -304,3 +304,72 @@ fn a_crash_between_cas_and_drain_is_resolved_by_the_writer() {
         "v1 appended once"
     );
 }
+
+#[test]
+fn a_put_redirected_behind_a_failing_append_waits_for_it() {
+    let mut cl = cluster(Config::default());
+    let mut a = cl.client(true).unwrap();
+    let mut b = cl.client(true).unwrap();
+    put(&mut a, "k", "v0");
+    put(&mut b, "k", "v1"); // a's cached tail (v0) is stale now
+    cl.switch.reset();
+    for (c, v) in [(&mut a, "va"), (&mut b, "vb")] {
+        assert!(c
+            .start(Request::Put {
+                key: b"k".to_vec(),
+                value: v.into(),
+            })
+            .is_none());
+        assert!(c.poll().is_none()); // post the WRITEs
+        assert!(c.poll().is_none()); // take them
+    }
+    // a's CAS at stale v0: the switch takes va as the tail, optimistically.
+    assert!(a.poll().is_none());
+    // b's CAS at v1 (the true tail) is redirected behind va, which is not linked.
+    assert!(b.poll().is_none());
+    assert_eq!(cl.switch.stats().cas_redirected, 1);
+    for _ in 0..50 {
+        assert!(
+            b.poll().is_none(),
+            "b must not acknowledge behind unlinked va"
+        );
+    }
+    // a learns its CAS failed (the switch resets), walks, appends va; then b goes.
+    let mut a_done = false;
+    for _ in 0..100 {
+        if a.poll().is_some() {
+            a_done = true;
+            break;
+        }
+    }
+    assert!(a_done);
+    assert!(cl.switch.stats().cas_vouched_failed >= 1);
+    let mut b_done = false;
+    for _ in 0..100 {
+        if let Some(o) = b.poll() {
+            o.result.unwrap();
+            b_done = true;
+            break;
+        }
+    }
+    assert!(b_done);
+    assert_eq!(get(&mut a, "k").as_deref(), Some(&b"vb"[..]));
+    let key_id = cl.ms.lookup(b"k").unwrap().key_id;
+    let values: Vec<_> = cl
+        .ms
+        .chain_on(0, key_id)
+        .unwrap()
+        .into_iter()
+        .map(|x| x.1)
+        .collect();
+    assert_eq!(
+        values,
+        vec![
+            b"".to_vec(),
+            b"v0".to_vec(),
+            b"v1".to_vec(),
+            b"va".to_vec(),
+            b"vb".to_vec()
+        ]
+    );
+}
