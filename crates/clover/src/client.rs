@@ -173,6 +173,12 @@ struct OpState {
     /// name): the predecessor must be confirmed durably linked before the ack.
     confirm: bool,
     confirm_reads: usize,
+    /// The version may have followers hanging off its `next` (an attempt to
+    /// append it failed, or its outcome was unknown and it was not found): reset
+    /// its `next` to its own sentinel on every replica before the next CAS, or
+    /// re-appending it would carry them along (a cycle, if one of them was
+    /// re-appended on its own).
+    reset_next: bool,
 }
 
 struct Round {
@@ -385,6 +391,7 @@ impl<F: Fabric, N: Nic> Client<F, N> {
             pending_post: false,
             confirm: false,
             confirm_reads: 0,
+            reset_next: false,
         });
         self.post_phase()
     }
@@ -579,10 +586,13 @@ impl<F: Fabric, N: Nic> Client<F, N> {
         if crate::TRACE.load(std::sync::atomic::Ordering::Relaxed) {
             let old = self.local.read_u64(CAS_OLD_AT);
             let op = self.op.as_ref().expect("running");
+            let mut buf = vec![0u8; self.config.slot_bytes()];
+            self.local.read(READ_AT, &mut buf);
             eprintln!(
-                "client {} slot {:?} done {:?} cas_old {:?} confirm {}",
+                "client {} slot {:?} read {:?} done {:?} cas_old {:?} confirm {}",
                 self.nic.node(),
-                op.slot.map(|s| s.offset),
+                op.slot,
+                layout::decode(0, &buf).map(|v| (v.gen, layout::decode_word(v.next))),
                 phase,
                 layout::decode_word(old),
                 op.confirm
@@ -593,11 +603,16 @@ impl<F: Fabric, N: Nic> Client<F, N> {
                 let op = self.op();
                 let key_id = op.meta.key_id;
                 let hint = op.meta.hint;
-                let guess = self.tails.get(&key_id).copied().unwrap_or(hint);
+                let mut guess = self.tails.get(&key_id).copied().unwrap_or(hint);
+                if Some(guess.offset) == self.op().slot.map(|s| s.offset) {
+                    // The cached tail's slot was freed and given to us again.
+                    guess = self.ms_meta(key_id).hint;
+                }
                 self.op().phase = Phase::Cas { guess };
                 self.post_phase()
             }
             Phase::Cas { guess } => {
+                self.op().reset_next = false;
                 let old = self.local.read_u64(CAS_OLD_AT);
                 let me = self.op().slot.expect("a PUT has a slot");
                 let appended_to = if old == guess.sentinel() {
@@ -625,6 +640,7 @@ impl<F: Fabric, N: Nic> Client<F, N> {
                     return self.post_phase();
                 }
                 self.stats.cas_failed += 1;
+                self.op().reset_next = true;
                 match layout::decode_word(old) {
                     Word::Link(next) if next == me => {
                         // Only after an unknown outcome: it is appended already.
@@ -649,6 +665,14 @@ impl<F: Fabric, N: Nic> Client<F, N> {
             Phase::Walk { at } | Phase::Recover { at } => {
                 let recovering = matches!(phase, Phase::Recover { .. });
                 let me = self.op().slot.expect("a PUT has a slot");
+                if recovering && at == me {
+                    // The MS's head is our version: GC walked the chain to it
+                    // (and drained), so it is linked and the backups' chains
+                    // start at it too. Only the mark is left.
+                    self.op().confirm = false;
+                    self.op().phase = Phase::Mark;
+                    return self.post_phase();
+                }
                 let Some(v) = self.read_version(at) else {
                     return self.restart();
                 };
@@ -672,6 +696,10 @@ impl<F: Fabric, N: Nic> Client<F, N> {
                         self.post_phase()
                     }
                     Word::Null(s) if s == at => {
+                        if recovering {
+                            // Not linked; but something may hang off it.
+                            self.op().reset_next = true;
+                        }
                         self.op().phase = Phase::Cas { guess: at };
                         self.post_phase()
                     }
@@ -684,14 +712,30 @@ impl<F: Fabric, N: Nic> Client<F, N> {
                 // versions of the chain.
                 let mut buf = vec![0u8; self.config.slot_bytes()];
                 self.local.read(READ_AT, &mut buf);
-                let confirmed = match layout::decode(pred.offset, &buf) {
-                    Ok(v) if v.gen == pred.gen => v.durable,
-                    Ok(_) => true,
-                    Err(_) => false,
+                let me = self.op().slot.expect("a PUT has a slot");
+                let seen = match layout::decode(pred.offset, &buf) {
+                    Ok(v) if v.gen == pred.gen => Some((v.durable, v.next == me.link())),
+                    Ok(_) => Some((false, false)),
+                    Err(_) => None, // torn: read again
                 };
-                if confirmed {
-                    self.op().phase = Phase::Mark;
-                    return self.post_phase();
+                match seen {
+                    Some((true, true)) => {
+                        self.op().phase = Phase::Mark;
+                        return self.post_phase();
+                    }
+                    Some((_, false)) => {
+                        // Detached (its predecessor was reset before it was
+                        // re-appended) or its predecessor's slot was freed: find
+                        // out from the head whether it is linked.
+                        let key_id = self.op().meta.key_id;
+                        let m = self.ms_meta(key_id);
+                        let op = self.op();
+                        op.confirm = false;
+                        op.unknown = true;
+                        op.phase = Phase::Recover { at: m.head };
+                        return self.post_phase();
+                    }
+                    _ => {}
                 }
                 let max = self.config.walk_steps_max;
                 let op = self.op();
@@ -807,6 +851,7 @@ impl<F: Fabric, N: Nic> Client<F, N> {
             offset: READ_AT,
         };
         let durable_word;
+        let sentinel_word;
         let mut per_node: Vec<Vec<WorkRequest<'_>>> = vec![Vec::new(); self.nodes.len()];
         match &op.phase {
             Phase::WriteData => {
@@ -827,8 +872,29 @@ impl<F: Fabric, N: Nic> Client<F, N> {
                 }
             }
             Phase::Cas { guess } => {
-                let c = self.conns[0].as_ref().expect("connected");
                 let slot = op.slot.expect("a PUT has a slot");
+                assert_ne!(
+                    guess.offset, slot.offset,
+                    "a CAS never links a version after itself"
+                );
+                if op.reset_next {
+                    sentinel_word = slot.sentinel().to_le_bytes();
+                    for (i, c) in self.conns.iter().enumerate() {
+                        let c = c.as_ref().expect("connected");
+                        per_node[i].push(wr(
+                            id,
+                            i,
+                            2,
+                            Op::Write {
+                                data: &sentinel_word,
+                                remote: c.region.at(slot.offset + NEXT_AT as u64),
+                                imm: None,
+                            },
+                            true,
+                        ));
+                    }
+                }
+                let c = self.conns[0].as_ref().expect("connected");
                 per_node[0].push(wr(
                     id,
                     0,

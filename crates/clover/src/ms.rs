@@ -11,7 +11,9 @@
 //! - **garbage collection** ([`MetadataServer::gc`]): it walks a chain on the
 //!   primary with one-sided READs, drains the primary (so every link it saw is
 //!   durable), keeps the newest `versions_kept` versions, frees the older ones
-//!   (bumping their generation) and moves the head and the hint forward.
+//!   (bumping their generation) and moves the head and the hint forward. It frees
+//!   only a prefix of versions whose writers have reported them: a writer still
+//!   resolving an unknown outcome walks from the head to find its version.
 //!
 //! Hints are lazy, as in Clover: a client reports its version after the write was
 //! acknowledged ([`MetadataServer::report`]), and the MS keeps the hint only while
@@ -65,6 +67,10 @@ struct State<N: Nic> {
     index: HashMap<Vec<u8>, u64>,
     keys: Vec<KeyMeta>,
     gens: Vec<u32>,
+    /// Per slot: its version's writer has reported it (so it has finished with
+    /// it). GC frees only reported versions: a writer still resolving an unknown
+    /// outcome must find its version in the chain, not in the free list.
+    reported: Vec<bool>,
     free: VecDeque<u64>,
     next_fresh: u64,
     stats: MsStats,
@@ -110,6 +116,7 @@ impl<F: Fabric> MetadataServer<F> {
                 index: HashMap::new(),
                 keys: Vec::new(),
                 gens: vec![0; config.slots],
+                reported: vec![false; config.slots],
                 free: VecDeque::new(),
                 next_fresh: 1,
                 stats: MsStats::default(),
@@ -183,6 +190,8 @@ impl<F: Fabric> MetadataServer<F> {
                 return Err(e);
             }
         }
+        let index = (slot.offset / self.config.slot_bytes() as u64) as usize;
+        s.reported[index] = true;
         let meta = KeyMeta {
             key_id,
             head: slot,
@@ -231,6 +240,7 @@ impl<F: Fabric> MetadataServer<F> {
             let index = (version.offset / self.config.slot_bytes() as u64) as usize;
             if s.gens[index] == version.gen {
                 s.keys[key_id as usize - 1].hint = version;
+                s.reported[index] = true;
             }
             self.config.gc_every_reports > 0
                 && s.stats.reports.is_multiple_of(self.config.gc_every_reports)
@@ -304,10 +314,18 @@ impl<F: Fabric> MetadataServer<F> {
                 false,
             )]
         })?;
-        let cut = chain.len() - kept;
+        let index_of = |r: &SlotRef| (r.offset / slot_bytes as u64) as usize;
+        let cut = chain[..chain.len() - kept]
+            .iter()
+            .position(|r| !s.reported[index_of(r)])
+            .unwrap_or(chain.len() - kept);
+        if cut == 0 {
+            return Ok(0);
+        }
         for old in &chain[..cut] {
             let index = (old.offset / slot_bytes as u64) as usize;
             assert_eq!(s.gens[index], old.gen, "GC frees a live slot once");
+            s.reported[index] = false;
             if s.gens[index] < GEN_MAX {
                 s.gens[index] += 1;
                 s.free.push_back(index as u64);
