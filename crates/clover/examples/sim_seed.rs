@@ -1,4 +1,5 @@
-//! Replay one seed of the simulation, with the clients' steps traced:
+//! Replay one seed of the simulation, with the clients' steps traced on stderr
+//! and, if it fails, its history on stdout:
 //! `cargo run --release -p rowankv-clover --example sim_seed -- SEED OPS`.
 fn main() {
     let args: Vec<u64> = std::env::args()
@@ -10,9 +11,15 @@ fn main() {
         _ => (0, 400),
     };
     rowankv_clover::TRACE.store(true, std::sync::atomic::Ordering::Relaxed);
-    let r = rowankv_clover::sim::run_seed(seed, ops);
+    let (r, mut h) = rowankv_clover::sim::run_seed_with_history(seed, ops);
     println!(
         "{}",
         serde_json::to_string_pretty(&r).expect("serialisable")
     );
+    if !r.violations.is_empty() {
+        h.sort_by_key(|e| (e.key, e.invoke));
+        for e in &h {
+            println!("{e:?}");
+        }
+    }
 }

@@ -648,7 +648,7 @@ impl<F: Fabric, N: Nic> Client<F, N> {
                         self.op().phase = Phase::Flush { pred: guess };
                         self.post_phase()
                     }
-                    Word::Link(next) => {
+                    Word::Link(next) if self.read_version(guess).is_some() => {
                         if !self.step_walk() {
                             return self.restart();
                         }
@@ -910,6 +910,20 @@ impl<F: Fabric, N: Nic> Client<F, N> {
                 if self.config.flush_with_cas {
                     per_node[0].push(wr(id, 0, 1, flush(c, region_bytes), false));
                 }
+                // The guessed slot as it is after the CAS: a link a failed CAS
+                // returns is the chain's only if the slot still holds the
+                // guessed generation (else it is a reused slot's new occupant's).
+                per_node[0].push(wr(
+                    id,
+                    0,
+                    3,
+                    Op::Read {
+                        remote: c.region.at(guess.offset),
+                        len: slot_bytes,
+                        local: read_local,
+                    },
+                    false,
+                ));
             }
             Phase::Flush { .. } | Phase::ReadFlush { .. } => {
                 let c = self.conns[0].as_ref().expect("connected");

@@ -294,11 +294,17 @@ pub fn run_seed_with_history(seed: u64, ops: usize) -> (SeedReport, Vec<Event>) 
                 invoke: tick,
                 put,
             };
+            if crate::TRACE.load(std::sync::atomic::Ordering::Relaxed) {
+                eprintln!("tick {tick}: client {c} starts {req:?}");
+            }
             match clients[c].start(req) {
                 Some(o) => record(&mut history, &mut report, c, run, o, tick),
                 None => running[c] = Some(run),
             }
         } else if let Some(o) = clients[c].poll() {
+            if crate::TRACE.load(std::sync::atomic::Ordering::Relaxed) {
+                eprintln!("tick {tick}: client {c} finishes {o:?}");
+            }
             let run = running[c].take().expect("running");
             record(&mut history, &mut report, c, run, o, tick);
         }
