@@ -23,8 +23,10 @@
 //!    sentinel, then FLUSH) and mark it durable on the primary (one round);
 //!    - if the CAS was redirected (the predecessor is not the version the client
 //!      aimed at), the interposer chose the predecessor and may have been wrong
-//!      (its own CAS may still fail): instead of the mark, READ the predecessor, and
-//!      again until its writer has marked it durable; then mark (one more round).
+//!      (its own CAS may still fail): first READ the predecessor, again until its
+//!      writer has marked it durable and its `next` still names this version
+//!      (one more round); if its `next` names another, the version was detached:
+//!      resolve it as an unknown outcome. Only then link the backups and mark.
 //!      A durable mark therefore means "durably reachable from the head";
 //! 4. acknowledge; cache the new tail; report it to the MS (a lazy message).
 //!
@@ -63,6 +65,9 @@ use crate::{CloverError, Config};
 pub const SEND_DEPTH: usize = 16;
 /// Completion queue capacity of a client.
 const CQ_CAPACITY: usize = 256;
+/// Unmarked reads of a redirected append's predecessor before the client walks
+/// from the head instead (its mark may have been lost to a power failure).
+pub const CONFIRM_READS_BEFORE_WALK: usize = 8;
 /// Bound on the keys whose metadata and tail a client caches.
 pub const CACHE_KEYS_MAX: usize = 1 << 20;
 
@@ -632,10 +637,11 @@ impl<F: Fabric, N: Nic> Client<F, N> {
                     // Appended after a version this client did not name: the
                     // interposer chose it, and may have been wrong about it.
                     self.op().confirm = pred != guess;
-                    self.op().phase = if self.config.flush_with_cas {
-                        Phase::Link { pred }
-                    } else {
-                        Phase::Flush { pred }
+                    let confirm = self.op().confirm;
+                    self.op().phase = match (self.config.flush_with_cas, confirm) {
+                        (false, _) => Phase::Flush { pred },
+                        (true, true) => Phase::Confirm { pred },
+                        (true, false) => Phase::Link { pred },
                     };
                     return self.post_phase();
                 }
@@ -659,7 +665,11 @@ impl<F: Fabric, N: Nic> Client<F, N> {
                 }
             }
             Phase::Flush { pred } => {
-                self.op().phase = Phase::Link { pred };
+                self.op().phase = if self.op().confirm {
+                    Phase::Confirm { pred }
+                } else {
+                    Phase::Link { pred }
+                };
                 self.post_phase()
             }
             Phase::Walk { at } | Phase::Recover { at } => {
@@ -706,7 +716,7 @@ impl<F: Fabric, N: Nic> Client<F, N> {
                     _ => self.restart(),
                 }
             }
-            Phase::Link { pred } | Phase::Confirm { pred } if self.op().confirm => {
+            Phase::Confirm { pred } => {
                 // The predecessor is durably linked once its writer marked it; a
                 // slot of another generation was freed by GC, which frees only
                 // versions of the chain.
@@ -720,7 +730,10 @@ impl<F: Fabric, N: Nic> Client<F, N> {
                 };
                 match seen {
                     Some((true, true)) => {
-                        self.op().phase = Phase::Mark;
+                        // Now link it on the backups (behind a predecessor known
+                        // to be in the chain) and mark it.
+                        self.op().confirm = false;
+                        self.op().phase = Phase::Link { pred };
                         return self.post_phase();
                     }
                     Some((_, false)) => {
@@ -745,10 +758,21 @@ impl<F: Fabric, N: Nic> Client<F, N> {
                         "the predecessor of a redirected append was never linked",
                     ));
                 }
+                if op.confirm_reads.is_multiple_of(CONFIRM_READS_BEFORE_WALK) {
+                    // The mark is a hint a power failure may take: look from
+                    // the head instead (found: linked; not found: re-append).
+                    let key_id = op.meta.key_id;
+                    let m = self.ms_meta(key_id);
+                    let op = self.op();
+                    op.confirm = false;
+                    op.unknown = true;
+                    op.phase = Phase::Recover { at: m.head };
+                    return self.post_phase();
+                }
                 op.phase = Phase::Confirm { pred };
                 self.post_phase()
             }
-            Phase::Link { .. } | Phase::Confirm { .. } | Phase::Mark => {
+            Phase::Link { .. } | Phase::Mark => {
                 let op = self.op();
                 let (key_id, slot) = (op.meta.key_id, op.slot.expect("a PUT has a slot"));
                 if self.tails.len() < CACHE_KEYS_MAX {
@@ -978,19 +1002,11 @@ impl<F: Fabric, N: Nic> Client<F, N> {
                 durable_word = slot.durable_word().to_le_bytes();
                 for (i, c) in self.conns.iter().enumerate() {
                     let c = c.as_ref().expect("connected");
-                    if i == 0 && op.confirm {
-                        per_node[0].push(wr(
-                            id,
-                            0,
-                            0,
-                            Op::Read {
-                                remote: c.region.at(pred.offset),
-                                len: slot_bytes,
-                                local: read_local,
-                            },
-                            false,
-                        ));
-                    } else if i == 0 {
+                    assert!(
+                        !op.confirm,
+                        "backups link only behind a confirmed predecessor"
+                    );
+                    if i == 0 {
                         per_node[0].push(wr(
                             id,
                             0,

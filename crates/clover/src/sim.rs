@@ -438,10 +438,13 @@ mod tests {
     /// `next` (a cycle); 100, GC freeing a version whose writer was still
     /// resolving an unknown CAS; 101, a cached tail whose slot was reused for the
     /// writer's own new version; 382, the checker's search exploding on PUTs
-    /// without a response.
+    /// without a response; 1864, a failed CAS's link walked although the guessed
+    /// slot had been reused; 4891 and 5662, a redirected writer linking the
+    /// backups before confirming its predecessor (a backup cycle); 1834, waiting
+    /// for a predecessor's durable mark that a power failure took.
     #[test]
     fn regression_seeds_found_by_the_sweep() {
-        for seed in [100, 101, 163, 233, 382, 433, 454] {
+        for seed in [100, 101, 163, 233, 382, 433, 454, 1834, 1864, 4891, 5662] {
             let r = run_seed(seed, 400);
             assert!(r.violations.is_empty(), "seed {seed}: {:#?}", r.violations);
         }
