@@ -86,7 +86,8 @@ pub struct Config {
     pub chunk_slots: usize,
     /// GC keeps at least this many newest versions of a key.
     pub versions_kept: usize,
-    /// Run GC on a key every this many reports to the MS (0: only when asked).
+    /// Run GC on a key every this many reports of that key to the MS (0: only
+    /// when asked).
     pub gc_every_reports: u64,
     /// Bound on chain-walk steps of one operation.
     pub walk_steps_max: usize,
@@ -108,7 +109,7 @@ impl Default for Config {
             key_bytes_max: 64,
             chunk_slots: 16,
             versions_kept: 4,
-            gc_every_reports: 64,
+            gc_every_reports: 8,
             walk_steps_max: 1 << 16,
             restarts_max: 64,
             wait_polls_max: 1 << 20,

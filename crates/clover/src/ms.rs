@@ -66,6 +66,8 @@ struct State<N: Nic> {
     conns: Vec<Option<Connection<N>>>,
     index: HashMap<Vec<u8>, u64>,
     keys: Vec<KeyMeta>,
+    /// Per key: reports since its last GC.
+    since_gc: Vec<u64>,
     gens: Vec<u32>,
     /// Per slot: its version's writer has reported it (so it has finished with
     /// it). GC frees only reported versions: a writer still resolving an unknown
@@ -115,6 +117,7 @@ impl<F: Fabric> MetadataServer<F> {
                 conns,
                 index: HashMap::new(),
                 keys: Vec::new(),
+                since_gc: Vec::new(),
                 gens: vec![0; config.slots],
                 reported: vec![false; config.slots],
                 free: VecDeque::new(),
@@ -198,6 +201,7 @@ impl<F: Fabric> MetadataServer<F> {
             hint: slot,
         };
         s.keys.push(meta);
+        s.since_gc.push(0);
         s.index.insert(key.to_vec(), key_id);
         s.stats.creates += 1;
         Ok(meta)
@@ -232,7 +236,8 @@ impl<F: Fabric> MetadataServer<F> {
     }
 
     /// A client's lazy report of an acknowledged version: it becomes the hint if
-    /// its slot is still live. Runs GC on the key every `gc_every_reports`.
+    /// its slot is still live. Runs GC on the key every `gc_every_reports` reports
+    /// of that key.
     pub fn report(&self, key_id: u64, version: SlotRef) {
         let run_gc = {
             let mut s = self.state.lock();
@@ -242,8 +247,13 @@ impl<F: Fabric> MetadataServer<F> {
                 s.keys[key_id as usize - 1].hint = version;
                 s.reported[index] = true;
             }
-            self.config.gc_every_reports > 0
-                && s.stats.reports.is_multiple_of(self.config.gc_every_reports)
+            let n = &mut s.since_gc[key_id as usize - 1];
+            *n += 1;
+            let due = self.config.gc_every_reports > 0 && *n >= self.config.gc_every_reports;
+            if due {
+                *n = 0;
+            }
+            due
         };
         if run_gc {
             // GC is best effort: a memory node that is down is collected later.
