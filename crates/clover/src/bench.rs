@@ -134,7 +134,7 @@ fn bench_cluster(
     switch: SwitchConfig,
 ) -> Result<Cluster, CloverError> {
     let fabric = LoopbackFabric::with_model(config.model)?;
-    let slots = (keys * 8).max(1 << 15).min(crate::SLOTS_MAX);
+    let slots = (keys * 8).clamp(1 << 15, crate::SLOTS_MAX);
     Cluster::new(
         fabric,
         Config {

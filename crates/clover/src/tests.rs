@@ -137,7 +137,10 @@ fn interposed_a_stale_cas_is_redirected_and_succeeds_first_time() {
 #[test]
 fn interleaved_writers_conflict_natively_and_not_through_the_switch() {
     for interposed in [false, true] {
-        let mut cl = cluster(Config::default());
+        let mut cl = cluster(Config {
+            gc_every_reports: 0,
+            ..Config::default()
+        });
         let mut cs: Vec<AnyClient> = (0..4).map(|_| cl.client(interposed).unwrap()).collect();
         put(&mut cs[0], "k", "init");
         for c in cs.iter_mut() {
