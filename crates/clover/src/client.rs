@@ -269,6 +269,22 @@ impl<F: Fabric, N: Nic> Client<F, N> {
         self.tails.clear();
     }
 
+    /// Warm the key cache (a client in steady state knows its keys' ids, heads
+    /// and hints): one MS lookup per key not cached, outside any operation.
+    pub fn prefetch_keys(&mut self, keys: &[Vec<u8>]) {
+        for k in keys {
+            if self.keys.len() >= CACHE_KEYS_MAX {
+                break;
+            }
+            if !self.keys.contains_key(k) {
+                self.stats.ms_calls += 1;
+                if let Some(m) = self.ms.lookup(k) {
+                    self.keys.insert(k.clone(), m);
+                }
+            }
+        }
+    }
+
     /// A blocking PUT.
     pub fn put(&mut self, key: &[u8], value: &[u8]) -> Result<SlotRef, CloverError> {
         match self.run(Request::Put {

@@ -68,6 +68,12 @@ impl AnyClient {
             AnyClient::Interposed(c) => c.stats(),
         }
     }
+    pub fn prefetch_keys(&mut self, keys: &[Vec<u8>]) {
+        match self {
+            AnyClient::Native(c) => c.prefetch_keys(keys),
+            AnyClient::Interposed(c) => c.prefetch_keys(keys),
+        }
+    }
     pub fn is_interposed(&self) -> bool {
         matches!(self, AnyClient::Interposed(_))
     }

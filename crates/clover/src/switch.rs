@@ -27,8 +27,7 @@
 //! Correctness never depends on it: a redirected CAS that fails has its result
 //! replaced by [`layout::FAILED`] (so the client falls back to the MS hint and the
 //! chain walk, never mistaking it for success), and the switch **drops all its
-//! state** on any anomaly — a failed CAS it had vouched for, a CAS it cannot
-//! attribute to a key, any error completion,
+//! state** on any anomaly — a failed CAS it had vouched for, any error completion,
 //! a new connection (a restarted memory node, a new client), or [`Switch::reset`]
 //! (a lost packet or a restart of the switch, injected by tests). With no state it
 //! only forwards. Dropping state is not enough by itself: CASes redirected to a
@@ -214,11 +213,12 @@ impl Switch {
                     let Some((_, key_id, slot)) =
                         attributed.filter(|_| s.inflight.len() < INFLIGHT_MAX)
                     else {
-                        // A CAS the switch cannot attribute to a key may change
-                        // any chain: what it knows may be stale.
-                        if !s.tails.is_empty() {
-                            self.reset_locked(&mut s);
-                        }
+                        // Not attributable to a key (its WRITE passed before a
+                        // reset): it passes untouched. If it changes a cached
+                        // key's chain, the next CAS the switch vouches for fails
+                        // and the switch resets then. (Resetting here instead
+                        // keeps a busy switch from ever relearning: after each
+                        // reset some client is between its WRITE and its CAS.)
                         continue;
                     };
                     let key = (target, key_id);
