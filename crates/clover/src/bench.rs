@@ -1,0 +1,371 @@
+//! Benchmarks of seed 004 on the `loopback` fabric with the wire model on
+//! (`docs/wire-model.md`; every printed line carries its label): YCSB-A (50 %
+//! GET, 50 % PUT), Zipf 0.75 over 1,024 keys, blocking clients (one operation at
+//! a time each), Clover native versus behind the interposer; the interposer
+//! caching only the top-N keys; the switch's memory for 1K..100K keys.
+//!
+//! One driver thread steps every client's state machine (a blocking client is
+//! one with one operation in flight), so what is measured is the protocol's
+//! round trips under the wire model plus this thread's CPU time; ratios measured
+//! side by side in one run are the result, not absolute rates. Counts that need
+//! no model are reported too: round trips per operation (rounds of one-sided
+//! requests plus calls to the MS, p50/p99), failed CASes, redirections.
+//!
+//! Clients start with every key's metadata cached (steady state; no MS lookup
+//! per first access) and no tail cached. Deviations (see `docs/clover.md`): one memory node (the paper's testbed had
+//! one; replication is a knob, off here); memory is DRAM (persistence is timed by
+//! the model's `dma_persist_ns`, not by a PM pool); calls to the MS are counted
+//! as round trips but not timed.
+
+use std::collections::HashSet;
+use std::time::Instant;
+
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use rand_distr::{Distribution, Zipf};
+use rowankv_fabric::{LoopbackFabric, WireModel};
+use serde::Serialize;
+
+use crate::cluster::{AnyClient, Cluster, Memory};
+use crate::switch::{SwitchConfig, BYTES_PER_CLIENT, BYTES_PER_KEY};
+use crate::{CloverError, Config, Request};
+
+/// Bound on the operations of one point.
+pub const OPS_PER_POINT_MAX: u64 = 10_000_000;
+/// Bound on polls of one point (a stuck run ends with an error, not a hang).
+pub const POLLS_PER_OP_MAX: u64 = 10_000_000;
+
+/// What a run measures.
+#[derive(Clone, Debug)]
+pub struct BenchConfig {
+    pub keys: usize,
+    pub zipf_s: f64,
+    pub value_bytes: usize,
+    pub ops_per_point: u64,
+    pub clients: Vec<usize>,
+    /// Top-N sizes for the cached-keys sweep (run at the largest client count).
+    pub cached_keys: Vec<usize>,
+    /// Key counts for the switch-memory sweep.
+    pub memory_keys: Vec<usize>,
+    pub model: WireModel,
+    pub seed: u64,
+}
+
+impl Default for BenchConfig {
+    fn default() -> Self {
+        BenchConfig {
+            keys: 1024,
+            zipf_s: 0.75,
+            value_bytes: 64,
+            ops_per_point: 50_000,
+            clients: vec![8, 16, 32, 64],
+            cached_keys: vec![0, 1, 2, 4, 8, 16, 64, 256, 1024],
+            memory_keys: vec![1_000, 10_000, 100_000],
+            model: WireModel::CONNECTX5,
+            seed: 1,
+        }
+    }
+}
+
+/// One measured point.
+#[derive(Clone, Debug, Serialize)]
+pub struct BenchPoint {
+    /// "native" or "interposer".
+    pub mode: String,
+    pub clients: usize,
+    /// Keys the switch may cache (0 for native).
+    pub cached_keys: usize,
+    pub ops_per_sec: f64,
+    pub round_trips_p50: u32,
+    pub round_trips_p99: u32,
+    pub ops: u64,
+    pub cas_failed: u64,
+    pub cas_redirected: u64,
+    /// Times the switch dropped its state during the point.
+    pub switch_resets: u64,
+    pub switch_bytes: usize,
+    /// The wire model's label.
+    pub model: String,
+}
+
+/// The switch's memory for a key count.
+#[derive(Clone, Debug, Serialize)]
+pub struct MemoryPoint {
+    pub keys: usize,
+    pub clients: usize,
+    pub switch_bytes: usize,
+    /// Measured: keys cached after writing every key once through the switch.
+    pub keys_cached: usize,
+}
+
+/// Everything [`run`] measures.
+#[derive(Clone, Debug, Serialize)]
+pub struct BenchReport {
+    pub model: String,
+    pub ycsb_a: Vec<BenchPoint>,
+    pub top_n: Vec<BenchPoint>,
+    pub memory: Vec<MemoryPoint>,
+}
+
+/// Run every benchmark of `config`.
+pub fn run(config: &BenchConfig) -> Result<BenchReport, CloverError> {
+    let mut ycsb_a = Vec::new();
+    for &clients in &config.clients {
+        ycsb_a.push(point(config, clients, None)?);
+        ycsb_a.push(point(config, clients, Some(config.keys))?);
+    }
+    let clients = config.clients.iter().copied().max().unwrap_or(1);
+    let mut top_n = Vec::new();
+    for &n in &config.cached_keys {
+        top_n.push(point(config, clients, Some(n))?);
+    }
+    let mut memory = Vec::new();
+    for &keys in &config.memory_keys {
+        memory.push(switch_memory(keys, clients)?);
+    }
+    Ok(BenchReport {
+        model: config.model.label(),
+        ycsb_a,
+        top_n,
+        memory,
+    })
+}
+
+fn bench_cluster(
+    config: &BenchConfig,
+    keys: usize,
+    switch: SwitchConfig,
+) -> Result<Cluster, CloverError> {
+    let fabric = LoopbackFabric::with_model(config.model)?;
+    let slots = (keys * 8).clamp(1 << 15, crate::SLOTS_MAX);
+    Cluster::new(
+        fabric,
+        Config {
+            replicas: 1,
+            slots,
+            value_bytes_max: config.value_bytes.max(8),
+            key_bytes_max: 32,
+            chunk_slots: 64,
+            versions_kept: 4,
+            gc_every_reports: 8,
+            ..Config::default()
+        },
+        Memory::Dram,
+        switch,
+    )
+}
+
+fn key(rank: usize) -> Vec<u8> {
+    format!("user{rank:08}").into_bytes()
+}
+
+/// Write every key once, in rank order (so key ids are ranks + 1).
+fn preload(cl: &mut Cluster, keys: usize, value_bytes: usize) -> Result<(), CloverError> {
+    let mut c = cl.client(false)?;
+    for rank in 0..keys {
+        let mut o = c.start(Request::Put {
+            key: key(rank),
+            value: vec![7; value_bytes],
+        });
+        let mut polls = 0u64;
+        while o.is_none() {
+            o = c.poll();
+            polls += 1;
+            if polls > POLLS_PER_OP_MAX {
+                return Err(CloverError::GaveUp("preload stuck"));
+            }
+        }
+        o.expect("finished").result?;
+    }
+    Ok(())
+}
+
+/// One point: `clients` blocking clients, native (`cached_keys: None`) or behind
+/// a switch caching the top `n` keys.
+pub fn point(
+    config: &BenchConfig,
+    clients: usize,
+    cached_keys: Option<usize>,
+) -> Result<BenchPoint, CloverError> {
+    assert!(config.ops_per_point <= OPS_PER_POINT_MAX);
+    let switch = SwitchConfig {
+        keys_max: cached_keys.unwrap_or(0),
+        admit: cached_keys.map(|n| (1..=n as u64).collect::<HashSet<u64>>()),
+        targets: None,
+    };
+    let mut cl = bench_cluster(config, config.keys, switch)?;
+    preload(&mut cl, config.keys, config.value_bytes)?;
+    let interposed = cached_keys.is_some();
+    let mut cs: Vec<AnyClient> = (0..clients)
+        .map(|_| cl.client(interposed))
+        .collect::<Result<_, _>>()?;
+    // Steady state: every client knows every key's id (its cache of tails
+    // stays cold and learns as it goes).
+    let all_keys: Vec<Vec<u8>> = (0..config.keys).map(key).collect();
+    for c in cs.iter_mut() {
+        c.prefetch_keys(&all_keys);
+    }
+    let zipf = Zipf::new(config.keys as u64, config.zipf_s)
+        .map_err(|_| CloverError::BadConfig("zipf exponent"))?;
+    let mut rng = ChaCha8Rng::seed_from_u64(config.seed);
+    let value = vec![9u8; config.value_bytes];
+    let mut round_trips: Vec<u32> = Vec::with_capacity(config.ops_per_point as usize);
+    let mut started = 0u64;
+    let mut polls = 0u64;
+    let before = cl.switch.stats();
+    let t0 = Instant::now();
+    let next_request = |rng: &mut ChaCha8Rng| {
+        let rank = zipf.sample(rng) as usize - 1;
+        if rng.gen_bool(0.5) {
+            Request::Get { key: key(rank) }
+        } else {
+            Request::Put {
+                key: key(rank),
+                value: value.clone(),
+            }
+        }
+    };
+    while (round_trips.len() as u64) < config.ops_per_point {
+        for c in cs.iter_mut() {
+            let done = if c.is_idle() {
+                if started >= config.ops_per_point {
+                    continue;
+                }
+                started += 1;
+                c.start(next_request(&mut rng))
+            } else {
+                c.poll()
+            };
+            if let Some(o) = done {
+                o.result?;
+                round_trips.push(o.round_trips);
+            }
+        }
+        polls += 1;
+        if polls > POLLS_PER_OP_MAX.saturating_mul(16) {
+            return Err(CloverError::GaveUp("benchmark point stuck"));
+        }
+    }
+    let elapsed_s = t0.elapsed().as_secs_f64();
+    round_trips.sort_unstable();
+    let pct = |p: f64| round_trips[((round_trips.len() - 1) as f64 * p) as usize];
+    let cas_failed = cs.iter().map(|c| c.stats().cas_failed).sum();
+    Ok(BenchPoint {
+        mode: if interposed { "interposer" } else { "native" }.into(),
+        clients,
+        cached_keys: cached_keys.unwrap_or(0),
+        ops_per_sec: round_trips.len() as f64 / elapsed_s,
+        round_trips_p50: pct(0.50),
+        round_trips_p99: pct(0.99),
+        ops: round_trips.len() as u64,
+        cas_failed,
+        cas_redirected: cl.switch.stats().cas_redirected - before.cas_redirected,
+        switch_resets: cl.switch.stats().resets - before.resets,
+        switch_bytes: cl.switch.memory_bytes(),
+        model: config.model.label(),
+    })
+}
+
+/// The switch's tables after `keys` keys were written through it by
+/// `clients` clients (measured), against the formula.
+pub fn switch_memory(keys: usize, clients: usize) -> Result<MemoryPoint, CloverError> {
+    // No timing is needed to count bytes: the fabric runs without the model.
+    let mut cl = Cluster::new(
+        LoopbackFabric::new(),
+        Config {
+            replicas: 1,
+            slots: (keys * 4 + 4096).min(crate::SLOTS_MAX),
+            value_bytes_max: 8,
+            chunk_slots: 64,
+            gc_every_reports: 0,
+            ..Config::default()
+        },
+        Memory::Dram,
+        SwitchConfig {
+            keys_max: keys,
+            ..SwitchConfig::default()
+        },
+    )?;
+    let mut cs: Vec<AnyClient> = (0..clients)
+        .map(|_| cl.client(true))
+        .collect::<Result<_, _>>()?;
+    // Two passes: a client's first connection resets the switch (a new
+    // connection may mean a restarted memory node), so the first pass warms up.
+    for rank in (0..keys).chain(0..keys) {
+        let c = &mut cs[rank % clients];
+        let mut o = c.start(Request::Put {
+            key: key(rank),
+            value: vec![1; 8],
+        });
+        let mut polls = 0u64;
+        while o.is_none() {
+            o = c.poll();
+            polls += 1;
+            if polls > POLLS_PER_OP_MAX {
+                return Err(CloverError::GaveUp("memory sweep stuck"));
+            }
+        }
+        o.expect("finished").result?;
+    }
+    let bytes = cl.switch.memory_bytes();
+    assert!(bytes <= keys * BYTES_PER_KEY + clients * BYTES_PER_CLIENT);
+    Ok(MemoryPoint {
+        keys,
+        clients,
+        switch_bytes: bytes,
+        keys_cached: cl.switch.keys_cached(),
+    })
+}
+
+/// Lines for a terminal, each labelled with the model.
+pub fn render(report: &BenchReport) -> Vec<String> {
+    let mut out = Vec::new();
+    for p in report.ycsb_a.iter().chain(&report.top_n) {
+        out.push(format!(
+            "clover ycsb-a zipf0.75 | {:10} clients {:3} cached {:5} | {:10.0} ops/s | round trips p50 {} p99 {} | cas failed {} redirected {} | switch resets {} {} B | {}",
+            p.mode, p.clients, p.cached_keys, p.ops_per_sec, p.round_trips_p50, p.round_trips_p99,
+            p.cas_failed, p.cas_redirected, p.switch_resets, p.switch_bytes, p.model
+        ));
+    }
+    for m in &report.memory {
+        out.push(format!(
+            "clover switch memory | keys {:6} clients {:3} | {} B ({} keys cached) | counted, no timing model",
+            m.keys, m.clients, m.switch_bytes, m.keys_cached
+        ));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_small_run_measures_every_point_with_its_label() {
+        let config = BenchConfig {
+            keys: 64,
+            ops_per_point: 400,
+            clients: vec![4, 8],
+            cached_keys: vec![0, 8],
+            memory_keys: vec![100],
+            ..BenchConfig::default()
+        };
+        let r = run(&config).unwrap();
+        assert_eq!(r.ycsb_a.len(), 4);
+        assert_eq!(r.top_n.len(), 2);
+        for p in r.ycsb_a.iter().chain(&r.top_n) {
+            assert!(p.ops >= 400 && p.ops_per_sec > 0.0, "{p:?}");
+            assert!(p.round_trips_p50 >= 1 && p.round_trips_p99 >= p.round_trips_p50);
+            assert!(p.model.starts_with("wire model on"));
+            assert!(p.mode == "native" || p.mode == "interposer");
+            if p.mode == "native" {
+                assert_eq!(p.cas_redirected, 0);
+            }
+        }
+        // Caching no key redirects nothing.
+        assert_eq!(r.top_n[0].cas_redirected, 0);
+        assert_eq!(r.memory[0].keys_cached, 100);
+        assert!(r.memory[0].switch_bytes >= 100 * BYTES_PER_KEY);
+        assert!(render(&r).iter().all(|l| l.contains("model")));
+    }
+}
