@@ -969,6 +969,170 @@ pub fn failover(runs: &[YcsbResult], path: &Path) -> Result<(), PlotError> {
     })
 }
 
+/// Figure 15: dynamic resharding's timeline — the total throughput with the
+/// hotspot, the detection and the migration's start and end marked, and
+/// below it each server's served requests per step.
+pub fn reshard(r: &crate::ycsb::reshard::ReshardResult, path: &Path) -> Result<(), PlotError> {
+    if r.timeline.is_empty() {
+        return Err(PlotError::NoData(
+            "the resharding run recorded no throughput timeline".into(),
+        ));
+    }
+    let step_s = TIMELINE_STEP_NS as f64 / 1e9;
+    let caption = vec![
+        "Timing model: none — the servers share this machine's cores, so a hot server is not the bottleneck \
+         it would be on a machine of its own; the per-server panel shows the load the hotspot shifts and the \
+         migration moves back."
+            .to_string(),
+        format!(
+            "Throughput: operations completed per {:.0} ms step. {} of n{}'s requests shifted to shard{} on n{} at {:.1} s; \
+             {} objects moved; every acknowledged write read back ({} keys, {} lost).",
+            step_s * 1e3,
+            "80 %",
+            r.shifted_server,
+            r.hot_shard,
+            r.hot_server,
+            r.hotspot_at_ms / 1e3,
+            r.objects_moved,
+            r.verified_keys,
+            r.lost_writes
+        ),
+    ];
+    let title = format!(
+        "Dynamic resharding under a hotspot ({} servers, {} objects, YCSB-B uniform): timeline (seed 000 Fig. 15)",
+        r.servers,
+        thousands(r.records)
+    );
+    let x_hi = r.timeline.len() as f64 * step_s;
+    let steps_of = |t: &[u64]| -> Vec<(f64, f64)> {
+        t.iter()
+            .enumerate()
+            .flat_map(|(i, &n)| {
+                let rate = n as f64 / step_s / 1e3;
+                [(i as f64 * step_s, rate), ((i + 1) as f64 * step_s, rate)]
+            })
+            .collect()
+    };
+    let ms = |v: Option<f64>| v.map_or("not reached".to_string(), |v| format!("{v:.0} ms"));
+    let marks = [
+        (Some(r.hotspot_at_ms), "hotspot".to_string(), KILL_COLOUR),
+        (
+            r.detect_ms.map(|d| r.hotspot_at_ms + d),
+            format!("overload detected (+{})", ms(r.detect_ms)),
+            COMMIT_COLOUR,
+        ),
+        (
+            r.migration_start_ms,
+            "migration starts".to_string(),
+            PALETTE[1],
+        ),
+        (
+            r.migration_end_ms,
+            format!("migration ends ({})", ms(r.migration_ms)),
+            SERVED_COLOUR,
+        ),
+    ];
+    render(
+        path,
+        (FAILOVER_WIDTH_PX, 2 * FAILOVER_PANEL_HEIGHT_PX + 160),
+        |root| {
+            let body = frame(root, &title, &caption)?;
+            let panels = body.split_evenly((2, 1));
+            let peak = r.timeline.iter().copied().max().unwrap_or(0) as f64 / step_s / 1e3;
+            let y_hi = peak.max(1e-3) * 1.6;
+            let mut chart = ChartBuilder::on(&panels[0])
+                .caption(
+                    format!(
+                        "total: {:.0} ops/s before, {:.0} during the hotspot, {} after",
+                        r.ops_per_sec_before,
+                        r.ops_per_sec_hotspot,
+                        r.ops_per_sec_after
+                            .map_or("-".to_string(), |v| format!("{v:.0}"))
+                    ),
+                    (FONT_FAMILY, PANEL_TITLE_PX),
+                )
+                .margin(MARGIN_PX)
+                .x_label_area_size(40)
+                .y_label_area_size(70)
+                .build_cartesian_2d(0.0..x_hi, 0.0..y_hi)?;
+            chart
+                .configure_mesh()
+                .x_desc("seconds into the measured phase")
+                .y_desc("ops/s (thousands)")
+                .y_label_formatter(&|v| format!("{v:.0}"))
+                .label_style((FONT_FAMILY, LABEL_PX))
+                .draw()?;
+            chart
+                .draw_series(
+                    AreaSeries::new(steps_of(&r.timeline), 0.0, THROUGHPUT_COLOUR.mix(0.25))
+                        .border_style(THROUGHPUT_COLOUR.stroke_width(2)),
+                )?
+                .label("throughput")
+                .legend(legend_line(THROUGHPUT_COLOUR));
+            for (at_ms, label, colour) in &marks {
+                let series = match at_ms {
+                    Some(at) => vec![(at / 1e3, 0.0), (at / 1e3, y_hi)],
+                    None => Vec::new(),
+                };
+                chart
+                    .draw_series(LineSeries::new(series, colour.stroke_width(2)))?
+                    .label(label.clone())
+                    .legend(legend_line(*colour));
+            }
+            draw_legend(&mut chart, SeriesLabelPosition::UpperRight, LABEL_PX)?;
+
+            let peak = r
+                .server_timeline
+                .iter()
+                .flat_map(|(_, t)| t.iter())
+                .copied()
+                .max()
+                .unwrap_or(0) as f64
+                / step_s
+                / 1e3;
+            let y_hi = peak.max(1e-3) * 1.5;
+            let mut chart = ChartBuilder::on(&panels[1])
+            .caption(
+                format!(
+                    "per server (busiest / average: {:.2} before, {:.2} during the hotspot, {} after)",
+                    r.imbalance_before,
+                    r.imbalance_hotspot,
+                    r.imbalance_after
+                        .map_or("-".to_string(), |v| format!("{v:.2}"))
+                ),
+                (FONT_FAMILY, PANEL_TITLE_PX),
+            )
+            .margin(MARGIN_PX)
+            .x_label_area_size(40)
+            .y_label_area_size(70)
+            .build_cartesian_2d(0.0..x_hi, 0.0..y_hi)?;
+            chart
+                .configure_mesh()
+                .x_desc("seconds into the measured phase")
+                .y_desc("requests served/s (thousands)")
+                .y_label_formatter(&|v| format!("{v:.0}"))
+                .label_style((FONT_FAMILY, LABEL_PX))
+                .draw()?;
+            for (i, (node, t)) in r.server_timeline.iter().enumerate() {
+                let colour = PALETTE[i % PALETTE.len()];
+                let role = if *node == r.shifted_server {
+                    " (A: requests shifted away)"
+                } else if *node == r.hot_server {
+                    " (B: the hot shard's primary)"
+                } else {
+                    ""
+                };
+                chart
+                    .draw_series(LineSeries::new(steps_of(t), colour.stroke_width(2)))?
+                    .label(format!("n{node}{role}"))
+                    .legend(legend_line(colour));
+            }
+            draw_legend(&mut chart, SeriesLabelPosition::UpperRight, LABEL_PX)?;
+            Ok(())
+        },
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

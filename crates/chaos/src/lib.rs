@@ -267,6 +267,7 @@ pub struct Summary {
     /// Pauses during which the stopped server was seen evicted (a pause the
     /// active CM's startup grace covered is not one).
     pub pauses_evicted: u64,
+    pub migrations: MigrationCounts,
     /// Configuration terms seen committed in etcd during the run.
     pub commits_observed: usize,
     pub first_term: u64,
@@ -283,6 +284,19 @@ impl Summary {
     pub fn passed(&self) -> bool {
         self.violations.is_empty()
     }
+}
+
+/// What the `migrate` faults did.
+#[derive(Clone, Copy, Debug, Default, Serialize)]
+pub struct MigrationCounts {
+    /// Moves the CM listed.
+    pub started: u64,
+    /// Listed moves that ended with the shard at its target.
+    pub finished: u64,
+    /// Listed moves that ended with the shard elsewhere (its target killed).
+    pub rolled_back: u64,
+    /// Moves the CM refused (a reconfiguration under way, no such server).
+    pub refused: u64,
 }
 
 /// The run's event log: printed, and appended to `faults.log`.
@@ -399,6 +413,7 @@ struct Run {
     active_since: Arc<Mutex<Option<Instant>>>,
     /// Pauses during which the stopped server was seen evicted.
     pauses_evicted: u64,
+    migrations: MigrationCounts,
     /// The client processes, while the load runs.
     fleet: Option<Fleet>,
 }
@@ -584,6 +599,7 @@ impl Run {
             | FaultKind::OneWayCut
             | FaultKind::SlowLink => self.inject_network(f)?,
             FaultKind::ClockJump => self.inject_clock_jump(f),
+            FaultKind::Migrate => self.inject_migration(f)?,
             FaultKind::KillClient => {
                 let c = f.client.expect("kill-client names its client");
                 let fleet = self.fleet.as_mut().expect("the clients run during faults");
@@ -677,6 +693,135 @@ impl Run {
                 self.events.say(&format!("VIOLATION {v}"));
                 self.violations.push(v);
             }
+        }
+    }
+
+    /// `migrate`: `rowankv reshard`'s call moves a shard (drawn by the
+    /// fault's index among those the named server holds no replica of) to
+    /// that server. Interrupted, the target is killed right after the move
+    /// is listed and restarted after the hold time; else the move must end
+    /// within `MIGRATION_PATIENCE` (a migration that never ends is a
+    /// violation). A refusal is the CM's answer, not a violation; the
+    /// history check judges what the clients saw either way.
+    fn inject_migration(&mut self, f: &Fault) -> Result<(), ChaosError> {
+        const MIGRATION_PATIENCE: Duration = Duration::from_secs(30);
+        let i = f.server.expect("a migration names its target");
+        let config = match self.observer.config(&self.cluster) {
+            Ok(c) => c,
+            Err(why) => {
+                self.migrations.refused += 1;
+                self.events.say(&format!(
+                    "fault {}: no configuration to plan a migration from: {why}",
+                    f.index
+                ));
+                return Ok(());
+            }
+        };
+        let address = self.cluster.server_addrs[i].clone();
+        let Some(to) = config
+            .members
+            .iter()
+            .find(|m| m.address.as_deref() == Some(address.as_str()))
+            .map(|m| m.node)
+        else {
+            self.migrations.refused += 1;
+            self.events.say(&format!(
+                "fault {}: server-{i} is not a member of {}: no migration",
+                f.index, config.term
+            ));
+            return Ok(());
+        };
+        let candidates: Vec<_> = config
+            .shards
+            .iter()
+            .filter(|s| !s.is_replica(to))
+            .map(|s| s.shard)
+            .collect();
+        if candidates.is_empty() {
+            self.migrations.refused += 1;
+            self.events.say(&format!(
+                "fault {}: server-{i} holds a replica of every shard: no migration",
+                f.index
+            ));
+            return Ok(());
+        }
+        let shard = candidates[f.index % candidates.len()];
+        let listed = match rowankv_deploy::client::reshard(
+            self.cluster.layout.cluster_id,
+            &self.cluster.secret,
+            &self.cluster.cm_addrs,
+            shard,
+            to,
+            false,
+            Duration::from_secs(5),
+        ) {
+            Ok((listed, _)) => listed,
+            Err(why) => {
+                self.migrations.refused += 1;
+                self.events.say(&format!(
+                    "fault {}: moving {shard} to server-{i} ({to}) refused: {why}",
+                    f.index
+                ));
+                return Ok(());
+            }
+        };
+        self.migrations.started += 1;
+        self.events.say(&format!(
+            "fault {}: {shard} migrating to server-{i} ({to}), listed at {listed}{}",
+            f.index,
+            if f.interrupt {
+                format!("; kill -9 server-{i} now, restart in {} ms", f.hold_ms)
+            } else {
+                String::new()
+            }
+        ));
+        if f.interrupt {
+            let pid = self.cluster.kill_server(i);
+            self.events.say(&format!(
+                "fault {}: kill -9 server-{i} (pid {}), the migration's target",
+                f.index,
+                pid_text(pid)
+            ));
+            self.hold(Duration::from_millis(f.hold_ms));
+            let pid = self.cluster.start_server(i, self.t_s())?;
+            self.events.say(&format!(
+                "heal {}: server-{i} restarted on its pool (pid {pid})",
+                f.index
+            ));
+        }
+        let deadline = Instant::now() + MIGRATION_PATIENCE;
+        loop {
+            if let Ok(c) = self.observer.config(&self.cluster) {
+                if c.term > listed && c.migration(shard).is_none() {
+                    let primary = c.shard(shard).map(|s| s.primary);
+                    if primary == Some(to) {
+                        self.migrations.finished += 1;
+                        self.events.say(&format!(
+                            "heal {}: {shard} moved to server-{i} ({to}) at {}",
+                            f.index, c.term
+                        ));
+                    } else {
+                        self.migrations.rolled_back += 1;
+                        self.events.say(&format!(
+                            "heal {}: the migration of {shard} rolled back at {} (primary {})",
+                            f.index,
+                            c.term,
+                            primary.map_or("none".to_string(), |p| p.to_string())
+                        ));
+                    }
+                    return Ok(());
+                }
+            }
+            if Instant::now() > deadline {
+                let v = format!(
+                    "fault {}: the migration of {shard} to {to} (listed at {listed}) did not end within {MIGRATION_PATIENCE:?}",
+                    f.index
+                );
+                self.events.say(&format!("VIOLATION {v}"));
+                self.violations.push(v);
+                return Ok(());
+            }
+            self.hold(Duration::from_millis(100));
         }
     }
 
@@ -886,6 +1031,7 @@ pub fn run(opts: &ChaosOptions) -> Result<Summary, ChaosError> {
         crashes_reported: 0,
         active_since: Arc::new(Mutex::new(None)),
         pauses_evicted: 0,
+        migrations: MigrationCounts::default(),
         fleet: None,
     };
     let t = run.t_s();
@@ -1092,6 +1238,7 @@ pub fn run(opts: &ChaosOptions) -> Result<Summary, ChaosError> {
         faults_injected: injected,
         faults_by_kind: by_kind,
         pauses_evicted: run.pauses_evicted,
+        migrations: run.migrations,
         commits_observed: commits.len(),
         first_term: commits.first().map_or(0, |c| c.term),
         last_term: commits.last().map_or(0, |c| c.term),

@@ -65,11 +65,17 @@ pub enum FaultKind {
     /// flight stays of unknown outcome; the servers see a connection die
     /// mid-request.
     KillClient,
+    /// Dynamic resharding: `rowankv reshard` moves a shard to the named
+    /// server (one holding none of its replicas) while the load runs; with
+    /// [`Fault::interrupt`] the target is killed with `kill -9` right after
+    /// the move is listed and restarted after the hold time (the migration
+    /// rolls back), else the migration must finish.
+    Migrate,
 }
 
 impl FaultKind {
     /// Every kind, in the order of the summary.
-    pub const ALL: [FaultKind; 11] = [
+    pub const ALL: [FaultKind; 12] = [
         FaultKind::KillServer,
         FaultKind::KillActiveCm,
         FaultKind::PauseServer,
@@ -81,6 +87,7 @@ impl FaultKind {
         FaultKind::SlowLink,
         FaultKind::ClockJump,
         FaultKind::KillClient,
+        FaultKind::Migrate,
     ];
 
     /// Whether it needs the run's network namespaces.
@@ -93,6 +100,7 @@ impl FaultKind {
                 | FaultKind::PowerCut
                 | FaultKind::ClockJump
                 | FaultKind::KillClient
+                | FaultKind::Migrate
         )
     }
 
@@ -118,6 +126,7 @@ impl FaultKind {
             FaultKind::SlowLink => "slow-link",
             FaultKind::ClockJump => "clock-jump",
             FaultKind::KillClient => "kill-client",
+            FaultKind::Migrate => "migrate",
         }
     }
 
@@ -135,6 +144,7 @@ impl FaultKind {
             FaultKind::SlowLink => 2,
             FaultKind::ClockJump => 1,
             FaultKind::KillClient => 2,
+            FaultKind::Migrate => 3,
         }
     }
 
@@ -172,6 +182,9 @@ pub struct Fault {
     pub hold_ms: u64,
     /// A clock jump's step (negative: back); 0 for the other kinds.
     pub jump_ms: i64,
+    /// `migrate`: the target is killed right after the move is listed (the
+    /// migration is interrupted); false for the other kinds.
+    pub interrupt: bool,
 }
 
 impl fmt::Display for Fault {
@@ -185,6 +198,9 @@ impl fmt::Display for Fault {
         }
         if self.jump_ms != 0 {
             write!(f, " by {:+} ms", self.jump_ms)?;
+        }
+        if self.interrupt {
+            write!(f, " (target killed midway)")?;
         }
         write!(f, " for {} ms (due at {} ms)", self.hold_ms, self.at_ms)
     }
@@ -267,7 +283,11 @@ pub fn generate(seed: u64, shape: ScheduleShape) -> Vec<Fault> {
                 | FaultKind::OneWayCut => rng.gen_range(lease / 2..=4 * lease),
                 FaultKind::SlowLink | FaultKind::ClockJump => rng.gen_range(1_000..=3_000),
                 FaultKind::KillClient => rng.gen_range(0..=1_000),
+                // An interrupted migration's target is down this long: from
+                // within the lease to several.
+                FaultKind::Migrate => rng.gen_range(lease / 2..=4 * lease),
             };
+            let interrupt = kind == FaultKind::Migrate && rng.gen_bool(0.5);
             // A second to an hour, either way.
             let jump_ms = if kind == FaultKind::ClockJump {
                 let magnitude = [1_000, 10_000, 60_000, 3_600_000][rng.gen_range(0..4)];
@@ -287,6 +307,7 @@ pub fn generate(seed: u64, shape: ScheduleShape) -> Vec<Fault> {
                 client,
                 hold_ms,
                 jump_ms,
+                interrupt,
             }
         })
         .collect()
@@ -363,6 +384,7 @@ mod tests {
                 assert!(f.jump_ms.unsigned_abs() <= 3_600_000);
                 assert!(f.server.is_none_or(|t| t < 5));
                 assert_eq!(f.client.is_some(), f.kind == FaultKind::KillClient);
+                assert!(!f.interrupt || f.kind == FaultKind::Migrate);
                 assert!(f.client.is_none_or(|c| c < 8));
                 match f.kind {
                     FaultKind::PauseServer => {

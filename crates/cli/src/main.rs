@@ -17,6 +17,7 @@ use clap::{Args, Parser, Subcommand};
 use rowankv_bench::dlwa::{self, DlwaOptions, Mode};
 use rowankv_bench::plot::{self, PlotError};
 
+mod bench_more;
 mod bench_rpc;
 mod chaos_cmd;
 mod demo;
@@ -114,6 +115,15 @@ enum BenchCommand {
     /// adds Figures 12, 13, 15, 17, 18 and 19 (failures, object size, receiver
     /// CPU load, senders, read/write ratio, batch size).
     Rpc(bench_rpc::RpcArgs),
+    /// Dynamic resharding under a hotspot: uniform YCSB-B, then 80 % of one
+    /// server's requests shifted to one shard of another; the CM's detection,
+    /// the migration, objects moved, throughput before, during and after
+    /// (seed 000 §6.6, Figure 15).
+    Reshard(bench_more::ReshardArgs),
+    /// Clover on passive PM, natively and through the in-network interposer:
+    /// YCSB-A Zipfian throughput and round trips, cached keys, switch memory,
+    /// wire model on (seed 004).
+    Clover(bench_more::CloverArgs),
 }
 
 #[derive(Args)]
@@ -397,6 +407,12 @@ fn run() -> Result<()> {
         Command::Bench {
             which: BenchCommand::Rpc(args),
         } => bench_rpc::run(args),
+        Command::Bench {
+            which: BenchCommand::Reshard(args),
+        } => bench_more::reshard(args),
+        Command::Bench {
+            which: BenchCommand::Clover(args),
+        } => bench_more::clover(args),
         Command::Demo(args) => demo::run(args),
         Command::Server(args) => deploy_cmd::server(args),
         Command::Cm(args) => deploy_cmd::cm(args),

@@ -69,6 +69,7 @@ fn a_short_chaos_run_injects_every_kind_of_fault_and_passes() {
         "slow-link",
         "clock-jump",
         "kill-client",
+        "migrate",
     ] {
         assert!(
             summary["faults_by_kind"][kind].as_u64().unwrap() >= 1,

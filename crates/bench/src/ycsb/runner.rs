@@ -81,6 +81,71 @@ pub struct YcsbOptions {
     pub fabric: FabricKind,
     /// The `rowankv` binary that `tcp` starts (default: this executable).
     pub binary: Option<std::path::PathBuf>,
+    /// Figure 15's shift of load (`loopback` only; [`Hotspot`]).
+    pub hotspot: Option<Arc<Hotspot>>,
+    /// The servers' load statistics window; `None`: the server default.
+    pub load_window_ns: Option<u64>,
+    /// The active CM commits the moves its load detection plans
+    /// (`FailoverSettings::reshard_auto`).
+    pub reshard_auto: bool,
+}
+
+/// Figure 15's hotspot (seed 000 §6.6): from `at_ns` into the measured
+/// phase, a request for a record whose shard the shifted server leads goes,
+/// with probability `share`, to a record of the hot shard instead.
+pub struct Hotspot {
+    pub at_ns: u64,
+    pub share: f64,
+    /// Per record: whether the shifted server leads its shard.
+    pub shifted: Vec<bool>,
+    /// The hot shard's records.
+    pub hot: Vec<u64>,
+}
+
+impl std::fmt::Debug for Hotspot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Hotspot")
+            .field("at_ns", &self.at_ns)
+            .field("share", &self.share)
+            .field(
+                "shifted_records",
+                &self.shifted.iter().filter(|&&s| s).count(),
+            )
+            .field("hot_records", &self.hot.len())
+            .finish()
+    }
+}
+
+impl Hotspot {
+    /// `op`, or its hotspot counterpart `since_ns` into the phase.
+    fn apply(&self, op: Op, since_ns: u64, rng: &mut ChaCha8Rng) -> Op {
+        if since_ns < self.at_ns || self.hot.is_empty() {
+            return op;
+        }
+        let shift = |record: u64, rng: &mut ChaCha8Rng| {
+            if self.shifted.get(record as usize).copied().unwrap_or(false)
+                && rng.gen::<f64>() < self.share
+            {
+                self.hot[rng.gen_range(0..self.hot.len())]
+            } else {
+                record
+            }
+        };
+        match op {
+            Op::Get { record } => Op::Get {
+                record: shift(record, rng),
+            },
+            Op::Put { record, value_len } => Op::Put {
+                record: shift(record, rng),
+                value_len,
+            },
+            Op::ReadModifyWrite { record, value_len } => Op::ReadModifyWrite {
+                record: shift(record, rng),
+                value_len,
+            },
+            insert @ Op::Insert { .. } => insert,
+        }
+    }
 }
 
 /// Which fabric a run uses.
@@ -135,6 +200,9 @@ impl Default for YcsbOptions {
             verify: false,
             fabric: FabricKind::Loopback,
             binary: None,
+            hotspot: None,
+            load_window_ns: None,
+            reshard_auto: false,
         }
     }
 }
@@ -214,20 +282,20 @@ pub const TIMELINE_STEP_NS: u64 = 100_000_000;
 
 const PHASE_LOAD: u8 = 0;
 const PHASE_WAIT: u8 = 1;
-const PHASE_RUN: u8 = 2;
-const PHASE_STOP: u8 = 3;
+pub(super) const PHASE_RUN: u8 = 2;
+pub(super) const PHASE_STOP: u8 = 3;
 
-struct Counters {
-    ops: AtomicU64,
+pub(super) struct Counters {
+    pub(super) ops: AtomicU64,
     puts: AtomicU64,
     gets: AtomicU64,
-    errors: AtomicU64,
-    timeouts: AtomicU64,
+    pub(super) errors: AtomicU64,
+    pub(super) timeouts: AtomicU64,
     loaded: AtomicU64,
     load_clients_done: AtomicU64,
     /// Start of the measured phase on the cluster's clock.
-    run_start_ns: AtomicU64,
-    timeline: Vec<AtomicU64>,
+    pub(super) run_start_ns: AtomicU64,
+    pub(super) timeline: Vec<AtomicU64>,
     /// Clients that handed in their histograms (and acknowledged versions).
     handed_in: AtomicU64,
 }
@@ -471,7 +539,11 @@ impl<N: Nic> Task for LoadClient<N> {
             }
             PHASE_RUN => {
                 while self.client.inflight() < self.p.depth {
-                    let op = self.p.gen.next_op();
+                    let mut op = self.p.gen.next_op();
+                    if let Some(h) = &self.p.hotspot {
+                        let start = self.p.counters.run_start_ns.load(Ordering::Relaxed);
+                        op = h.apply(op, now_ns.saturating_sub(start), &mut self.p.requests.rng);
+                    }
                     if !self.submit(op) {
                         break;
                     }
@@ -570,6 +642,10 @@ impl Target {
                     s.failover.renew_ns = (lease / 10).max(1_000_000);
                     s.failover.cm_lease_ns = 4 * lease;
                 }
+                if let Some(w) = opts.load_window_ns {
+                    s.load_window_ns = w;
+                }
+                s.failover.reshard_auto = opts.reshard_auto;
                 s
             },
             pool_bytes: opts.pool_bytes,
@@ -693,6 +769,7 @@ struct LoadParts {
     /// With `verify`: the highest acknowledged version of each record written.
     acked: Option<std::collections::HashMap<u64, u64>>,
     acked_out: Arc<Mutex<std::collections::HashMap<u64, u64>>>,
+    hotspot: Option<Arc<Hotspot>>,
 }
 
 /// A load generator waiting for its client: [`Target::spawn_client`] connects
@@ -739,10 +816,10 @@ pub fn run(opts: &YcsbOptions) -> Result<Vec<YcsbResult>, String> {
 /// The closed-loop load generators of a run and what they share with the
 /// harness.
 pub(super) struct LoadGenerators {
-    phase: Arc<AtomicU8>,
-    counters: Arc<Counters>,
+    pub(super) phase: Arc<AtomicU8>,
+    pub(super) counters: Arc<Counters>,
     hist: Arc<Mutex<Histograms>>,
-    acked_out: Arc<Mutex<std::collections::HashMap<u64, u64>>>,
+    pub(super) acked_out: Arc<Mutex<std::collections::HashMap<u64, u64>>>,
     clients: usize,
 }
 
@@ -796,6 +873,7 @@ impl LoadGenerators {
                 hist: g.hist.clone(),
                 acked: opts.verify.then(std::collections::HashMap::new),
                 acked_out: g.acked_out.clone(),
+                hotspot: opts.hotspot.clone(),
             };
             target.spawn_client(config, parts)?;
         }
@@ -1033,7 +1111,7 @@ fn run_one(opts: &YcsbOptions, strategy: Strategy) -> Result<YcsbResult, String>
 }
 
 /// Let the clients hand in their histograms (they stop at `PHASE_STOP`).
-fn wait_for_hand_in(counters: &Counters, clients: usize) {
+pub(super) fn wait_for_hand_in(counters: &Counters, clients: usize) {
     let hand_in = Instant::now();
     while counters.handed_in.load(Ordering::Acquire) < clients as u64
         && hand_in.elapsed() < Duration::from_secs(10)
@@ -1043,7 +1121,7 @@ fn wait_for_hand_in(counters: &Counters, clients: usize) {
 }
 
 /// The cluster's events since `run_start_ns`, in ms from it.
-fn timed_events(cluster: &Cluster, run_start_ns: u64) -> Vec<TimedEvent> {
+pub(super) fn timed_events(cluster: &Cluster, run_start_ns: u64) -> Vec<TimedEvent> {
     cluster
         .events()
         .snapshot()

@@ -1,0 +1,111 @@
+//! `rowankv bench reshard` (seed 000 §6.6, Figure 15) and `rowankv bench
+//! clover` (seed 004: Clover natively and through the in-network interposer).
+
+use std::path::PathBuf;
+
+use anyhow::Result;
+use clap::Args;
+use rowankv_bench::plot;
+use rowankv_bench::ycsb::reshard::{self, ReshardOptions};
+
+#[derive(Args)]
+pub struct ReshardArgs {
+    /// A small run (20,000 objects, 8 s): CI's smoke run and a first look.
+    #[arg(long)]
+    quick: bool,
+    /// Print the result as one JSON object.
+    #[arg(long)]
+    json: bool,
+    /// Also draw the timeline (throughput with the hotspot, the detection and
+    /// the migration marked; each server's requests) into this PNG file.
+    #[arg(long, value_name = "FILE.png")]
+    plot: Option<PathBuf>,
+    /// Objects loaded (default: 200,000; --quick: 20,000).
+    #[arg(long)]
+    records: Option<u64>,
+    /// Length of the measured phase in seconds (default 12; --quick: 8).
+    #[arg(long)]
+    seconds: Option<f64>,
+}
+
+pub fn reshard(args: ReshardArgs) -> Result<()> {
+    let mut opts = if args.quick {
+        ReshardOptions::quick()
+    } else {
+        ReshardOptions::full()
+    };
+    if let Some(r) = args.records {
+        opts.records = r;
+    }
+    if let Some(s) = args.seconds {
+        opts.seconds = s;
+    }
+    opts.progress = !args.json;
+    crate::check_plot_target(args.plot.as_deref());
+    let r = reshard::run(&opts).map_err(anyhow::Error::msg)?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&r)?);
+    } else {
+        print!("{}", reshard::report(&r));
+    }
+    let plotted = crate::write_plot(args.plot.as_deref(), |p| plot::reshard(&r, p));
+    if r.lost_writes > 0 {
+        if let Err(e) = plotted {
+            eprintln!("error: {e:#}");
+        }
+        anyhow::bail!(
+            "{} acknowledged writes were not readable after the migration",
+            r.lost_writes
+        );
+    }
+    plotted
+}
+
+#[derive(Args)]
+pub struct CloverArgs {
+    /// Fewer operations per point and fewer points.
+    #[arg(long)]
+    quick: bool,
+    /// Print the report as JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn clover(args: CloverArgs) -> Result<()> {
+    let config = if args.quick {
+        rowankv_clover::bench::BenchConfig {
+            ops_per_point: 5_000,
+            clients: vec![8, 32],
+            cached_keys: vec![0, 16, 1024],
+            memory_keys: vec![1_000, 10_000],
+            ..rowankv_clover::bench::BenchConfig::default()
+        }
+    } else {
+        rowankv_clover::bench::BenchConfig::default()
+    };
+    let report = rowankv_clover::bench::run(&config).map_err(|e| anyhow::anyhow!("{e}"))?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+        return Ok(());
+    }
+    for line in rowankv_clover::bench::render(&report) {
+        println!("{line}");
+    }
+    // Side by side in this run: the interposer's throughput over native's at
+    // each client count.
+    for n in report.ycsb_a.iter().filter(|p| p.mode == "native") {
+        if let Some(i) = report
+            .ycsb_a
+            .iter()
+            .find(|p| p.mode == "interposer" && p.clients == n.clients)
+        {
+            println!(
+                "clover interposer / native | clients {:3} | {:.2}x ops/s | {}",
+                n.clients,
+                i.ops_per_sec / n.ops_per_sec.max(1e-9),
+                n.model
+            );
+        }
+    }
+    Ok(())
+}
