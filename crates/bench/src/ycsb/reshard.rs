@@ -78,7 +78,7 @@ impl ReshardOptions {
         ReshardOptions {
             records: 20_000,
             seconds: 8.0,
-            clients: 12,
+            clients: 8,
             ..ReshardOptions::full()
         }
     }
