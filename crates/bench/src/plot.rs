@@ -825,6 +825,51 @@ pub fn ycsb_sweep(points: &[SweepPoint], path: &Path) -> Result<(), PlotError> {
 // ---------------------------------------------------------------------------
 // Failover timeline (seed 000 Figure 14)
 
+/// A panel of a timeline in [`TIMELINE_STEP_NS`] steps: seconds across,
+/// thousands per second up to `y_hi`.
+fn timeline_chart<'a>(
+    area: &Area<'a>,
+    caption: String,
+    x_hi: f64,
+    y_hi: f64,
+    y_desc: &str,
+) -> DrawResult<
+    ChartContext<
+        'a,
+        BitMapBackend<'a>,
+        Cartesian2d<plotters::coord::types::RangedCoordf64, plotters::coord::types::RangedCoordf64>,
+    >,
+> {
+    let mut chart = ChartBuilder::on(area)
+        .caption(caption, (FONT_FAMILY, PANEL_TITLE_PX))
+        .margin(MARGIN_PX)
+        .x_label_area_size(40)
+        .y_label_area_size(70)
+        .build_cartesian_2d(0.0..x_hi, 0.0..y_hi)?;
+    chart
+        .configure_mesh()
+        .x_desc("seconds into the measured phase")
+        .y_desc(y_desc)
+        .y_label_formatter(&|v| format!("{v:.0}"))
+        .label_style((FONT_FAMILY, LABEL_PX))
+        .draw()?;
+    Ok(chart)
+}
+
+/// A step per [`TIMELINE_STEP_NS`] bucket of `counts`: the bucket's rate in
+/// thousands per second, flat across it.
+fn timeline_steps(counts: &[u64]) -> Vec<(f64, f64)> {
+    let step_s = TIMELINE_STEP_NS as f64 / 1e9;
+    counts
+        .iter()
+        .enumerate()
+        .flat_map(|(i, &n)| {
+            let rate = n as f64 / step_s / 1e3;
+            [(i as f64 * step_s, rate), ((i + 1) as f64 * step_s, rate)]
+        })
+        .collect()
+}
+
 /// Throughput per timeline step of each run, with the failover events marked.
 pub fn failover(runs: &[YcsbResult], path: &Path) -> Result<(), PlotError> {
     let Some(first) = runs.first() else {
@@ -895,33 +940,15 @@ pub fn failover(runs: &[YcsbResult], path: &Path) -> Result<(), PlotError> {
                     thousands(r.ops_per_sec as u64)
                 ),
             };
-            let mut chart = ChartBuilder::on(area)
-                .caption(panel_title, (FONT_FAMILY, PANEL_TITLE_PX))
-                .margin(MARGIN_PX)
-                .x_label_area_size(40)
-                .y_label_area_size(70)
-                .build_cartesian_2d(0.0..x_hi, 0.0..y_hi)?;
-            chart
-                .configure_mesh()
-                .x_desc("seconds into the measured phase")
-                .y_desc("ops/s (thousands)")
-                .y_label_formatter(&|v| format!("{v:.0}"))
-                .label_style((FONT_FAMILY, LABEL_PX))
-                .draw()?;
-            // A step per bucket: the rate is the bucket's, flat across it.
-            let steps: Vec<(f64, f64)> = r
-                .timeline
-                .iter()
-                .enumerate()
-                .flat_map(|(i, &n)| {
-                    let rate = n as f64 / step_s / 1e3;
-                    [(i as f64 * step_s, rate), ((i + 1) as f64 * step_s, rate)]
-                })
-                .collect();
+            let mut chart = timeline_chart(area, panel_title, x_hi, y_hi, "ops/s (thousands)")?;
             chart
                 .draw_series(
-                    AreaSeries::new(steps, 0.0, THROUGHPUT_COLOUR.mix(0.25))
-                        .border_style(THROUGHPUT_COLOUR.stroke_width(2)),
+                    AreaSeries::new(
+                        timeline_steps(&r.timeline),
+                        0.0,
+                        THROUGHPUT_COLOUR.mix(0.25),
+                    )
+                    .border_style(THROUGHPUT_COLOUR.stroke_width(2)),
                 )?
                 .label("throughput")
                 .legend(legend_line(THROUGHPUT_COLOUR));
@@ -1004,15 +1031,6 @@ pub fn reshard(r: &crate::ycsb::reshard::ReshardResult, path: &Path) -> Result<(
         thousands(r.records)
     );
     let x_hi = r.timeline.len() as f64 * step_s;
-    let steps_of = |t: &[u64]| -> Vec<(f64, f64)> {
-        t.iter()
-            .enumerate()
-            .flat_map(|(i, &n)| {
-                let rate = n as f64 / step_s / 1e3;
-                [(i as f64 * step_s, rate), ((i + 1) as f64 * step_s, rate)]
-            })
-            .collect()
-    };
     let ms = |v: Option<f64>| v.map_or("not reached".to_string(), |v| format!("{v:.0} ms"));
     let marks = [
         (Some(r.hotspot_at_ms), "hotspot".to_string(), KILL_COLOUR),
@@ -1040,32 +1058,27 @@ pub fn reshard(r: &crate::ycsb::reshard::ReshardResult, path: &Path) -> Result<(
             let panels = body.split_evenly((2, 1));
             let peak = r.timeline.iter().copied().max().unwrap_or(0) as f64 / step_s / 1e3;
             let y_hi = peak.max(1e-3) * 1.6;
-            let mut chart = ChartBuilder::on(&panels[0])
-                .caption(
-                    format!(
-                        "total: {:.0} ops/s before, {:.0} during the hotspot, {} after",
-                        r.ops_per_sec_before,
-                        r.ops_per_sec_hotspot,
-                        r.ops_per_sec_after
-                            .map_or("-".to_string(), |v| format!("{v:.0}"))
-                    ),
-                    (FONT_FAMILY, PANEL_TITLE_PX),
-                )
-                .margin(MARGIN_PX)
-                .x_label_area_size(40)
-                .y_label_area_size(70)
-                .build_cartesian_2d(0.0..x_hi, 0.0..y_hi)?;
-            chart
-                .configure_mesh()
-                .x_desc("seconds into the measured phase")
-                .y_desc("ops/s (thousands)")
-                .y_label_formatter(&|v| format!("{v:.0}"))
-                .label_style((FONT_FAMILY, LABEL_PX))
-                .draw()?;
+            let mut chart = timeline_chart(
+                &panels[0],
+                format!(
+                    "total: {:.0} ops/s before, {:.0} during the hotspot, {} after",
+                    r.ops_per_sec_before,
+                    r.ops_per_sec_hotspot,
+                    r.ops_per_sec_after
+                        .map_or("-".to_string(), |v| format!("{v:.0}"))
+                ),
+                x_hi,
+                y_hi,
+                "ops/s (thousands)",
+            )?;
             chart
                 .draw_series(
-                    AreaSeries::new(steps_of(&r.timeline), 0.0, THROUGHPUT_COLOUR.mix(0.25))
-                        .border_style(THROUGHPUT_COLOUR.stroke_width(2)),
+                    AreaSeries::new(
+                        timeline_steps(&r.timeline),
+                        0.0,
+                        THROUGHPUT_COLOUR.mix(0.25),
+                    )
+                    .border_style(THROUGHPUT_COLOUR.stroke_width(2)),
                 )?
                 .label("throughput")
                 .legend(legend_line(THROUGHPUT_COLOUR));
@@ -1091,28 +1104,19 @@ pub fn reshard(r: &crate::ycsb::reshard::ReshardResult, path: &Path) -> Result<(
                 / step_s
                 / 1e3;
             let y_hi = peak.max(1e-3) * 1.5;
-            let mut chart = ChartBuilder::on(&panels[1])
-            .caption(
+            let mut chart = timeline_chart(
+                &panels[1],
                 format!(
-                    "per server (busiest / average: {:.2} before, {:.2} during the hotspot, {} after)",
-                    r.imbalance_before,
-                    r.imbalance_hotspot,
-                    r.imbalance_after
-                        .map_or("-".to_string(), |v| format!("{v:.2}"))
-                ),
-                (FONT_FAMILY, PANEL_TITLE_PX),
-            )
-            .margin(MARGIN_PX)
-            .x_label_area_size(40)
-            .y_label_area_size(70)
-            .build_cartesian_2d(0.0..x_hi, 0.0..y_hi)?;
-            chart
-                .configure_mesh()
-                .x_desc("seconds into the measured phase")
-                .y_desc("requests served/s (thousands)")
-                .y_label_formatter(&|v| format!("{v:.0}"))
-                .label_style((FONT_FAMILY, LABEL_PX))
-                .draw()?;
+                "per server (busiest / average: {:.2} before, {:.2} during the hotspot, {} after)",
+                r.imbalance_before,
+                r.imbalance_hotspot,
+                r.imbalance_after
+                    .map_or("-".to_string(), |v| format!("{v:.2}"))
+            ),
+                x_hi,
+                y_hi,
+                "requests served/s (thousands)",
+            )?;
             for (i, (node, t)) in r.server_timeline.iter().enumerate() {
                 let colour = PALETTE[i % PALETTE.len()];
                 let role = if *node == r.shifted_server {
@@ -1123,7 +1127,7 @@ pub fn reshard(r: &crate::ycsb::reshard::ReshardResult, path: &Path) -> Result<(
                     ""
                 };
                 chart
-                    .draw_series(LineSeries::new(steps_of(t), colour.stroke_width(2)))?
+                    .draw_series(LineSeries::new(timeline_steps(t), colour.stroke_width(2)))?
                     .label(format!("n{node}{role}"))
                     .legend(legend_line(colour));
             }

@@ -295,7 +295,8 @@ pub struct MigrationCounts {
     pub finished: u64,
     /// Listed moves that ended with the shard elsewhere (its target killed).
     pub rolled_back: u64,
-    /// Moves the CM refused (a reconfiguration under way, no such server).
+    /// Moves not made: the CM refused them (a reconfiguration under way),
+    /// or the target was no member, or held a replica of every shard.
     pub refused: u64,
 }
 
@@ -639,9 +640,8 @@ impl Run {
 }
 
 impl Run {
-    /// Step server `i`'s calendar clock by `step_ms` (`rowankv clock-step`'s
-    /// call); the offset after the step, or why not.
-    fn clock_step(&mut self, i: usize, step_ms: i64) -> Result<i64, String> {
+    /// The configuration now and server `i`'s node in it, or why not.
+    fn member(&mut self, i: usize) -> Result<(Arc<Config>, rowankv_types::NodeId), String> {
         let config = self.observer.config(&self.cluster)?;
         let address = &self.cluster.server_addrs[i];
         let node = config
@@ -650,6 +650,13 @@ impl Run {
             .find(|m| m.address.as_deref() == Some(address.as_str()))
             .ok_or_else(|| format!("server-{i} is not a member of {}", config.term))?
             .node;
+        Ok((config, node))
+    }
+
+    /// Step server `i`'s calendar clock by `step_ms` (`rowankv clock-step`'s
+    /// call); the offset after the step, or why not.
+    fn clock_step(&mut self, i: usize, step_ms: i64) -> Result<i64, String> {
+        let (_, node) = self.member(i)?;
         rowankv_deploy::admin::clock_step(
             self.cluster.layout.cluster_id,
             &self.cluster.secret,
@@ -706,30 +713,14 @@ impl Run {
     fn inject_migration(&mut self, f: &Fault) -> Result<(), ChaosError> {
         const MIGRATION_PATIENCE: Duration = Duration::from_secs(30);
         let i = f.server.expect("a migration names its target");
-        let config = match self.observer.config(&self.cluster) {
-            Ok(c) => c,
+        let (config, to) = match self.member(i) {
+            Ok(m) => m,
             Err(why) => {
                 self.migrations.refused += 1;
-                self.events.say(&format!(
-                    "fault {}: no configuration to plan a migration from: {why}",
-                    f.index
-                ));
+                self.events
+                    .say(&format!("fault {}: no migration: {why}", f.index));
                 return Ok(());
             }
-        };
-        let address = self.cluster.server_addrs[i].clone();
-        let Some(to) = config
-            .members
-            .iter()
-            .find(|m| m.address.as_deref() == Some(address.as_str()))
-            .map(|m| m.node)
-        else {
-            self.migrations.refused += 1;
-            self.events.say(&format!(
-                "fault {}: server-{i} is not a member of {}: no migration",
-                f.index, config.term
-            ));
-            return Ok(());
         };
         let candidates: Vec<_> = config
             .shards

@@ -21,7 +21,8 @@
 //! the failover events (failure detected, configuration stored and committed,
 //! shards served again) and how long each took after the kill. With `verify`,
 //! every acknowledged PUT is read back at the end: the value must be there at
-//! that version or a later one.
+//! that version or a later one. With `hotspot`, part of the requests shift to
+//! one shard from a point of the phase on (Figure 15, driven by `reshard`).
 
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
@@ -81,7 +82,7 @@ pub struct YcsbOptions {
     pub fabric: FabricKind,
     /// The `rowankv` binary that `tcp` starts (default: this executable).
     pub binary: Option<std::path::PathBuf>,
-    /// Figure 15's shift of load (`loopback` only; [`Hotspot`]).
+    /// Figure 15's shift of load ([`Hotspot`]).
     pub hotspot: Option<Arc<Hotspot>>,
     /// The servers' load statistics window; `None`: the server default.
     pub load_window_ns: Option<u64>,
