@@ -235,6 +235,20 @@ struct YcsbArgs {
     /// Turn the media model's timing off (DLWA is still counted).
     #[arg(long)]
     no_media_timing: bool,
+    /// Log segment size per server, KiB (default 1024).
+    #[arg(long, value_name = "KIB")]
+    segment_kib: Option<usize>,
+    /// Each server's pool, MiB (default 2048; 512 with --quick).
+    #[arg(long, value_name = "MIB")]
+    pool_mib: Option<usize>,
+    /// Modelled DIMMs per server (default 3); each writes at --media-bandwidth.
+    #[arg(long)]
+    dimms: Option<usize>,
+    /// Closed loop: every client draws its own workload stream, as YCSB's
+    /// threads do (default: all replay one stream; the sweep always gives
+    /// each client its own unless --shared-stream).
+    #[arg(long, conflicts_with = "sweep")]
+    stream_per_client: bool,
     #[arg(long)]
     seed: Option<u64>,
     /// A small, fast run (smoke test).
@@ -453,7 +467,7 @@ fn bench_ycsb(args: YcsbArgs) -> Result<()> {
 fn ycsb_setting(opts: &rowankv_bench::ycsb::YcsbOptions, fabric: &str) -> String {
     use rowankv_bench::ycsb;
     format!(
-        "YCSB-{} {} keys, {:?} sizes, {} servers, RF {}, {} workers/server, {} clients x {} deep, {} s, {} fabric; media timing {}",
+        "YCSB-{} {} keys, {:?} sizes, {} servers, RF {}, {} workers/server, {} clients x {} deep ({}), {} s, {} fabric, {} DIMMs/server; media timing {}",
         opts.workload,
         match opts.keys { rowankv_bench::ycsb::workload::KeyDist::Zipfian { theta } => format!("zipfian {theta}"), k => format!("{k:?}").to_lowercase() },
         opts.sizes,
@@ -462,8 +476,10 @@ fn ycsb_setting(opts: &rowankv_bench::ycsb::YcsbOptions, fabric: &str) -> String
         opts.workers,
         opts.clients,
         opts.depth,
+        if opts.stream_per_client { "a stream each" } else { "one shared stream" },
         opts.seconds,
         fabric,
+        opts.dimms,
         if opts.fabric == ycsb::FabricKind::Tcp {
             "n/a (servers in other processes)".to_string()
         } else {
@@ -534,6 +550,16 @@ fn ycsb_options(args: &YcsbArgs) -> Result<rowankv_bench::ycsb::YcsbOptions> {
     if args.no_media_timing {
         opts.media_bandwidth = None;
     }
+    if let Some(v) = args.segment_kib {
+        opts.segment_bytes = v << 10;
+    }
+    if let Some(v) = args.pool_mib {
+        opts.pool_bytes = v << 20;
+    }
+    if let Some(v) = args.dimms {
+        opts.dimms = v;
+    }
+    opts.stream_per_client = args.stream_per_client;
     if let Some(v) = args.seed {
         opts.seed = v;
     }

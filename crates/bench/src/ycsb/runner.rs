@@ -89,6 +89,21 @@ pub struct YcsbOptions {
     /// The active CM commits the moves its load detection plans
     /// (`FailoverSettings::reshard_auto`).
     pub reshard_auto: bool,
+    /// Every client draws its operations from a generator of its own seed,
+    /// as YCSB's client threads do (the sweep's default). Off (the default of
+    /// the closed loop, and of every closed-loop result before 2026-12-07):
+    /// every client replays the stream of `seed`, so that most writes are
+    /// overwritten moments later by another client and the cleaner finds
+    /// little live data to copy.
+    pub stream_per_client: bool,
+    /// Modelled DIMMs per server's medium (seed 000 Figure 13(d): 1 to 3);
+    /// with timing on, each writes at `media_bandwidth`.
+    pub dimms: usize,
+}
+
+/// The seed of client `c`'s own workload stream, drawn from the run's `seed`.
+pub fn client_stream_seed(seed: u64, c: usize) -> u64 {
+    seed ^ (c as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15)
 }
 
 /// Figure 15's hotspot (seed 000 §6.6): from `at_ns` into the measured
@@ -204,6 +219,8 @@ impl Default for YcsbOptions {
             hotspot: None,
             load_window_ns: None,
             reshard_auto: false,
+            stream_per_client: false,
+            dimms: MediaModelConfig::default().dimm_count,
         }
     }
 }
@@ -232,6 +249,15 @@ pub struct YcsbResult {
     pub get_p999_us: f64,
     pub dlwa_per_server: Vec<f64>,
     pub dlwa_max: f64,
+    /// Bytes written to the media models (all servers) per completed
+    /// operation, as requested by the stores (log appends, replicas, the
+    /// cleaner's copies)…
+    pub request_bytes_per_op: f64,
+    /// …and as the modelled DIMMs wrote them (XPLines, read-modify-writes).
+    pub media_bytes_per_op: f64,
+    /// Bytes the servers' cleaners copied per completed operation (part of
+    /// `request_bytes_per_op`; 0 on `tcp`, whose servers are not in this process).
+    pub cleaner_bytes_per_op: f64,
     pub cpu_us_per_op: f64,
     pub errors: u64,
     pub timeouts: u64,
@@ -626,6 +652,7 @@ impl Target {
             timing: opts.media_bandwidth.map(|b| MediaTiming {
                 media_write_bytes_per_sec_per_dimm: b,
             }),
+            dimm_count: opts.dimms,
             ..MediaModelConfig::default()
         };
         Cluster::start(ClusterConfig {
@@ -713,6 +740,18 @@ impl Target {
     }
 
     /// Media counters per server (none for servers in other processes).
+    /// Bytes the servers' cleaners have copied so far (0 on `tcp`).
+    fn cleaner_bytes_moved(&self) -> u64 {
+        match self {
+            Target::Loopback(c) => c
+                .servers()
+                .iter()
+                .map(|s| s.stats.cleaner_bytes_moved.load(Ordering::Relaxed))
+                .sum(),
+            Target::Tcp(_) => 0,
+        }
+    }
+
     fn media_stats(&self) -> Vec<Option<rowankv_pmem::MediaStats>> {
         match self {
             Target::Loopback(c) => c.media_stats(),
@@ -857,7 +896,11 @@ impl LoadGenerators {
                 opts.sizes,
                 opts.records,
                 max_value,
-                opts.seed,
+                if opts.stream_per_client {
+                    client_stream_seed(opts.seed, c)
+                } else {
+                    opts.seed
+                },
             )
             .with_client(c as u64, opts.clients as u64);
             let parts = LoadParts {
@@ -946,6 +989,7 @@ fn run_one(opts: &YcsbOptions, strategy: Strategy) -> Result<YcsbResult, String>
     // Measure.
     target.flush_media();
     let media_before = target.media_stats();
+    let cleaned_before = target.cleaner_bytes_moved();
     let errors_before = counters.errors.load(Ordering::Relaxed);
     let cpu_before = target.cpu_seconds();
     let start = Instant::now();
@@ -993,6 +1037,7 @@ fn run_one(opts: &YcsbOptions, strategy: Strategy) -> Result<YcsbResult, String>
     phase.store(PHASE_STOP, Ordering::Release);
     target.flush_media();
     let media_after = target.media_stats();
+    let cleaned = target.cleaner_bytes_moved().saturating_sub(cleaned_before);
     wait_for_hand_in(&counters, opts.clients);
     let acked = std::mem::take(&mut *acked_out.lock());
     let (verified_keys, lost_writes, events, failover) = match &mut target {
@@ -1066,6 +1111,13 @@ fn run_one(opts: &YcsbOptions, strategy: Strategy) -> Result<YcsbResult, String>
         })
         .collect();
     let dlwa_max = dlwa_per_server.iter().copied().fold(0.0, f64::max);
+    let (request_bytes, media_bytes) = media_after
+        .iter()
+        .zip(&media_before)
+        .filter_map(|(a, b)| Some(a.as_ref()?.delta(b.as_ref()?)))
+        .fold((0u64, 0u64), |(r, m), d| {
+            (r + d.request_bytes, m + d.media_bytes)
+        });
     let h = hist.lock();
     let q = |h: &Histogram<u64>, p: f64| {
         if h.is_empty() {
@@ -1096,6 +1148,9 @@ fn run_one(opts: &YcsbOptions, strategy: Strategy) -> Result<YcsbResult, String>
         get_p999_us: q(&h.get, 0.999),
         dlwa_per_server,
         dlwa_max,
+        request_bytes_per_op: request_bytes as f64 / ops.max(1) as f64,
+        media_bytes_per_op: media_bytes as f64 / ops.max(1) as f64,
+        cleaner_bytes_per_op: cleaned as f64 / ops.max(1) as f64,
         cpu_us_per_op: if ops > 0 { cpu * 1e6 / ops as f64 } else { 0.0 },
         errors: counters.errors.load(Ordering::Relaxed) - errors_before,
         timeouts: counters.timeouts.load(Ordering::Relaxed),
@@ -1427,6 +1482,16 @@ pub fn table(results: &[YcsbResult]) -> String {
                 } else {
                     format!("{:.3}", r.dlwa_max)
                 },
+                if r.fabric == FabricKind::Tcp {
+                    "n/a".to_string()
+                } else {
+                    format!("{:.0}", r.media_bytes_per_op)
+                },
+                if r.fabric == FabricKind::Tcp {
+                    "n/a".to_string()
+                } else {
+                    format!("{:.0}", r.cleaner_bytes_per_op)
+                },
                 format!("{:.1}", r.cpu_us_per_op),
                 format!("{}", r.errors + r.timeouts),
             ]
@@ -1441,6 +1506,8 @@ pub fn table(results: &[YcsbResult]) -> String {
             "get p50 µs",
             "get p99 µs",
             "DLWA max",
+            "media B/op",
+            "cleaned B/op",
             "CPU µs/op",
             "errors",
         ],

@@ -825,7 +825,7 @@ fn sweep_one(
     });
     let max_value = max_value_bytes(y.sizes);
     for c in 0..y.clients {
-        let seed = y.seed ^ SWEEP_SEED_SALT ^ (c as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        let seed = super::runner::client_stream_seed(y.seed ^ SWEEP_SEED_SALT, c);
         let config = ClientConfig {
             worker_hint: c,
             inflight_max: opts.inflight_per_client_max.max(y.depth),
