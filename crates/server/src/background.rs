@@ -93,6 +93,10 @@ impl<N: Nic> Task for CleanTask<N> {
             }
         }
     }
+
+    fn waits_on_media(&self) -> bool {
+        true
+    }
 }
 
 /// The redo role (`drpc`): executes the requests that landed in the server's

@@ -86,6 +86,15 @@ pub trait Task: Send {
     fn keeps_time(&self) -> bool {
         false
     }
+    /// Whether one step may hold its thread for long on the medium (a
+    /// cleaner's pass copies whole segments, and with the media model's timing
+    /// on it waits for the DIMMs' bandwidth): on a shared placement it gets an
+    /// OS thread of its own, as Rowan-KV gives its clean threads cores of their
+    /// own (seed 000 §6.1), so that its waits do not stall the workers it would
+    /// share a thread with. The OS then shares the cores between them.
+    fn waits_on_media(&self) -> bool {
+        false
+    }
 }
 
 /// Where tasks run.
@@ -191,6 +200,10 @@ impl Executor {
             Placement::Shared { .. } if task.keeps_time() => {
                 let name = task.name().to_string();
                 self.start_thread(name, vec![task], TIMELY_IDLE_SLEEP_MAX, true);
+            }
+            Placement::Shared { .. } if task.waits_on_media() => {
+                let name = task.name().to_string();
+                self.start_thread(name, vec![task], TIMELY_IDLE_SLEEP_MAX, false);
             }
             Placement::Shared { .. } => {
                 let i = self.next % self.shared;
@@ -366,5 +379,76 @@ mod tests {
         let tasks = ex.stop();
         assert_eq!(tasks.len(), 2, "both tasks handed back");
         assert!(steps.load(Ordering::Relaxed) >= 1);
+    }
+
+    /// A cleaner-like role: its one step holds its thread until a plain role
+    /// has been stepped, and reports that role's thread and its own.
+    struct MediaHog {
+        other_stepped: Receiver<String>,
+        seen: Sender<(Option<String>, String)>,
+        done: bool,
+    }
+
+    impl Task for MediaHog {
+        fn name(&self) -> &str {
+            "s0-clean-0"
+        }
+        fn step(&mut self, _now_ns: u64) -> Step {
+            if self.done {
+                return Step::Idle;
+            }
+            self.done = true;
+            let other = self
+                .other_stepped
+                .recv_timeout(Duration::from_secs(20))
+                .ok();
+            let own = std::thread::current().name().unwrap_or("").to_string();
+            let _ = self.seen.send((other, own));
+            Step::Worked
+        }
+        fn waits_on_media(&self) -> bool {
+            true
+        }
+    }
+
+    /// A plain role that tells the thread it was first stepped on.
+    struct Plain {
+        tell: Sender<String>,
+        told: bool,
+    }
+
+    impl Task for Plain {
+        fn name(&self) -> &str {
+            "s0-worker-0"
+        }
+        fn step(&mut self, _now_ns: u64) -> Step {
+            if !self.told {
+                self.told = true;
+                let thread = std::thread::current().name().unwrap_or("").to_string();
+                let _ = self.tell.send(thread);
+            }
+            Step::Idle
+        }
+    }
+
+    #[test]
+    fn a_cleaner_waiting_on_the_medium_does_not_hold_up_a_shared_thread() {
+        let mut ex = Executor::new(Placement::Shared { threads: 1 }, SystemClock::new());
+        let (tell, other_stepped) = channel::unbounded();
+        let (seen, seen_rx) = channel::unbounded();
+        // Spawned first: had it been given the only shared thread, the plain
+        // role behind it would not be stepped while it holds the thread.
+        ex.spawn(Box::new(MediaHog {
+            other_stepped,
+            seen,
+            done: false,
+        }));
+        ex.spawn(Box::new(Plain { tell, told: false }));
+        let (other, own) = seen_rx
+            .recv_timeout(Duration::from_secs(30))
+            .expect("the cleaner's step returned");
+        assert_eq!(other.as_deref(), Some("rowankv-exec-0"), "the plain role's thread");
+        assert_eq!(own, "s0-clean-0", "the cleaner's own thread");
+        assert_eq!(ex.stop().len(), 2, "both tasks handed back");
     }
 }
