@@ -8,6 +8,11 @@
 //!   (p50, p99, p99.9) per replication strategy.
 //! - [`ycsb_sweep`]: seed 000 Figure 9 — median PUT and GET latency against
 //!   achieved throughput under an open-loop load, one line per strategy.
+//! - [`replication_cdf`]: seed 000 Figure 11 — the latency CDF of remote
+//!   persistence (one replication write until its durable ACK) per strategy.
+//! - [`sensitivity`]: seed 000 Figure 13, Table 2 and uniform keys —
+//!   throughput, median PUT latency and DLWA per strategy against one varied
+//!   parameter.
 //! - [`failover`]: seed 000 Figure 14 — throughput per 100 ms of each run, with the
 //!   kill, the commit of the new configuration and the moment every shard of the
 //!   killed server was served again marked.
@@ -31,6 +36,7 @@ use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
 
 use crate::dlwa::{DlwaPoint, Mode};
+use crate::ycsb::sens::{self, SensPoint, Vary};
 use crate::ycsb::sweep::{SweepPoint, KEPT_UP_FRACTION_MIN};
 use crate::ycsb::{YcsbResult, TIMELINE_STEP_NS};
 
@@ -495,6 +501,203 @@ pub fn dlwa(points: &[DlwaPoint], path: &Path) -> Result<(), PlotError> {
                 "remote writes (M/s)",
                 false,
             )?;
+        }
+        Ok(())
+    })
+}
+
+// ---------------------------------------------------------------------------
+// Remote persistence latency (seed 000 Figure 11)
+
+const CDF_SIZE_PX: (u32, u32) = (1000, 640);
+
+/// The CDF of remote persistence latency (one replication write to one
+/// backup until its durable ACK) per strategy of one YCSB run, at the
+/// servers' histogram bounds (exact there), log-scale latency.
+pub fn replication_cdf(results: &[YcsbResult], path: &Path) -> Result<(), PlotError> {
+    let with: Vec<&YcsbResult> = results
+        .iter()
+        .filter(|r| !r.replication_ack_cdf.is_empty())
+        .collect();
+    let Some(first) = with.first() else {
+        return Err(PlotError::NoData(
+            "no replication ACKs were measured (RF 1, or the tcp fabric)".into(),
+        ));
+    };
+    let caption = vec![
+        timing_model(
+            with.iter()
+                .map(|r| (r.media_timing, r.media_write_bytes_per_sec_per_dimm)),
+        ),
+        format!(
+            "From a primary's worker sending one replication write to one backup to the worker taking its durable ACK, \
+             every write of the {:.1} s measured phase; points at the servers' histogram bounds (1 µs · 2^i), exact there. ACKs: {}.",
+            first.seconds,
+            with.iter()
+                .map(|r| format!("{} {}", r.strategy, thousands(r.replication_acks)))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    ];
+    let title = format!(
+        "Remote persistence latency (seed 000 Fig. 11): YCSB-{}, {}, {} servers, RF {}",
+        workload_name(&first.workload),
+        first.sizes,
+        first.servers,
+        first.replication_factor
+    );
+    let hi = with
+        .iter()
+        .filter_map(|r| r.replication_ack_cdf.last().map(|(b, _)| *b))
+        .fold(2.0, f64::max);
+    render(path, CDF_SIZE_PX, |root| {
+        let body = frame(root, &title, &caption)?;
+        let mut chart = ChartBuilder::on(&body)
+            .margin(MARGIN_PX)
+            .x_label_area_size(50)
+            .y_label_area_size(70)
+            .build_cartesian_2d((1.0..hi * 1.2).log_scale(), 0.0..1.02)?;
+        chart
+            .configure_mesh()
+            .x_desc("latency (µs, log scale)")
+            .y_desc("fraction of replication writes")
+            .x_label_formatter(&|x| format!("{x:.0}"))
+            .y_label_formatter(&|y| format!("{y:.1}"))
+            .label_style((FONT_FAMILY, LABEL_PX))
+            .draw()?;
+        for r in &with {
+            let colour = strategy_colour(&r.strategy);
+            chart
+                .draw_series(
+                    LineSeries::new(
+                        r.replication_ack_cdf.iter().copied(),
+                        colour.stroke_width(2),
+                    )
+                    .point_size(3),
+                )?
+                .label(r.strategy.as_str())
+                .legend(legend_line(colour));
+        }
+        draw_legend(&mut chart, SeriesLabelPosition::LowerRight, LABEL_PX)?;
+        Ok(())
+    })
+}
+
+// ---------------------------------------------------------------------------
+// Sensitivity (seed 000 Figure 13, Table 2, uniform keys)
+
+const SENS_SIZE_PX: (u32, u32) = (1500, 620);
+
+/// Throughput, median PUT latency and DLWA per strategy against the varied
+/// parameter of one `bench sens` run (its values on a categorical axis).
+pub fn sensitivity(points: &[SensPoint], path: &Path) -> Result<(), PlotError> {
+    let Some(first) = points.first() else {
+        return Err(PlotError::NoData(
+            "the sensitivity run has no points".into(),
+        ));
+    };
+    let strategies = sens::strategies(points);
+    let values = sens::values(points);
+    let caption = vec![
+        timing_model(
+            points
+                .iter()
+                .map(|p| (p.media_timing, p.media_write_bytes_per_sec_per_dimm)),
+        ),
+        format!(
+            "Closed loop, a fresh in-process cluster per strategy and value (loopback fabric). \
+             Setting at the first value: {}, {} servers, RF {}, {} workers/server, {} DIMMs/server; only the varied parameter changes. Errors + timeouts: {}.",
+            first.setting,
+            first.servers,
+            first.replication_factor,
+            first.workers,
+            first.dimms,
+            points.iter().map(|p| p.errors).sum::<u64>()
+        ),
+    ];
+    let title = format!(
+        "{} — {} against {}",
+        first.figure,
+        strategies.join(", "),
+        first.vary
+    );
+    let vary = Vary::ALL
+        .into_iter()
+        .find(|v| v.name() == first.vary)
+        .map_or(first.vary, |v| v.axis());
+    render(path, SENS_SIZE_PX, |root| {
+        let body = frame(root, &title, &caption)?;
+        let panels = body.split_evenly((1, 3));
+        let n = values.len();
+        let label_at = |x: &f64| {
+            let i = x.round();
+            if (x - i).abs() < 1e-6 && i >= 0.0 {
+                values.get(i as usize).cloned().unwrap_or_default()
+            } else {
+                String::new()
+            }
+        };
+        type Metric = fn(&SensPoint) -> f64;
+        let metrics: [(&str, &str, Metric); 3] = [
+            ("Throughput", "operations per second (thousands)", |p| {
+                p.ops_per_sec / 1e3
+            }),
+            ("Median PUT latency", "µs", |p| p.put_p50_us),
+            ("DLWA (busiest server)", "media / request bytes", |p| {
+                p.dlwa_max
+            }),
+        ];
+        for (k, (name, y_desc, metric)) in metrics.iter().enumerate() {
+            let hi = points.iter().map(metric).fold(0.0, f64::max).max(1e-3);
+            let lo = if k == 2 {
+                points
+                    .iter()
+                    .map(metric)
+                    .fold(f64::INFINITY, f64::min)
+                    .min(1.0)
+            } else {
+                0.0
+            };
+            let (lo, hi) = if k == 2 {
+                padded(lo, hi, 0.08, 0.02)
+            } else {
+                (0.0, hi * 1.15)
+            };
+            let mut chart = ChartBuilder::on(&panels[k])
+                .caption(*name, (FONT_FAMILY, PANEL_TITLE_PX))
+                .margin(MARGIN_PX)
+                .x_label_area_size(50)
+                .y_label_area_size(70)
+                .build_cartesian_2d(-0.5..(n as f64 - 0.5), lo..hi)?;
+            chart
+                .configure_mesh()
+                .disable_x_mesh()
+                .x_labels(n.max(2) * 2 + 1)
+                .x_label_formatter(&label_at)
+                .x_desc(vary)
+                .y_desc(*y_desc)
+                .label_style((FONT_FAMILY, LABEL_PX))
+                .draw()?;
+            for s in &strategies {
+                let line: Vec<(f64, f64)> = values
+                    .iter()
+                    .enumerate()
+                    .filter_map(|(i, v)| {
+                        points
+                            .iter()
+                            .find(|p| &p.value == v && &p.strategy == s)
+                            .map(|p| (i as f64, metric(p)))
+                    })
+                    .collect();
+                let colour = strategy_colour(s);
+                chart
+                    .draw_series(LineSeries::new(line, colour.stroke_width(2)).point_size(4))?
+                    .label(s.as_str())
+                    .legend(legend_line(colour));
+            }
+            if k == 0 {
+                draw_legend(&mut chart, SeriesLabelPosition::LowerLeft, LABEL_PX)?;
+            }
         }
         Ok(())
     })
@@ -1201,6 +1404,8 @@ mod tests {
             request_bytes_per_op: 200.0,
             media_bytes_per_op: 240.0,
             cleaner_bytes_per_op: 20.0,
+            replication_acks: 10,
+            replication_ack_cdf: vec![(1.0, 0.2), (2.0, 1.0)],
             cpu_us_per_op: 12.0,
             errors: 0,
             timeouts: 0,

@@ -56,4 +56,66 @@ fn a_short_ycsb_comparison_plots() {
     let timeline = dir.path().join("timeline.png");
     plot::failover(&results[..1], &timeline).unwrap();
     assert_png(&timeline);
+    // Figure 11 from the same run: every strategy took replication ACKs, and
+    // each CDF rises to 1 at its last bound.
+    for r in &results {
+        assert!(
+            r.replication_acks > 0,
+            "{}: no replication ACKs",
+            r.strategy
+        );
+        let cdf = &r.replication_ack_cdf;
+        assert!(cdf.windows(2).all(|w| w[0].0 < w[1].0 && w[0].1 <= w[1].1));
+        assert_eq!(cdf.last().unwrap().1, 1.0, "{}: {cdf:?}", r.strategy);
+        assert!(ycsb::runner::cdf_quantile_bound(cdf, 0.5) >= 1.0);
+    }
+    let cdf = dir.path().join("cdf.png");
+    plot::replication_cdf(&results, &cdf).unwrap();
+    assert_png(&cdf);
+}
+
+#[test]
+fn a_short_sensitivity_run_plots_and_varies_only_its_parameter() {
+    use rowankv_bench::ycsb::sens::{self, SensOptions, Vary};
+    let base = YcsbOptions {
+        records: 2_000,
+        seconds: 0.4,
+        workers: 2,
+        shards_per_server: 4,
+        clients: 2,
+        pool_bytes: 256 << 20,
+        strategies: vec![Strategy::Rowan, Strategy::Rpc],
+        progress: false,
+        ..YcsbOptions::default()
+    };
+    let opts = SensOptions {
+        vary: Vary::EntrySize,
+        values: vec!["128".into(), "512".into()],
+        base,
+    };
+    let points = sens::run(&opts, |_| {}).unwrap();
+    assert_eq!(points.len(), 4, "two values x two strategies");
+    for p in &points {
+        assert!(p.ops_per_sec > 0.0 && p.errors == 0, "{p:?}");
+    }
+    // A 512 B entry writes more bytes per operation than a 128 B one.
+    let bytes = |v: &str| {
+        points
+            .iter()
+            .find(|p| p.value == v && p.strategy == "rowan")
+            .unwrap()
+            .media_bytes_per_op
+    };
+    assert!(
+        bytes("512") > 2.0 * bytes("128"),
+        "{} vs {}",
+        bytes("512"),
+        bytes("128")
+    );
+    let table = sens::table(&points);
+    assert!(table.contains("rowan/rpc"), "{table}");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("sens.png");
+    plot::sensitivity(&points, &path).unwrap();
+    assert_png(&path);
 }

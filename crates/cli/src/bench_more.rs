@@ -1,5 +1,6 @@
-//! `rowankv bench reshard` (seed 000 §6.6, Figure 15) and `rowankv bench
-//! clover` (seed 004: Clover natively and through the in-network interposer).
+//! `rowankv bench reshard` (seed 000 §6.6, Figure 15), `rowankv bench sens`
+//! (Figure 13, Table 2, uniform keys) and `rowankv bench clover` (seed 004:
+//! Clover natively and through the in-network interposer).
 
 use std::path::PathBuf;
 
@@ -59,6 +60,97 @@ pub fn reshard(args: ReshardArgs) -> Result<()> {
         );
     }
     plotted
+}
+
+#[derive(Args)]
+pub struct SensArgs {
+    /// The parameter: entry-size (Figure 13(a)), rf (13(b)), workers (13(c)),
+    /// dimms (13(d)), sizes (Table 2), keys (uniform against Zipfian).
+    #[arg(long)]
+    vary: String,
+    /// Its values, comma-separated (default: the figure's).
+    #[arg(long, value_delimiter = ',')]
+    values: Option<Vec<String>>,
+    /// Strategies side by side, comma-separated.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "rowan,rpc,rwrite,batch,share"
+    )]
+    compare: Vec<String>,
+    /// A small, fast run (the quick setting of `bench ycsb`, two values).
+    #[arg(long)]
+    quick: bool,
+    /// Print a JSON array, one object per strategy and value.
+    #[arg(long)]
+    json: bool,
+    /// Also draw throughput, median PUT latency and DLWA against the values.
+    #[arg(long, value_name = "FILE.png")]
+    plot: Option<PathBuf>,
+    /// Measured seconds per strategy and value (default 4; --quick: 1).
+    #[arg(long)]
+    seconds: Option<f64>,
+    /// Objects loaded (default 200,000; --quick: 20,000).
+    #[arg(long)]
+    records: Option<u64>,
+    /// A workload stream per client (see `bench ycsb --stream-per-client`).
+    #[arg(long)]
+    stream_per_client: bool,
+    /// Turn the media model's timing off.
+    #[arg(long)]
+    no_media_timing: bool,
+}
+
+pub fn sens(args: SensArgs) -> Result<()> {
+    use rowankv_bench::ycsb::sens::{self, SensOptions, Vary};
+    use rowankv_bench::ycsb::YcsbOptions;
+    let vary: Vary = args.vary.parse().map_err(anyhow::Error::msg)?;
+    let mut base = YcsbOptions {
+        seconds: 4.0,
+        ..YcsbOptions::default()
+    };
+    if args.quick {
+        base.records = 20_000;
+        base.seconds = 1.0;
+        base.workers = 4;
+        base.clients = 8;
+        base.shards_per_server = 8;
+        base.pool_bytes = 512 << 20;
+    }
+    base.strategies = args
+        .compare
+        .iter()
+        .map(|s| s.parse().map_err(anyhow::Error::msg))
+        .collect::<Result<_>>()?;
+    if let Some(s) = args.seconds {
+        base.seconds = s;
+    }
+    if let Some(r) = args.records {
+        base.records = r;
+    }
+    base.stream_per_client = args.stream_per_client;
+    if args.no_media_timing {
+        base.media_bandwidth = None;
+    }
+    base.progress = false;
+    let opts = SensOptions {
+        vary,
+        values: args
+            .values
+            .clone()
+            .unwrap_or_else(|| vary.default_values(args.quick)),
+        base,
+    };
+    crate::check_plot_target(args.plot.as_deref());
+    let points =
+        sens::run(&opts, |p| eprintln!("{}", sens::line(p))).map_err(anyhow::Error::msg)?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&points)?);
+        eprint!("{}", sens::table(&points));
+    } else {
+        print!("{}", sens::table(&points));
+    }
+    crate::write_plot(args.plot.as_deref(), |p| plot::sensitivity(&points, p))
 }
 
 #[derive(Args)]

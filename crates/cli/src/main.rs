@@ -124,6 +124,10 @@ enum BenchCommand {
     /// YCSB-A Zipfian throughput and round trips, cached keys, switch memory,
     /// wire model on (seed 004).
     Clover(bench_more::CloverArgs),
+    /// The strategies side by side while one parameter varies: log entry
+    /// size, replication factor, workers, DIMMs (seed 000 Figure 13), object
+    /// sizes (Table 2), uniform against Zipfian keys (§6.3).
+    Sens(bench_more::SensArgs),
 }
 
 #[derive(Args)]
@@ -238,9 +242,17 @@ struct YcsbArgs {
     /// Log segment size per server, KiB (default 1024).
     #[arg(long, value_name = "KIB")]
     segment_kib: Option<usize>,
+    /// How often each server's clean roles look for segments below 75 % live,
+    /// ms (default 20).
+    #[arg(long, value_name = "MS")]
+    clean_interval_ms: Option<u64>,
     /// Each server's pool, MiB (default 2048; 512 with --quick).
     #[arg(long, value_name = "MIB")]
     pool_mib: Option<usize>,
+    /// Also draw the latency CDF of remote persistence (one replication write
+    /// to one backup until its durable ACK) per strategy (seed 000 Figure 11).
+    #[arg(long, value_name = "FILE.png", conflicts_with = "sweep")]
+    plot_cdf: Option<PathBuf>,
     /// Modelled DIMMs per server (default 3); each writes at --media-bandwidth.
     #[arg(long)]
     dimms: Option<usize>,
@@ -427,6 +439,9 @@ fn run() -> Result<()> {
         Command::Bench {
             which: BenchCommand::Clover(args),
         } => bench_more::clover(args),
+        Command::Bench {
+            which: BenchCommand::Sens(args),
+        } => bench_more::sens(args),
         Command::Demo(args) => demo::run(args),
         Command::Server(args) => deploy_cmd::server(args),
         Command::Cm(args) => deploy_cmd::cm(args),
@@ -451,6 +466,7 @@ fn bench_ycsb(args: YcsbArgs) -> Result<()> {
         return sweep_cmd::run(&args, opts);
     }
     check_plot_target(args.plot.as_deref());
+    check_plot_target(args.plot_cdf.as_deref());
     let results = ycsb::run(&opts)
         .map_err(anyhow::Error::msg)
         .context("YCSB")?;
@@ -459,8 +475,12 @@ fn bench_ycsb(args: YcsbArgs) -> Result<()> {
     } else {
         println!("{}", ycsb_setting(&opts, &args.fabric));
         print!("{}", ycsb::table(&results));
+        print!("{}", ycsb::runner::ack_report(&results));
     }
-    write_plot(args.plot.as_deref(), |p| plot::ycsb_compare(&results, p))
+    write_plot(args.plot.as_deref(), |p| plot::ycsb_compare(&results, p))?;
+    write_plot(args.plot_cdf.as_deref(), |p| {
+        plot::replication_cdf(&results, p)
+    })
 }
 
 /// The setting of a `bench ycsb` run, as its first line says it.
@@ -552,6 +572,9 @@ fn ycsb_options(args: &YcsbArgs) -> Result<rowankv_bench::ycsb::YcsbOptions> {
     }
     if let Some(v) = args.segment_kib {
         opts.segment_bytes = v << 10;
+    }
+    if let Some(v) = args.clean_interval_ms {
+        opts.clean_interval_ns = Some(v * 1_000_000);
     }
     if let Some(v) = args.pool_mib {
         opts.pool_bytes = v << 20;

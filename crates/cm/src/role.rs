@@ -389,6 +389,10 @@ impl<N: Nic> CmTask<N> {
         // Not `manager.current().term`: the stored configuration may be one
         // whose round a crashed CM left unfinished.
         let committed = manager.committed_term().unwrap_or(Term(0));
+        let reshard = ReshardPolicy {
+            overload: settings.reshard_overload,
+            within: settings.reshard_within,
+        };
         CmTask {
             name: format!("cm{}", node.0),
             node,
@@ -425,7 +429,7 @@ impl<N: Nic> CmTask<N> {
             loads: BTreeMap::new(),
             weigh: Periodic::new(crate::role::WEIGH_NS),
             overloaded: BTreeSet::new(),
-            reshard: ReshardPolicy::default(),
+            reshard,
         }
     }
 

@@ -362,7 +362,12 @@ pub fn run(dep: &CmDeployment, stop: Arc<AtomicBool>) -> Result<(), ProcessError
     };
     let leaves = net.directory.register(me, LEAVE_SERVICE);
     let settings = ServerSettings {
-        failover: failover_settings(dep.lease_ms),
+        failover: FailoverSettings {
+            reshard_auto: dep.reshard.auto,
+            reshard_overload: dep.reshard.overload,
+            reshard_within: dep.reshard.within,
+            ..failover_settings(dep.lease_ms)
+        },
         ..ServerSettings::default()
     };
     let crashed = Arc::new(AtomicBool::new(false));

@@ -215,6 +215,44 @@ pub struct CmFile {
     /// The Prometheus metrics endpoint (absent: none).
     #[serde(default)]
     pub metrics: Option<MetricsFile>,
+    /// Dynamic resharding (absent: detection only, the paper's thresholds).
+    #[serde(default)]
+    pub reshard: Option<ReshardFile>,
+}
+
+/// `[reshard]` of a CM file: dynamic resharding (seed 000 §4.6).
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReshardFile {
+    /// The active CM commits the moves it plans (default false: it detects
+    /// and reports overloads; operators move shards with `rowankv reshard`).
+    #[serde(default)]
+    pub auto: bool,
+    /// Overloaded above `(1 + overload) ×` the average load (default 0.30).
+    #[serde(default = "default_overload")]
+    pub overload: f64,
+    /// Moves go on until every server is within `(1 + within) ×` the
+    /// average (default 0.05).
+    #[serde(default = "default_within")]
+    pub within: f64,
+}
+
+fn default_overload() -> f64 {
+    0.30
+}
+
+fn default_within() -> f64 {
+    0.05
+}
+
+impl Default for ReshardFile {
+    fn default() -> Self {
+        ReshardFile {
+            auto: false,
+            overload: default_overload(),
+            within: default_within(),
+        }
+    }
 }
 
 fn default_lease_ms() -> u64 {
@@ -298,6 +336,8 @@ pub struct CmDeployment {
     pub lease_ms: u64,
     /// Where the metrics endpoint listens (`[metrics] listen`), if anywhere.
     pub metrics: Option<SocketAddr>,
+    /// `[reshard]`, checked: `0 < within < overload <= 10`.
+    pub reshard: ReshardFile,
 }
 
 fn read(path: &Path) -> Result<String, DeployConfigError> {
@@ -609,6 +649,22 @@ impl CmDeployment {
         if !(5..=60_000).contains(&f.lease_ms) {
             return Err(c.bad("lease_ms", format!("{} is not in 5..=60000", f.lease_ms)));
         }
+        let reshard = f.reshard.clone().unwrap_or_default();
+        if !(reshard.overload > 0.0 && reshard.overload <= 10.0) {
+            return Err(c.bad(
+                "reshard.overload",
+                format!("{} is not in (0, 10]", reshard.overload),
+            ));
+        }
+        if !(reshard.within > 0.0 && reshard.within < reshard.overload) {
+            return Err(c.bad(
+                "reshard.within",
+                format!(
+                    "{} must be above 0 and below reshard.overload ({}): a plan must leave every server under the overload it moves shards for",
+                    reshard.within, reshard.overload
+                ),
+            ));
+        }
         let store = match f.store {
             StoreFile::Embedded { path: p } => StoreFile::Embedded {
                 path: beside(path, &p),
@@ -626,6 +682,7 @@ impl CmDeployment {
             store,
             lease_ms: f.lease_ms,
             metrics: c.metrics(f.metrics.as_ref())?,
+            reshard,
         })
     }
 
@@ -683,5 +740,31 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("port"), "{e}");
+    }
+
+    #[test]
+    fn a_reshard_table_sets_the_thresholds_and_bad_ones_are_refused_with_their_key() {
+        let dir = files();
+        let path = dir.path().join("f.toml");
+        let c = CmDeployment::from_text(&path, CM).unwrap();
+        assert!(!c.reshard.auto);
+        assert_eq!((c.reshard.overload, c.reshard.within), (0.30, 0.05));
+        let text = format!("{CM}[reshard]\nauto = true\noverload = 0.5\nwithin = 0.1\n");
+        let c = CmDeployment::from_text(&path, &text).unwrap();
+        assert!(c.reshard.auto);
+        assert_eq!((c.reshard.overload, c.reshard.within), (0.5, 0.1));
+        for (bad, key) in [
+            ("overload = 0.0", "reshard.overload"),
+            ("overload = 20.0", "reshard.overload"),
+            ("within = 0.4", "reshard.within"),
+            ("within = -0.1", "reshard.within"),
+            ("threshold = 3", "threshold"),
+        ] {
+            let text = format!("{CM}[reshard]\n{bad}\n");
+            let e = CmDeployment::from_text(&path, &text)
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(key), "{bad}: {e}");
+        }
     }
 }

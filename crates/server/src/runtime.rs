@@ -447,7 +447,11 @@ mod tests {
         let (other, own) = seen_rx
             .recv_timeout(Duration::from_secs(30))
             .expect("the cleaner's step returned");
-        assert_eq!(other.as_deref(), Some("rowankv-exec-0"), "the plain role's thread");
+        assert_eq!(
+            other.as_deref(),
+            Some("rowankv-exec-0"),
+            "the plain role's thread"
+        );
         assert_eq!(own, "s0-clean-0", "the cleaner's own thread");
         assert_eq!(ex.stop().len(), 2, "both tasks handed back");
     }

@@ -173,6 +173,12 @@ pub struct FailoverSettings {
     /// default: the CM then only detects and reports an overload, and
     /// operators move shards with `rowankv reshard`.
     pub reshard_auto: bool,
+    /// A server is overloaded above `(1 + reshard_overload) ×` the average
+    /// load (paper: 0.30).
+    pub reshard_overload: f64,
+    /// A plan moves shards until every server is within `(1 +
+    /// reshard_within) ×` the average (paper: 0.05), or no move helps.
+    pub reshard_within: f64,
 }
 
 impl FailoverSettings {
@@ -204,6 +210,8 @@ impl Default for FailoverSettings {
             unsafe_announce_writes_late: false,
             startup_grace_ns: 0,
             reshard_auto: false,
+            reshard_overload: 0.30,
+            reshard_within: 0.05,
         }
     }
 }

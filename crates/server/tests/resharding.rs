@@ -108,7 +108,11 @@ fn the_cm_finds_the_server_whose_shard_is_hot() {
 type Model = BTreeMap<Vec<u8>, Option<Vec<u8>>>;
 
 fn migrating_cluster(servers: usize, failover: FailoverSettings) -> Cluster {
-    Cluster::start(ClusterConfig {
+    Cluster::start(migrating_config(servers, failover)).expect("a cluster")
+}
+
+fn migrating_config(servers: usize, failover: FailoverSettings) -> ClusterConfig {
+    ClusterConfig {
         strategy: Strategy::Rowan,
         servers,
         shards_per_server: 2,
@@ -122,8 +126,7 @@ fn migrating_cluster(servers: usize, failover: FailoverSettings) -> Cluster {
             ..ServerSettings::default()
         },
         ..ClusterConfig::default()
-    })
-    .expect("a cluster")
+    }
 }
 
 /// Keys of `shard` (`n` of them) under `config`.
@@ -408,5 +411,133 @@ fn a_migration_whose_target_dies_rolls_back_and_loses_no_acknowledged_write() {
             std::thread::sleep(Duration::from_millis(5));
         }
     }
+    cluster.shutdown();
+}
+
+/// A power failure of every server midway through a migration — the target
+/// serving the shard and taking writes, the copy held back at the source —
+/// then a cold start: the stored configuration still lists the migration,
+/// the recovered cluster ends it (the copy resumed and finished, or rolled
+/// back, §4.6), the shard has one primary, and every acknowledged write, of
+/// the source's time and of the target's, reads back.
+#[test]
+fn a_power_failure_of_every_server_midway_through_a_migration_loses_no_acknowledged_write() {
+    // The recovered cluster's CM takes over once the stored CM lease of the
+    // one that lost power has run out: a CM lease of seconds, not the
+    // minutes of `steady_leases`.
+    let config = ClusterConfig {
+        crash_sim: true,
+        ..migrating_config(
+            4,
+            FailoverSettings {
+                lease_ns: 400_000_000,
+                renew_ns: 20_000_000,
+                cm_lease_ns: 1_600_000_000,
+                ..FailoverSettings::default()
+            },
+        )
+    };
+    let mut cluster = Cluster::start(config.clone()).expect("a cluster");
+    let before = cluster.cm().current();
+    let (shard, from, to) = move_of(&before);
+    let keys = keys_of(&before, shard, 80);
+    let mut c = common::client_of(&mut cluster, ClientConfig::default()).expect("a client");
+    let mut model = Model::new();
+    for (i, k) in keys.iter().enumerate() {
+        let v = format!("v1-{i}").into_bytes();
+        c.put(k, &v).expect("PUT at the source");
+        model.insert(k.clone(), Some(v));
+    }
+    cluster.servers()[from.0 as usize].hold_migration_copy(true);
+    reshard(&mut cluster, shard, to).expect("the move is planned");
+    wait_for(&cluster, "the target serving the shard", |ev| {
+        ev.iter()
+            .any(|e| matches!(e.kind, EventKind::MigrationServed { shard: s, .. } if s == shard))
+    });
+    for (i, k) in keys.iter().enumerate().filter(|(i, _)| i % 3 == 0) {
+        let v = format!("v2-{i}").into_bytes();
+        c.put(k, &v).expect("PUT at the target");
+        model.insert(k.clone(), Some(v));
+    }
+    for k in keys.iter().skip(1).step_by(7) {
+        c.delete(k).expect("DEL at the target");
+        model.insert(k.clone(), None);
+    }
+    let listed = cluster.cm().current();
+    assert!(
+        listed.migrations.iter().any(|m| m.shard == shard),
+        "the migration is listed when the power fails: {:?}",
+        listed.migrations
+    );
+    drop(c);
+
+    // Every server loses power at once: each pool keeps what was persisted.
+    let images: Vec<(NodeId, Vec<u8>, rowankv_engine::EngineConfig)> = cluster
+        .servers()
+        .iter()
+        .map(|s| {
+            let image = s
+                .engine
+                .pool()
+                .crash()
+                .expect("the cluster runs with the crash simulator")
+                .image(rowankv_pmem::PowerFailure::DropAll);
+            (s.node, image, s.engine.config().clone())
+        })
+        .collect();
+    let store = cluster.store().clone();
+    cluster.shutdown();
+    let recovered = images
+        .into_iter()
+        .map(|(node, image, engine_config)| {
+            let mut popts =
+                rowankv_pmem::PoolOptions::new(rowankv_pmem::Medium::Emulated, image.len());
+            popts.crash_sim = true;
+            let pool =
+                rowankv_pmem::Pool::from_image(&image, popts).expect("a pool from the image");
+            let (engine, report) = rowankv_engine::Engine::open_replica(pool, engine_config)
+                .unwrap_or_else(|e| panic!("recovering {node}: {e}"));
+            rowankv_deploy::Recovered {
+                node,
+                engine: std::sync::Arc::new(engine),
+                closed_segments: report.closed_segments,
+            }
+        })
+        .collect();
+    let mut cluster = Cluster::recover(config, store, recovered).expect("the cold start");
+    let deadline = Instant::now() + PHASE_TIMEOUT;
+    let after = loop {
+        let now = cluster.cm().current();
+        if now.migrations.is_empty() {
+            break now;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the listed migration never ended after the cold start: {:?}; events: {:#?}",
+            now.migrations,
+            cluster
+                .events()
+                .snapshot()
+                .iter()
+                .map(|e| format!("{} ms {:?}", e.at_ns / 1_000_000, e.kind))
+                .collect::<Vec<_>>()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let s = after.shard(shard).unwrap();
+    assert!(
+        s.primary == to || s.primary == from,
+        "the shard's primary after the cold start is {}, neither the source {from} nor the target {to}",
+        s.primary
+    );
+    let mut c = common::client_of(
+        &mut cluster,
+        ClientConfig {
+            timeout: Duration::from_secs(20),
+            ..ClientConfig::default()
+        },
+    )
+    .expect("a client after the cold start");
+    check_all(&mut c, &model, "after the cold start");
     cluster.shutdown();
 }

@@ -370,6 +370,7 @@ fn settings(sim: &SimConfig, clock: &Arc<SimClock>) -> ServerSettings {
             unsafe_announce_writes_late: planted == Some(PlantedBug::AnnounceWritesLate),
             startup_grace_ns: 0,
             reshard_auto: false,
+            ..FailoverSettings::default()
         },
         ..ServerSettings::default()
     };

@@ -99,6 +99,42 @@ pub struct YcsbOptions {
     /// Modelled DIMMs per server's medium (seed 000 Figure 13(d): 1 to 3);
     /// with timing on, each writes at `media_bandwidth`.
     pub dimms: usize,
+    /// How often each clean role looks for segments below the threshold;
+    /// `None`: the server default.
+    pub clean_interval_ns: Option<u64>,
+}
+
+/// A cumulative distribution from the counts of the servers' latency
+/// buckets: `(upper bound µs, fraction of observations ≤ it)` for every
+/// bounded bucket up to the one that completes the distribution.
+pub fn ack_cdf(counts: &[u64]) -> Vec<(f64, f64)> {
+    let total: u64 = counts.iter().sum();
+    if total == 0 {
+        return Vec::new();
+    }
+    let mut out = Vec::new();
+    let mut seen = 0u64;
+    for (i, &n) in counts
+        .iter()
+        .enumerate()
+        .take(rowankv_server::server::LATENCY_BUCKETS)
+    {
+        seen += n;
+        out.push(((1u64 << i) as f64, seen as f64 / total as f64));
+        if seen == total {
+            break;
+        }
+    }
+    out
+}
+
+/// The smallest bucket bound at or below which `q` of a CDF's observations
+/// fall (an upper bound of the quantile; the last bound when none is).
+pub fn cdf_quantile_bound(cdf: &[(f64, f64)], q: f64) -> f64 {
+    cdf.iter()
+        .find(|(_, f)| *f >= q)
+        .or(cdf.last())
+        .map_or(0.0, |(b, _)| *b)
 }
 
 /// The seed of client `c`'s own workload stream, drawn from the run's `seed`.
@@ -221,6 +257,7 @@ impl Default for YcsbOptions {
             reshard_auto: false,
             stream_per_client: false,
             dimms: MediaModelConfig::default().dimm_count,
+            clean_interval_ns: None,
         }
     }
 }
@@ -258,6 +295,14 @@ pub struct YcsbResult {
     /// Bytes the servers' cleaners copied per completed operation (part of
     /// `request_bytes_per_op`; 0 on `tcp`, whose servers are not in this process).
     pub cleaner_bytes_per_op: f64,
+    /// Replication writes acknowledged durable by a backup in the measured
+    /// phase (seed 000 Figure 11's "remote persistence"), all servers.
+    pub replication_acks: u64,
+    /// Their latency, from the primary's worker sending one to one backup to
+    /// the worker taking its durable ACK: `(bound µs, fraction ≤ bound)` at the
+    /// servers' histogram bounds (1 µs · 2^i), exact at each bound. Empty on
+    /// `tcp` (the servers are in other processes).
+    pub replication_ack_cdf: Vec<(f64, f64)>,
     pub cpu_us_per_op: f64,
     pub errors: u64,
     pub timeouts: u64,
@@ -674,6 +719,9 @@ impl Target {
                     s.load_window_ns = w;
                 }
                 s.failover.reshard_auto = opts.reshard_auto;
+                if let Some(c) = opts.clean_interval_ns {
+                    s.clean_interval_ns = c;
+                }
                 s
             },
             pool_bytes: opts.pool_bytes,
@@ -740,6 +788,24 @@ impl Target {
     }
 
     /// Media counters per server (none for servers in other processes).
+    /// The servers' replication-ACK histograms summed, bucket by bucket
+    /// (empty on `tcp`).
+    fn replication_ack_buckets(&self) -> Vec<u64> {
+        match self {
+            Target::Loopback(c) => {
+                let mut sum = vec![0u64; rowankv_server::server::LATENCY_BUCKETS + 1];
+                for s in c.servers() {
+                    let (buckets, _) = s.stats.replication_ack.snapshot();
+                    for (acc, (_, n)) in sum.iter_mut().zip(buckets) {
+                        *acc += n;
+                    }
+                }
+                sum
+            }
+            Target::Tcp(_) => Vec::new(),
+        }
+    }
+
     /// Bytes the servers' cleaners have copied so far (0 on `tcp`).
     fn cleaner_bytes_moved(&self) -> u64 {
         match self {
@@ -990,6 +1056,7 @@ fn run_one(opts: &YcsbOptions, strategy: Strategy) -> Result<YcsbResult, String>
     target.flush_media();
     let media_before = target.media_stats();
     let cleaned_before = target.cleaner_bytes_moved();
+    let acks_before = target.replication_ack_buckets();
     let errors_before = counters.errors.load(Ordering::Relaxed);
     let cpu_before = target.cpu_seconds();
     let start = Instant::now();
@@ -1038,6 +1105,12 @@ fn run_one(opts: &YcsbOptions, strategy: Strategy) -> Result<YcsbResult, String>
     target.flush_media();
     let media_after = target.media_stats();
     let cleaned = target.cleaner_bytes_moved().saturating_sub(cleaned_before);
+    let acks: Vec<u64> = target
+        .replication_ack_buckets()
+        .iter()
+        .zip(&acks_before)
+        .map(|(a, b)| a.saturating_sub(*b))
+        .collect();
     wait_for_hand_in(&counters, opts.clients);
     let acked = std::mem::take(&mut *acked_out.lock());
     let (verified_keys, lost_writes, events, failover) = match &mut target {
@@ -1151,6 +1224,8 @@ fn run_one(opts: &YcsbOptions, strategy: Strategy) -> Result<YcsbResult, String>
         request_bytes_per_op: request_bytes as f64 / ops.max(1) as f64,
         media_bytes_per_op: media_bytes as f64 / ops.max(1) as f64,
         cleaner_bytes_per_op: cleaned as f64 / ops.max(1) as f64,
+        replication_acks: acks.iter().sum(),
+        replication_ack_cdf: ack_cdf(&acks),
         cpu_us_per_op: if ops > 0 { cpu * 1e6 / ops as f64 } else { 0.0 },
         errors: counters.errors.load(Ordering::Relaxed) - errors_before,
         timeouts: counters.timeouts.load(Ordering::Relaxed),
@@ -1463,6 +1538,28 @@ fn read_back_with<N: Nic>(
         }
     }
     Ok((records.len() as u64, lost))
+}
+
+/// Remote persistence per strategy (seed 000 Figure 11): replication ACKs
+/// taken and the bucket bounds of their p50 and p99, one line each, with the
+/// timing model.
+pub fn ack_report(results: &[YcsbResult]) -> String {
+    let mut out = String::new();
+    for r in results.iter().filter(|r| !r.replication_ack_cdf.is_empty()) {
+        out += &format!(
+            "remote persistence {:<6} {:>9} replication ACKs  p50 <= {} µs  p99 <= {} µs  p99.9 <= {} µs  [{}]\n",
+            r.strategy,
+            r.replication_acks,
+            cdf_quantile_bound(&r.replication_ack_cdf, 0.5),
+            cdf_quantile_bound(&r.replication_ack_cdf, 0.99),
+            cdf_quantile_bound(&r.replication_ack_cdf, 0.999),
+            match r.media_write_bytes_per_sec_per_dimm {
+                Some(b) if r.media_timing => format!("media timing on ({} MB/s per DIMM)", b / 1_000_000),
+                _ => "media timing off".to_string(),
+            }
+        );
+    }
+    out
 }
 
 /// The comparison table.

@@ -139,13 +139,13 @@ impl Vary {
                 }
                 o.dimms = d;
             }
-            Vary::Sizes => o.sizes = value.parse()?,
+            Vary::Sizes => o.sizes = value.parse().map_err(|e| format!("{e}"))?,
             Vary::Keys => {
                 let (w, k) = value
                     .split_once('/')
                     .ok_or_else(|| format!("{value:?} is not WORKLOAD/KEYS (e.g. a/uniform)"))?;
-                o.workload = w.parse::<Workload>()?;
-                o.keys = k.parse::<KeyDist>()?;
+                o.workload = w.parse::<Workload>().map_err(|e| format!("{e}"))?;
+                o.keys = k.parse::<KeyDist>().map_err(|e| format!("{e}"))?;
             }
         }
         Ok(o)
@@ -173,7 +173,7 @@ pub const ENTRY_SIZE_KEY_BYTES: usize = 16;
 pub fn fixed_entry_sizes(entry_bytes: usize) -> Result<SizeDist, String> {
     let mtu = entry::MTU_BYTES_DEFAULT;
     let len = |v: usize| entry::encoded_len_with_request(ENTRY_SIZE_KEY_BYTES, v, mtu);
-    if entry_bytes % 64 != 0 || entry_bytes > mtu || len(0) > entry_bytes {
+    if !entry_bytes.is_multiple_of(64) || entry_bytes > mtu || len(0) > entry_bytes {
         return Err(format!(
             "entry size {entry_bytes} B: give a multiple of 64 from {} to {mtu}",
             len(0).div_ceil(64) * 64
@@ -184,7 +184,9 @@ pub fn fixed_entry_sizes(entry_bytes: usize) -> Result<SizeDist, String> {
         v += 1;
     }
     if len(v) != entry_bytes {
-        return Err(format!("no value makes an entry of exactly {entry_bytes} B"));
+        return Err(format!(
+            "no value makes an entry of exactly {entry_bytes} B"
+        ));
     }
     Ok(SizeDist::Fixed {
         key_bytes: ENTRY_SIZE_KEY_BYTES,
@@ -293,8 +295,7 @@ pub fn run(
         .collect::<Result<_, _>>()?;
     let mut points = Vec::new();
     for (value, o) in opts.values.iter().zip(&settings) {
-        let results =
-            runner::run(o).map_err(|e| format!("{} = {value}: {e}", opts.vary.name()))?;
+        let results = runner::run(o).map_err(|e| format!("{} = {value}: {e}", opts.vary.name()))?;
         for r in &results {
             let p = SensPoint::of(opts.vary, value, o, r);
             progress(&p);
@@ -414,7 +415,10 @@ mod tests {
                 panic!("not fixed")
             };
             let mtu = entry::MTU_BYTES_DEFAULT;
-            assert_eq!(entry::encoded_len_with_request(key_bytes, value_bytes, mtu), e);
+            assert_eq!(
+                entry::encoded_len_with_request(key_bytes, value_bytes, mtu),
+                e
+            );
             // One more value byte crosses into the next stride.
             assert!(entry::encoded_len_with_request(key_bytes, value_bytes + 1, mtu) > e);
         }
