@@ -235,7 +235,9 @@ pub struct Summary {
     pub seconds: f64,
     pub servers: usize,
     pub clients: usize,
-    /// One-key readers (one per server that led a shard at the start).
+    /// One-key readers: one per server that led a shard at the start, and
+    /// one more before each fault that cuts a server off, on a key it leads
+    /// then.
     pub readers: usize,
     /// Client processes started, every life of every client and reader
     /// (`kill-client` starts a new one).
@@ -883,6 +885,65 @@ impl Run {
     }
 }
 
+impl Run {
+    /// Before a fault that cuts server `i` off: start a one-key reader on a
+    /// key whose shard `i` leads now (if it leads any), and give it time to
+    /// connect and read. The readers started with the load were placed on
+    /// the primaries of then; failovers, migrations and cold starts move
+    /// shards since, and a server cut off must have a reader of its own to
+    /// be caught answering after its lease (the planted bug of
+    /// `--planted serve-without-lease`). Returns the readers started.
+    /// `i` if it leads a shard now, else the next server (in index order,
+    /// wrapping) that does; `i` if none does or there is no configuration.
+    fn leading_server_from(&mut self, i: usize) -> usize {
+        let Ok(config) = self.observer.config(&self.cluster) else {
+            return i;
+        };
+        let n = self.cluster.server_addrs.len();
+        (0..n)
+            .map(|k| (i + k) % n)
+            .find(|&s| {
+                let a = &self.cluster.server_addrs[s];
+                config
+                    .members
+                    .iter()
+                    .find(|m| m.address.as_deref() == Some(a.as_str()))
+                    .is_some_and(|m| config.primary_shards(m.node).next().is_some())
+            })
+            .unwrap_or(i)
+    }
+
+    fn add_reader_of(
+        &mut self,
+        i: usize,
+        keys: &[String],
+        next: &mut u32,
+        fault: usize,
+    ) -> Result<usize, ChaosError> {
+        const READER_WARMUP: Duration = Duration::from_millis(500);
+        let Ok(config) = self.observer.config(&self.cluster) else {
+            return Ok(0);
+        };
+        let Some((_, key)) = reader_keys(&config, &self.cluster.server_addrs, keys)
+            .into_iter()
+            .find(|(s, _)| *s == i)
+        else {
+            return Ok(0);
+        };
+        let Some(fleet) = self.fleet.as_mut() else {
+            return Ok(0);
+        };
+        fleet.add(*next, clients::Role::Reader(key.clone()))?;
+        *next += 1;
+        self.events.say(&format!(
+            "fault {fault}: a one-key reader on {key} (led by server-{i} at {})",
+            config.term
+        ));
+        self.hold(READER_WARMUP);
+        Ok(1)
+    }
+}
+
 /// For each server (index into `addrs`) that leads a shard in `config`, the
 /// first of `keys` in such a shard.
 fn reader_keys(config: &Config, addrs: &[String], keys: &[String]) -> Vec<(usize, String)> {
@@ -1097,6 +1158,8 @@ pub fn run(opts: &ChaosOptions) -> Result<Summary, ChaosError> {
     run.fleet = Some(fleet);
 
     let mut injected = 0;
+    let mut readers_added = 0usize;
+    let mut next_reader = (opts.clients + 1 + readers.len()) as u32;
     let mut excused: BTreeSet<usize> = BTreeSet::new();
     let mut by_kind: BTreeMap<String, u64> = FaultKind::planned(opts.netns)
         .iter()
@@ -1135,6 +1198,25 @@ pub fn run(opts: &ChaosOptions) -> Result<Summary, ChaosError> {
                 }
             }
         }
+        let mut f = *f;
+        if f.kind.takes_the_lease() {
+            if let Some(i) = f.server {
+                let j = run.leading_server_from(i);
+                if j != i {
+                    events.say(&format!(
+                        "fault {}: server-{i} leads no shard now: server-{j} instead",
+                        f.index
+                    ));
+                }
+                f.server = Some(j);
+            }
+        }
+        if f.kind.cuts_a_server_off() {
+            if let Some(i) = f.server {
+                readers_added += run.add_reader_of(i, &load.keys, &mut next_reader, f.index)?;
+            }
+        }
+        let f = &f;
         run.inject(f)?;
         injected += 1;
         *by_kind.entry(f.kind.name().to_string()).or_default() += 1;
@@ -1214,7 +1296,7 @@ pub fn run(opts: &ChaosOptions) -> Result<Summary, ChaosError> {
         seconds: opts.seconds,
         servers: opts.servers,
         clients: opts.clients,
-        readers: readers.len(),
+        readers: readers.len() + readers_added,
         client_processes: fleet.lives(),
         cut_by_kills,
         net: if opts.netns { "netns" } else { "loopback" }.to_string(),

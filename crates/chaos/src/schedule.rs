@@ -74,6 +74,32 @@ pub enum FaultKind {
 }
 
 impl FaultKind {
+    /// Whether the fault may leave a server up but unable to renew its
+    /// lease (stopped, or cut from the CMs, or on the side of a split
+    /// without them), so that it must stop answering once its lease ends.
+    pub fn cuts_a_server_off(self) -> bool {
+        matches!(
+            self,
+            FaultKind::PauseServer
+                | FaultKind::IsolateFromCms
+                | FaultKind::SplitMinority
+                | FaultKind::OneWayCut
+        )
+    }
+
+    /// Whether the fault surely takes its one server's lease away (stopped,
+    /// or cut from every CM): such a fault is aimed at a server that leads
+    /// a shard when it is injected (the scheduled one, or the next that
+    /// does), so that answering after the lease can be caught.
+    pub fn takes_the_lease(self) -> bool {
+        matches!(
+            self,
+            FaultKind::PauseServer | FaultKind::IsolateFromCms | FaultKind::OneWayCut
+        )
+    }
+}
+
+impl FaultKind {
     /// Every kind, in the order of the summary.
     pub const ALL: [FaultKind; 12] = [
         FaultKind::KillServer,
