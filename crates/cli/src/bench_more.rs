@@ -110,12 +110,8 @@ pub fn sens(args: SensArgs) -> Result<()> {
         ..YcsbOptions::default()
     };
     if args.quick {
-        base.records = 20_000;
+        base.quick_cluster();
         base.seconds = 1.0;
-        base.workers = 4;
-        base.clients = 8;
-        base.shards_per_server = 8;
-        base.pool_bytes = 512 << 20;
     }
     base.strategies = args
         .compare

@@ -489,7 +489,7 @@ fn ycsb_setting(opts: &rowankv_bench::ycsb::YcsbOptions, fabric: &str) -> String
     format!(
         "YCSB-{} {} keys, {:?} sizes, {} servers, RF {}, {} workers/server, {} clients x {} deep ({}), {} s, {} fabric, {} DIMMs/server; media timing {}",
         opts.workload,
-        match opts.keys { rowankv_bench::ycsb::workload::KeyDist::Zipfian { theta } => format!("zipfian {theta}"), k => format!("{k:?}").to_lowercase() },
+        opts.keys.name(),
         opts.sizes,
         opts.servers,
         opts.replication_factor,
@@ -516,12 +516,8 @@ fn ycsb_options(args: &YcsbArgs) -> Result<rowankv_bench::ycsb::YcsbOptions> {
         opts.seconds = sweep::SWEEP_POINT_SECONDS;
     }
     if args.quick {
-        opts.records = 20_000;
+        opts.quick_cluster();
         opts.seconds = 2.0;
-        opts.workers = 4;
-        opts.clients = 8;
-        opts.shards_per_server = 8;
-        opts.pool_bytes = 512 << 20;
         if args.sweep {
             opts.seconds = sweep_cmd::QUICK_POINT_SECONDS;
         }

@@ -12,6 +12,12 @@
 //! The deterministic simulator steps the same tasks from one thread in an order
 //! drawn from its seed.
 //!
+//! Roles whose one step may wait long on the medium — the clean roles, whose
+//! passes copy whole segments at the media model's bandwidth — say so
+//! ([`Task::waits_on_media`]) and also get an OS thread of their own in the
+//! shared placement (at the normal priority), so that their waits do not hold
+//! up the workers they would share a thread with.
+//!
 //! Roles on the failure detector's clock — a server's lease role, the CMs, and
 //! a server's control role, which answers `Prepare` — say so
 //! ([`Task::keeps_time`]); in the shared placement each of them still gets an OS

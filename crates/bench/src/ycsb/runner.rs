@@ -12,9 +12,12 @@
 //! `records` objects (with a progress bar), reset the counters, run the workload
 //! for `seconds`, then report throughput, PUT and GET latency (median, p99, p99.9
 //! from fixed-bound histograms: 1 µs to 60 s, 3 significant digits), DLWA per
-//! server from the media model over the measured phase, and CPU time per
-//! operation (the process's user + system time over the phase, divided by the
-//! operations completed — servers and clients together).
+//! server from the media model over the measured phase, the media's and the
+//! cleaners' bytes per operation, the latency distribution of replication
+//! ACKs (seed 000 Figure 11), and CPU time per operation (the process's user +
+//! system time over the phase, divided by the operations completed — servers
+//! and clients together). With `stream_per_client` each client draws its own
+//! workload stream; by default all replay one.
 //!
 //! With `kill_at`, the last server is killed that far into the measured phase
 //! (seed 000 §6.5): the run then reports a throughput timeline in 100 ms steps,
@@ -224,6 +227,19 @@ impl std::str::FromStr for FabricKind {
 /// operation rate to the paper's, so that PM bandwidth binds here as it does in
 /// the paper's one-DIMM experiment (Figure 13(d)).
 pub const SCALED_MEDIA_BANDWIDTH: u64 = 4_000_000;
+
+impl YcsbOptions {
+    /// The small cluster of `--quick` runs (the measured seconds are each
+    /// command's own): 20,000 objects, 4 workers per server, 8 clients, 8
+    /// shards per server, 512 MiB pools.
+    pub fn quick_cluster(&mut self) {
+        self.records = 20_000;
+        self.workers = 4;
+        self.clients = 8;
+        self.shards_per_server = 8;
+        self.pool_bytes = 512 << 20;
+    }
+}
 
 impl Default for YcsbOptions {
     /// The paper's setting scaled to this machine.
@@ -1553,10 +1569,11 @@ pub fn ack_report(results: &[YcsbResult]) -> String {
             cdf_quantile_bound(&r.replication_ack_cdf, 0.5),
             cdf_quantile_bound(&r.replication_ack_cdf, 0.99),
             cdf_quantile_bound(&r.replication_ack_cdf, 0.999),
-            match r.media_write_bytes_per_sec_per_dimm {
-                Some(b) if r.media_timing => format!("media timing on ({} MB/s per DIMM)", b / 1_000_000),
-                _ => "media timing off".to_string(),
-            }
+            super::sweep::media_timing_label(
+                r.fabric,
+                r.media_timing,
+                r.media_write_bytes_per_sec_per_dimm
+            )
         );
     }
     out

@@ -239,7 +239,7 @@ impl SensPoint {
             setting: format!(
                 "YCSB-{} {} keys, {} sizes",
                 o.workload,
-                key_name(o.keys),
+                o.keys.name(),
                 o.sizes
             ),
             strategy: r.strategy.clone(),
@@ -264,19 +264,11 @@ impl SensPoint {
 
     /// The timing model the point ran under, as every printed line names it.
     pub fn timing(&self) -> String {
-        match self.media_write_bytes_per_sec_per_dimm {
-            Some(b) if self.media_timing => {
-                format!("media timing on ({} MB/s per DIMM)", b / 1_000_000)
-            }
-            _ => "media timing off".to_string(),
-        }
-    }
-}
-
-fn key_name(k: KeyDist) -> String {
-    match k {
-        KeyDist::Zipfian { theta } => format!("zipfian {theta}"),
-        k => format!("{k:?}").to_lowercase(),
+        super::sweep::media_timing_label(
+            super::FabricKind::Loopback,
+            self.media_timing,
+            self.media_write_bytes_per_sec_per_dimm,
+        )
     }
 }
 

@@ -175,6 +175,16 @@ pub enum KeyDist {
     Latest,
 }
 
+impl KeyDist {
+    /// The name a run's setting line gives it: `zipfian 0.99`, `uniform`, `latest`.
+    pub fn name(self) -> String {
+        match self {
+            KeyDist::Zipfian { theta } => format!("zipfian {theta}"),
+            k => format!("{k:?}").to_lowercase(),
+        }
+    }
+}
+
 impl FromStr for KeyDist {
     type Err = ParseError;
 
