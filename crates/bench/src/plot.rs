@@ -16,6 +16,9 @@
 //! - [`failover`]: seed 000 Figure 14 — throughput per 100 ms of each run, with the
 //!   kill, the commit of the new configuration and the moment every shard of the
 //!   killed server was served again marked.
+//! - [`clover`]: seed 004 Figures 2, 3 and 4 — Clover natively and through the
+//!   interposer (throughput and p99 round trips against clients, throughput
+//!   against the keys the switch caches, the switch's memory).
 //!
 //! This module owns the look of every plot (canvas sizes, fonts, colours, axes,
 //! the title and the caption), so they stay alike. Every plot's caption says
@@ -1338,6 +1341,212 @@ pub fn reshard(r: &crate::ycsb::reshard::ReshardResult, path: &Path) -> Result<(
             Ok(())
         },
     )
+}
+
+// ---------------------------------------------------------------------------
+// Clover and the interposer (seed 004 Figures 2, 3 and 4)
+
+const CLOVER_SIZE_PX: (u32, u32) = (1400, 1000);
+const NATIVE_COLOUR: RGBColor = RGBColor(255, 127, 14);
+const INTERPOSER_COLOUR: RGBColor = RGBColor(31, 119, 180);
+
+/// Clover natively and behind the interposer: throughput against clients
+/// (Figure 2), against the number of keys the switch caches (Figure 4), round
+/// trips per operation at p99 against clients, and the switch's memory against
+/// the keys it tracks (Figure 3).
+pub fn clover(report: &rowankv_clover::bench::BenchReport, path: &Path) -> Result<(), PlotError> {
+    if report.ycsb_a.is_empty() {
+        return Err(PlotError::NoData(
+            "the Clover run has no YCSB-A points".into(),
+        ));
+    }
+    let ops = report.ycsb_a.iter().map(|p| p.ops).max().unwrap_or(0);
+    let caption = vec![
+        format!("Timing model: {}.", report.model),
+        format!(
+            "YCSB-A (50 % GET, 50 % PUT), Zipf 0.75, blocking clients, one memory node, {} operations a point; \
+             the switch caches every key in the left panels, the top N of the key space on the right.",
+            thousands(ops)
+        ),
+    ];
+    let series = |mode: &str| -> Vec<&rowankv_clover::bench::BenchPoint> {
+        report.ycsb_a.iter().filter(|p| p.mode == mode).collect()
+    };
+    let (native, interposed) = (series("native"), series("interposer"));
+    render(path, CLOVER_SIZE_PX, |root| {
+        let body = frame(
+            root,
+            "Clover: native and through the interposer (seed 004)",
+            &caption,
+        )?;
+        let panels = body.split_evenly((2, 2));
+        // Clients on a category axis (8, 16, 32, 64).
+        let mut clients: Vec<usize> = report.ycsb_a.iter().map(|p| p.clients).collect();
+        clients.sort_unstable();
+        clients.dedup();
+        let client_labels: Vec<String> = clients.iter().map(|c| c.to_string()).collect();
+        let at = |c: usize| clients.iter().position(|&x| x == c).unwrap_or(0) as f64;
+        type Metric = fn(&rowankv_clover::bench::BenchPoint) -> f64;
+        let by_clients: [(&str, &str, Metric); 2] = [
+            (
+                "Throughput against clients (Figure 2)",
+                "operations per second (millions)",
+                |p| p.ops_per_sec / 1e6,
+            ),
+            ("Round trips per operation, p99", "round trips", |p| {
+                p.round_trips_p99 as f64
+            }),
+        ];
+        for (k, (name, y_desc, metric)) in by_clients.iter().enumerate() {
+            let hi = report
+                .ycsb_a
+                .iter()
+                .map(metric)
+                .fold(0.0, f64::max)
+                .max(1e-3)
+                * 1.15;
+            let n = clients.len();
+            let mut chart = ChartBuilder::on(&panels[if k == 0 { 0 } else { 2 }])
+                .caption(*name, (FONT_FAMILY, PANEL_TITLE_PX))
+                .margin(MARGIN_PX)
+                .x_label_area_size(50)
+                .y_label_area_size(70)
+                .build_cartesian_2d(-0.5..(n as f64 - 0.5), 0.0..hi)?;
+            chart
+                .configure_mesh()
+                .disable_x_mesh()
+                .x_labels(n.max(2) * 2 + 1)
+                .x_label_formatter(&|x| category_label(&client_labels, *x))
+                .x_desc("blocking clients")
+                .y_desc(*y_desc)
+                .label_style((FONT_FAMILY, LABEL_PX))
+                .draw()?;
+            for (label, points, colour) in [
+                ("native", &native, NATIVE_COLOUR),
+                (
+                    "interposer, every key cached",
+                    &interposed,
+                    INTERPOSER_COLOUR,
+                ),
+            ] {
+                let line: Vec<(f64, f64)> =
+                    points.iter().map(|p| (at(p.clients), metric(p))).collect();
+                chart
+                    .draw_series(LineSeries::new(line, colour.stroke_width(2)).point_size(4))?
+                    .label(label)
+                    .legend(legend_line(colour));
+            }
+            draw_legend(&mut chart, SeriesLabelPosition::LowerRight, LABEL_PX)?;
+        }
+        // Figure 4: top-N cached keys at the largest client count.
+        if !report.top_n.is_empty() {
+            let labels: Vec<String> = report
+                .top_n
+                .iter()
+                .map(|p| p.cached_keys.to_string())
+                .collect();
+            let n = labels.len();
+            let native_rate = native
+                .iter()
+                .find(|p| p.clients == report.top_n[0].clients)
+                .map(|p| p.ops_per_sec / 1e6);
+            let hi = report
+                .top_n
+                .iter()
+                .map(|p| p.ops_per_sec / 1e6)
+                .chain(native_rate)
+                .fold(0.0, f64::max)
+                .max(1e-3)
+                * 1.15;
+            let mut chart = ChartBuilder::on(&panels[1])
+                .caption(
+                    format!(
+                        "Caching the top N keys, {} clients (Figure 4)",
+                        report.top_n[0].clients
+                    ),
+                    (FONT_FAMILY, PANEL_TITLE_PX),
+                )
+                .margin(MARGIN_PX)
+                .x_label_area_size(50)
+                .y_label_area_size(70)
+                .build_cartesian_2d(-0.5..(n as f64 - 0.5), 0.0..hi)?;
+            chart
+                .configure_mesh()
+                .disable_x_mesh()
+                .x_labels(n.max(2) * 2 + 1)
+                .x_label_formatter(&|x| category_label(&labels, *x))
+                .x_desc("keys the switch caches (N, hottest first)")
+                .y_desc("operations per second (millions)")
+                .label_style((FONT_FAMILY, LABEL_PX))
+                .draw()?;
+            let line: Vec<(f64, f64)> = report
+                .top_n
+                .iter()
+                .enumerate()
+                .map(|(i, p)| (i as f64, p.ops_per_sec / 1e6))
+                .collect();
+            chart
+                .draw_series(
+                    LineSeries::new(line, INTERPOSER_COLOUR.stroke_width(2)).point_size(4),
+                )?
+                .label("interposer, top N cached")
+                .legend(legend_line(INTERPOSER_COLOUR));
+            if let Some(r) = native_rate {
+                chart
+                    .draw_series(LineSeries::new(
+                        vec![(-0.5, r), (n as f64 - 0.5, r)],
+                        NATIVE_COLOUR.stroke_width(2),
+                    ))?
+                    .label("native")
+                    .legend(legend_line(NATIVE_COLOUR));
+            }
+            draw_legend(&mut chart, SeriesLabelPosition::LowerRight, LABEL_PX)?;
+        }
+        // Figure 3: the switch's memory.
+        if !report.memory.is_empty() {
+            let labels: Vec<String> = report
+                .memory
+                .iter()
+                .map(|m| thousands(m.keys as u64))
+                .collect();
+            let n = labels.len();
+            let hi = report
+                .memory
+                .iter()
+                .map(|m| m.switch_bytes as f64 / 1024.0)
+                .fold(0.0, f64::max)
+                .max(1e-3)
+                * 1.15;
+            let mut chart = ChartBuilder::on(&panels[3])
+                .caption(
+                    "The switch's memory (Figure 3; counted)",
+                    (FONT_FAMILY, PANEL_TITLE_PX),
+                )
+                .margin(MARGIN_PX)
+                .x_label_area_size(50)
+                .y_label_area_size(70)
+                .build_cartesian_2d(-0.5..(n as f64 - 0.5), 0.0..hi)?;
+            chart
+                .configure_mesh()
+                .disable_x_mesh()
+                .x_labels(n.max(2) * 2 + 1)
+                .x_label_formatter(&|x| category_label(&labels, *x))
+                .x_desc("keys written through the switch")
+                .y_desc("KiB")
+                .label_style((FONT_FAMILY, LABEL_PX))
+                .draw()?;
+            chart.draw_series(report.memory.iter().enumerate().map(|(i, m)| {
+                Rectangle::new(
+                    [
+                        (i as f64 - 0.3, 0.0),
+                        (i as f64 + 0.3, m.switch_bytes as f64 / 1024.0),
+                    ],
+                    INTERPOSER_COLOUR.filled(),
+                )
+            }))?;
+        }
+        Ok(())
+    })
 }
 
 #[cfg(test)]

@@ -119,3 +119,28 @@ fn a_short_sensitivity_run_plots_and_varies_only_its_parameter() {
     plot::sensitivity(&points, &path).unwrap();
     assert_png(&path);
 }
+
+#[test]
+fn a_short_clover_run_plots_its_four_panels() {
+    let config = rowankv_clover::bench::BenchConfig {
+        keys: 64,
+        ops_per_point: 500,
+        clients: vec![4, 8],
+        cached_keys: vec![0, 8, 64],
+        memory_keys: vec![100, 1_000],
+        ..rowankv_clover::bench::BenchConfig::default()
+    };
+    let report = rowankv_clover::bench::run(&config).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("clover.png");
+    plot::clover(&report, &path).unwrap();
+    assert_png(&path);
+    // A run with no points is refused, and leaves no file.
+    let empty = rowankv_clover::bench::BenchReport {
+        ycsb_a: Vec::new(),
+        ..report
+    };
+    let none = dir.path().join("none.png");
+    assert!(plot::clover(&empty, &none).is_err());
+    assert!(!none.exists());
+}

@@ -157,10 +157,21 @@ pub struct CloverArgs {
     /// Print the report as JSON.
     #[arg(long)]
     json: bool,
+    /// Write the plot (Figures 2, 3 and 4) to this PNG file.
+    #[arg(long, value_name = "FILE")]
+    plot: Option<std::path::PathBuf>,
+    /// Operations per point (default 1,000,000, --quick 5,000).
+    #[arg(long, value_name = "N")]
+    ops: Option<u64>,
+    /// Measure the driver thread's wall time instead of the wire model's
+    /// time (modelled by default: a manual clock, no CPU time in it).
+    #[arg(long)]
+    wall_clock: bool,
 }
 
 pub fn clover(args: CloverArgs) -> Result<()> {
-    let config = if args.quick {
+    crate::check_plot_target(args.plot.as_deref());
+    let mut config = if args.quick {
         rowankv_clover::bench::BenchConfig {
             ops_per_point: 5_000,
             clients: vec![8, 32],
@@ -169,12 +180,26 @@ pub fn clover(args: CloverArgs) -> Result<()> {
             ..rowankv_clover::bench::BenchConfig::default()
         }
     } else {
-        rowankv_clover::bench::BenchConfig::default()
+        rowankv_clover::bench::BenchConfig {
+            ops_per_point: 1_000_000,
+            ..rowankv_clover::bench::BenchConfig::default()
+        }
     };
+    if let Some(ops) = args.ops {
+        anyhow::ensure!(
+            (1..=rowankv_clover::bench::OPS_PER_POINT_MAX).contains(&ops),
+            "--ops {ops}: between 1 and {}",
+            rowankv_clover::bench::OPS_PER_POINT_MAX
+        );
+        config.ops_per_point = ops;
+    }
+    if args.wall_clock {
+        config.timing = rowankv_clover::bench::Timing::Wall;
+    }
     let report = rowankv_clover::bench::run(&config).map_err(|e| anyhow::anyhow!("{e}"))?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
-        return Ok(());
+        return crate::write_plot(args.plot.as_deref(), |p| plot::clover(&report, p));
     }
     for line in rowankv_clover::bench::render(&report) {
         println!("{line}");
@@ -195,5 +220,5 @@ pub fn clover(args: CloverArgs) -> Result<()> {
             );
         }
     }
-    Ok(())
+    crate::write_plot(args.plot.as_deref(), |p| plot::clover(&report, p))
 }

@@ -5,25 +5,45 @@
 //! caching only the top-N keys; the switch's memory for 1K..100K keys.
 //!
 //! One driver thread steps every client's state machine (a blocking client is
-//! one with one operation in flight), so what is measured is the protocol's
-//! round trips under the wire model plus this thread's CPU time; ratios measured
-//! side by side in one run are the result, not absolute rates. Counts that need
-//! no model are reported too: round trips per operation (rounds of one-sided
-//! requests plus calls to the MS, p50/p99), failed CASes, redirections.
+//! one with one operation in flight). Time is measured one of two ways
+//! ([`Timing`]):
+//! - **modelled** (the default): the fabric runs on a manual clock that the
+//!   driver moves to the next due landing or completion once every client has
+//!   done what it can at this instant ([`LoopbackFabric::progress_due`]). A
+//!   point's time is then the wire model's alone: round trips, the memory
+//!   node's NIC message slots that 64 clients contend for, persistence DMAs,
+//!   with no CPU time of this machine in it, as on the paper's testbed where
+//!   every client has a core and the memory node has no CPU in the path.
+//!   Requests land at a target in the order they were posted, which is the
+//!   order the switch saw them (a FIFO switch port). The result is the same
+//!   on every run of a seed.
+//! - **wall**: the fabric runs on the system clock and a point's time is the
+//!   driver thread's wall time, so its CPU time is in it (and, on a shared
+//!   machine, its neighbours').
+//!
+//! Counts that need no model are reported too: round trips per operation (rounds
+//! of one-sided requests plus calls to the MS, p50/p99), failed CASes,
+//! redirections.
 //!
 //! Clients start with every key's metadata cached (steady state; no MS lookup
-//! per first access) and no tail cached. Deviations (see `docs/clover.md`): one memory node (the paper's testbed had
-//! one; replication is a knob, off here); memory is DRAM (persistence is timed by
-//! the model's `dma_persist_ns`, not by a PM pool); calls to the MS are counted
-//! as round trips but not timed.
+//! per first access) and no tail cached. Deviations (see `docs/clover.md`): one
+//! memory node (the paper's testbed had one; replication is a knob, off here);
+//! memory is DRAM (persistence is timed by the model's `dma_persist_ns`, not by
+//! a PM pool); calls to the MS are counted as round trips but not timed, and in
+//! modelled time the MS's own rounds (its GC's chain walks) are carried out
+//! untimed too ([`LoopbackFabric::set_untimed`]): the MS is a machine of its
+//! own off the clients' path, and its blocking rounds would otherwise stop the
+//! clock. Its load on the memory node's NIC is therefore not modelled.
 
 use std::collections::HashSet;
+use std::sync::Arc;
 use std::time::Instant;
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use rand_distr::{Distribution, Zipf};
 use rowankv_fabric::{LoopbackFabric, WireModel};
+use rowankv_types::{Clock, ManualClock};
 use serde::Serialize;
 
 use crate::cluster::{AnyClient, Cluster, Memory};
@@ -34,6 +54,25 @@ use crate::{CloverError, Config, Request};
 pub const OPS_PER_POINT_MAX: u64 = 10_000_000;
 /// Bound on polls of one point (a stuck run ends with an error, not a hang).
 pub const POLLS_PER_OP_MAX: u64 = 10_000_000;
+
+/// How a point's time is measured (module documentation).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Timing {
+    /// The wire model's time on a manual clock, no CPU time in it.
+    Modelled,
+    /// The driver thread's wall time on the system clock.
+    Wall,
+}
+
+impl Timing {
+    /// The words every result line carries.
+    pub fn label(self) -> &'static str {
+        match self {
+            Timing::Modelled => "modelled time (manual clock, no CPU time)",
+            Timing::Wall => "wall time of one driver thread",
+        }
+    }
+}
 
 /// What a run measures.
 #[derive(Clone, Debug)]
@@ -48,6 +87,7 @@ pub struct BenchConfig {
     /// Key counts for the switch-memory sweep.
     pub memory_keys: Vec<usize>,
     pub model: WireModel,
+    pub timing: Timing,
     pub seed: u64,
 }
 
@@ -62,6 +102,7 @@ impl Default for BenchConfig {
             cached_keys: vec![0, 1, 2, 4, 8, 16, 64, 256, 1024],
             memory_keys: vec![1_000, 10_000, 100_000],
             model: WireModel::CONNECTX5,
+            timing: Timing::Modelled,
             seed: 1,
         }
     }
@@ -84,7 +125,7 @@ pub struct BenchPoint {
     /// Times the switch dropped its state during the point.
     pub switch_resets: u64,
     pub switch_bytes: usize,
-    /// The wire model's label.
+    /// The wire model's label, with how time was measured.
     pub model: String,
 }
 
@@ -124,21 +165,35 @@ pub fn run(config: &BenchConfig) -> Result<BenchReport, CloverError> {
         memory.push(switch_memory(keys, clients)?);
     }
     Ok(BenchReport {
-        model: config.model.label(),
+        model: label(config),
         ycsb_a,
         top_n,
         memory,
     })
 }
 
+/// The model's label and how time was measured, for every result line.
+fn label(config: &BenchConfig) -> String {
+    format!("{}; {}", config.model.label(), config.timing.label())
+}
+
+/// A cluster on a fabric with the wire model, and the manual clock it runs on
+/// when time is modelled.
 fn bench_cluster(
     config: &BenchConfig,
     keys: usize,
     switch: SwitchConfig,
-) -> Result<Cluster, CloverError> {
-    let fabric = LoopbackFabric::with_model(config.model)?;
+) -> Result<(Cluster, Option<Arc<ManualClock>>), CloverError> {
+    let (fabric, clock) = match config.timing {
+        Timing::Modelled => {
+            let clock = ManualClock::new();
+            let fabric = LoopbackFabric::with_clock_and_model(clock.clone(), config.model)?;
+            (fabric, Some(clock))
+        }
+        Timing::Wall => (LoopbackFabric::with_model(config.model)?, None),
+    };
     let slots = (keys * 8).clamp(1 << 15, crate::SLOTS_MAX);
-    Cluster::new(
+    let cluster = Cluster::new(
         fabric,
         Config {
             replicas: 1,
@@ -152,30 +207,75 @@ fn bench_cluster(
         },
         Memory::Dram,
         switch,
-    )
+    )?;
+    if clock.is_some() {
+        // The MS's rounds (GC) block until they complete, which a manual
+        // clock moved only by the driver would never let them do; the MS is
+        // off the clients' path, so its rounds go untimed (module doc).
+        cluster
+            .fabric
+            .set_untimed(rowankv_types::NodeId(crate::cluster::MS_NODE_ID), true);
+    }
+    Ok((cluster, clock))
+}
+
+/// With modelled time: once every client has done what it can at this
+/// instant, carry out what is due and move the clock to the next due time.
+/// Returns whether the clock moved.
+fn advance(cl: &Cluster, clock: &ManualClock) -> bool {
+    let now = clock.now_ns();
+    match cl.fabric.progress_due() {
+        Some(due) if due > now => {
+            clock.advance_ns(due - now);
+            true
+        }
+        _ => false,
+    }
 }
 
 fn key(rank: usize) -> Vec<u8> {
     format!("user{rank:08}").into_bytes()
 }
 
-/// Write every key once, in rank order (so key ids are ranks + 1).
-fn preload(cl: &mut Cluster, keys: usize, value_bytes: usize) -> Result<(), CloverError> {
-    let mut c = cl.client(false)?;
-    for rank in 0..keys {
-        let mut o = c.start(Request::Put {
-            key: key(rank),
-            value: vec![7; value_bytes],
-        });
-        let mut polls = 0u64;
-        while o.is_none() {
-            o = c.poll();
-            polls += 1;
-            if polls > POLLS_PER_OP_MAX {
-                return Err(CloverError::GaveUp("preload stuck"));
+/// Run one operation of `c` to its end (moving a modelled clock as needed).
+fn run_one(
+    cl: &Cluster,
+    clock: Option<&ManualClock>,
+    c: &mut AnyClient,
+    req: Request,
+    what: &'static str,
+) -> Result<(), CloverError> {
+    let mut o = c.start(req);
+    let mut polls = 0u64;
+    while o.is_none() {
+        o = c.poll();
+        if let Some(clock) = clock {
+            if o.is_none() && !c.posts_on_next_poll() {
+                advance(cl, clock);
             }
         }
-        o.expect("finished").result?;
+        polls += 1;
+        if polls > POLLS_PER_OP_MAX {
+            return Err(CloverError::GaveUp(what));
+        }
+    }
+    o.expect("finished").result.map(|_| ())
+}
+
+/// Write every key once, in rank order (so key ids are ranks + 1).
+fn preload(
+    cl: &mut Cluster,
+    clock: Option<&ManualClock>,
+    keys: usize,
+    value_bytes: usize,
+) -> Result<(), CloverError> {
+    let mut c = cl.client(false)?;
+    for rank in 0..keys {
+        let req = Request::Put {
+            key: key(rank),
+            value: vec![7; value_bytes],
+        };
+        run_one(cl, clock, &mut c, req, "preload stuck")?;
     }
     Ok(())
 }
@@ -193,8 +293,8 @@ pub fn point(
         admit: cached_keys.map(|n| (1..=n as u64).collect::<HashSet<u64>>()),
         targets: None,
     };
-    let mut cl = bench_cluster(config, config.keys, switch)?;
-    preload(&mut cl, config.keys, config.value_bytes)?;
+    let (mut cl, clock) = bench_cluster(config, config.keys, switch)?;
+    preload(&mut cl, clock.as_deref(), config.keys, config.value_bytes)?;
     let interposed = cached_keys.is_some();
     let mut cs: Vec<AnyClient> = (0..clients)
         .map(|_| cl.client(interposed))
@@ -205,6 +305,18 @@ pub fn point(
     for c in cs.iter_mut() {
         c.prefetch_keys(&all_keys);
     }
+    // Every client connects (a GET) before the measured phase: a new
+    // connection resets the switch (it may be a restarted memory node's), and
+    // a reset in the measured phase would be a warm-up's, not the protocol's.
+    for c in cs.iter_mut() {
+        run_one(
+            &cl,
+            clock.as_deref(),
+            c,
+            Request::Get { key: key(0) },
+            "warm-up stuck",
+        )?;
+    }
     let zipf = Zipf::new(config.keys as u64, config.zipf_s)
         .map_err(|_| CloverError::BadConfig("zipf exponent"))?;
     let mut rng = ChaCha8Rng::seed_from_u64(config.seed);
@@ -214,6 +326,7 @@ pub fn point(
     let mut polls = 0u64;
     let before = cl.switch.stats();
     let t0 = Instant::now();
+    let m0 = clock.as_ref().map(|c| c.now_ns());
     let next_request = |rng: &mut ChaCha8Rng| {
         let rank = zipf.sample(rng) as usize - 1;
         if rng.gen_bool(0.5) {
@@ -227,7 +340,11 @@ pub fn point(
     };
     while (round_trips.len() as u64) < config.ops_per_point {
         for c in cs.iter_mut() {
-            let done = if c.is_idle() {
+            // Everything this client can do at this instant: a round
+            // transition takes two polls (a poll consumes a round's
+            // completions or posts the next round), and a blocking client
+            // starts its next operation as soon as one finishes.
+            let mut done = if c.is_idle() {
                 if started >= config.ops_per_point {
                     continue;
                 }
@@ -236,17 +353,34 @@ pub fn point(
             } else {
                 c.poll()
             };
-            if let Some(o) = done {
-                o.result?;
-                round_trips.push(o.round_trips);
+            loop {
+                if let Some(o) = done.take() {
+                    o.result?;
+                    round_trips.push(o.round_trips);
+                    if started < config.ops_per_point {
+                        started += 1;
+                        done = c.start(next_request(&mut rng));
+                        continue;
+                    }
+                } else if c.posts_on_next_poll() {
+                    done = c.poll();
+                    continue;
+                }
+                break;
             }
+        }
+        if let Some(clock) = &clock {
+            advance(&cl, clock);
         }
         polls += 1;
         if polls > POLLS_PER_OP_MAX.saturating_mul(16) {
             return Err(CloverError::GaveUp("benchmark point stuck"));
         }
     }
-    let elapsed_s = t0.elapsed().as_secs_f64();
+    let elapsed_s = match (&clock, m0) {
+        (Some(c), Some(m0)) => (c.now_ns() - m0) as f64 / 1e9,
+        _ => t0.elapsed().as_secs_f64(),
+    };
     round_trips.sort_unstable();
     let pct = |p: f64| round_trips[((round_trips.len() - 1) as f64 * p) as usize];
     let cas_failed = cs.iter().map(|c| c.stats().cas_failed).sum();
@@ -262,7 +396,7 @@ pub fn point(
         cas_redirected: cl.switch.stats().cas_redirected - before.cas_redirected,
         switch_resets: cl.switch.stats().resets - before.resets,
         switch_bytes: cl.switch.memory_bytes(),
-        model: config.model.label(),
+        model: label(config),
     })
 }
 
@@ -367,5 +501,39 @@ mod tests {
         assert_eq!(r.memory[0].keys_cached, 100);
         assert!(r.memory[0].switch_bytes >= 100 * BYTES_PER_KEY);
         assert!(render(&r).iter().all(|l| l.contains("model")));
+        assert!(r.model.contains("modelled time"), "{}", r.model);
+    }
+
+    #[test]
+    fn modelled_time_gives_the_same_point_on_every_run_and_wall_time_still_runs() {
+        let config = BenchConfig {
+            keys: 64,
+            ops_per_point: 2_000,
+            ..BenchConfig::default()
+        };
+        let a = point(&config, 16, Some(64)).unwrap();
+        let b = point(&config, 16, Some(64)).unwrap();
+        assert_eq!(a.ops_per_sec, b.ops_per_sec, "{a:?} {b:?}");
+        assert_eq!(
+            (a.cas_failed, a.cas_redirected, a.round_trips_p99),
+            (b.cas_failed, b.cas_redirected, b.round_trips_p99)
+        );
+        // At most what the round trips allow: every operation takes at least
+        // one round trip of two one-way latencies, and 16 clients run at once.
+        let floor_s = 2.0 * config.model.one_way_ns as f64 / 1e9;
+        assert!(a.ops_per_sec <= 16.0 / floor_s, "{a:?}");
+        let wall = point(
+            &BenchConfig {
+                timing: Timing::Wall,
+                ..config.clone()
+            },
+            16,
+            Some(64),
+        )
+        .unwrap();
+        assert!(
+            wall.ops >= 2_000 && wall.model.contains("wall time"),
+            "{wall:?}"
+        );
     }
 }

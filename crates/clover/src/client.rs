@@ -264,6 +264,12 @@ impl<F: Fabric, N: Nic> Client<F, N> {
         self.op.is_none()
     }
 
+    /// Whether the next poll posts a round without waiting for the fabric (a
+    /// driver of modelled time polls again before it moves the clock).
+    pub fn posts_on_next_poll(&self) -> bool {
+        self.op.as_ref().is_some_and(|o| o.pending_post)
+    }
+
     /// Forget cached tails (what a client that restarted would know).
     pub fn forget_tails(&mut self) {
         self.tails.clear();

@@ -74,6 +74,12 @@ impl AnyClient {
             AnyClient::Interposed(c) => c.prefetch_keys(keys),
         }
     }
+    pub fn posts_on_next_poll(&self) -> bool {
+        match self {
+            AnyClient::Native(c) => c.posts_on_next_poll(),
+            AnyClient::Interposed(c) => c.posts_on_next_poll(),
+        }
+    }
     pub fn is_interposed(&self) -> bool {
         matches!(self, AnyClient::Interposed(_))
     }

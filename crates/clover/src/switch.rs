@@ -20,9 +20,12 @@
 //! if its target is not the tail the switch believes, the switch **rewrites the
 //! target address (and the expected sentinel) to the tail's**, then records the
 //! client's version as the new tail before the CAS lands (as the paper does). For an
-//! admitted key it does not cache, it lets the CAS pass and takes the client's
-//! version as the tail at once (the CAS's target was the tail if it succeeds; if its
-//! ACK says it failed, the switch drops its state).
+//! admitted key it does not cache, it lets the CAS pass untouched and learns the
+//! key's tail from its ACK: if the CAS succeeded and no later CAS on the key
+//! passed meanwhile, its version is the tail ("a single successful c&s per key
+//! rebuilds its cache", seed 004 §5). It does not take an unconfirmed target as
+//! the tail: after a reset that vouched for stale guesses, and each failure's
+//! reset led to the next.
 //!
 //! Correctness never depends on it: a redirected CAS that fails has its result
 //! replaced by [`layout::FAILED`] (so the client falls back to the MS hint and the
@@ -95,6 +98,9 @@ struct Inflight {
     expect_sent: u64,
     vouched: bool,
     redirected: bool,
+    /// An admitted key not cached: its tail is this version if the CAS
+    /// succeeds and no later CAS on the key passed since.
+    learns: Option<((NodeId, u64), SlotRef)>,
 }
 
 #[derive(Default)]
@@ -102,6 +108,9 @@ struct State {
     tails: HashMap<(NodeId, u64), SlotRef>,
     outstanding: HashMap<QpAddr, (NodeId, u64, SlotRef)>,
     inflight: HashMap<(QpAddr, u64), Inflight>,
+    /// Per admitted key not cached, the last CAS on it that passed (its queue
+    /// pair and work request): the one whose successful ACK teaches the tail.
+    learning: HashMap<(NodeId, u64), (QpAddr, u64)>,
 }
 
 /// The switch. See the module documentation.
@@ -157,7 +166,7 @@ impl Switch {
     /// Bytes of the tables now (what a switch's SRAM would hold).
     pub fn memory_bytes(&self) -> usize {
         let s = self.state.lock();
-        s.tails.len() * BYTES_PER_KEY + s.outstanding.len() * BYTES_PER_CLIENT
+        (s.tails.len() + s.learning.len()) * BYTES_PER_KEY + s.outstanding.len() * BYTES_PER_CLIENT
     }
 
     fn interposes(&self, target: NodeId) -> bool {
@@ -219,6 +228,9 @@ impl Switch {
                         // and the switch resets then. (Resetting here instead
                         // keeps a busy switch from ever relearning: after each
                         // reset some client is between its WRITE and its CAS.)
+                        // It may be on a key being learned, so no ACK that is
+                        // in flight now may teach a tail.
+                        s.learning.clear();
                         continue;
                     };
                     let key = (target, key_id);
@@ -228,12 +240,14 @@ impl Switch {
                         expect_sent: expect,
                         vouched: false,
                         redirected: false,
+                        learns: None,
                     };
                     match s.tails.get(&key).copied() {
                         Some(tail) if tail.offset == slot.offset => {
                             // The client's own version is the tail already (a
                             // retry): never link a version after itself.
                             s.tails.remove(&key);
+                            s.learning.remove(&key);
                             continue;
                         }
                         Some(tail)
@@ -245,6 +259,7 @@ impl Switch {
                             // client unable to tell success from failure. Let it
                             // fail natively; forget the key.
                             s.tails.remove(&key);
+                            s.learning.remove(&key);
                             continue;
                         }
                         Some(tail) => {
@@ -266,12 +281,20 @@ impl Switch {
                             s.tails.insert(key, slot);
                         }
                         None if self.admits(&s, key_id) => {
-                            // Learn optimistically, as the paper does: the target
-                            // of a CAS is the tail if the CAS succeeds; if it
-                            // fails, the switch was wrong and drops everything.
-                            f.vouched = true;
-                            self.tails_learned.fetch_add(1, Ordering::Relaxed);
-                            s.tails.insert(key, slot);
+                            // Learn from a successful CAS ("a single successful
+                            // c&s per key rebuilds its cache", seed 004 §5), not
+                            // optimistically at posting: the CAS passes as it is
+                            // and, if its ACK says it succeeded while no later
+                            // CAS on the key passed, its version is the tail.
+                            // Taking an unconfirmed target as the tail vouched
+                            // for every client's stale guess after a reset, and
+                            // the reset its failure caused started the next:
+                            // at 64 clients the switch reset more than once per
+                            // ten CASes and never recovered.
+                            f.learns = Some((key, slot));
+                            if s.learning.len() < INFLIGHT_MAX || s.learning.contains_key(&key) {
+                                s.learning.insert(key, (me, wr.wr_id));
+                            }
                         }
                         None => continue,
                     }
@@ -314,6 +337,16 @@ impl Switch {
             };
             let old = f.local.read_u64(f.local_offset);
             let success = old == f.expect_sent;
+            if let Some((key, slot)) = f.learns {
+                if s.learning.get(&key) == Some(&(me, c.wr_id)) {
+                    s.learning.remove(&key);
+                    if success && !s.tails.contains_key(&key) && self.admits(&s, key.1) {
+                        self.tails_learned.fetch_add(1, Ordering::Relaxed);
+                        s.tails.insert(key, slot);
+                    }
+                }
+                continue;
+            }
             if f.vouched && !success {
                 self.cas_vouched_failed.fetch_add(1, Ordering::Relaxed);
                 if f.redirected {

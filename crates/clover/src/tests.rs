@@ -146,6 +146,13 @@ fn interleaved_writers_conflict_natively_and_not_through_the_switch() {
         for c in cs.iter_mut() {
             assert_eq!(get(c, "k").as_deref(), Some(&b"init"[..]));
         }
+        // The GETs connected the clients (each connection resets the switch):
+        // one successful CAS through it teaches it the key's tail again.
+        put(&mut cs[0], "k", "init2");
+        for c in cs.iter_mut() {
+            assert_eq!(get(c, "k").as_deref(), Some(&b"init2"[..]));
+        }
+        let cas_failed_before: u64 = cs.iter().map(|c| c.stats().cas_failed).sum();
         // Every client writes its version, then every client CASes: one round each.
         for round in 0..5 {
             let mut done = 0;
@@ -168,7 +175,7 @@ fn interleaved_writers_conflict_natively_and_not_through_the_switch() {
                 }
             }
         }
-        let failed: u64 = cs.iter().map(|c| c.stats().cas_failed).sum();
+        let failed: u64 = cs.iter().map(|c| c.stats().cas_failed).sum::<u64>() - cas_failed_before;
         if interposed {
             assert_eq!(failed, 0, "the switch resolves every conflict");
             assert!(cl.switch.stats().cas_redirected > 0);
@@ -180,7 +187,7 @@ fn interleaved_writers_conflict_natively_and_not_through_the_switch() {
         let primary: Vec<_> = cl.ms.chain_on(0, key_id).unwrap();
         let backup: Vec<_> = cl.ms.chain_on(1, key_id).unwrap();
         assert_eq!(primary, backup);
-        let versions = primary.len() - 2; // head and "init"
+        let versions = primary.len() - 3; // head, "init" and "init2"
         assert_eq!(versions, 20, "4 writers x 5 rounds, each once");
     }
 }
@@ -315,7 +322,10 @@ fn a_put_redirected_behind_a_failing_append_waits_then_appends_itself() {
     let mut b = cl.client(true).unwrap();
     put(&mut a, "k", "v0");
     put(&mut b, "k", "v1"); // a's cached tail (v0) is stale now
-    cl.switch.reset();
+                            // The switch learned v1 from b's successful CAS. A native writer it does
+                            // not see appends v2: the switch's tail is wrong now.
+    let mut n = cl.client(false).unwrap();
+    put(&mut n, "k", "v2");
     for (c, v) in [(&mut a, "va"), (&mut b, "vb")] {
         assert!(c
             .start(Request::Put {
@@ -326,11 +336,12 @@ fn a_put_redirected_behind_a_failing_append_waits_then_appends_itself() {
         assert!(c.poll().is_none()); // post the WRITEs
         assert!(c.poll().is_none()); // take them
     }
-    // a's CAS at stale v0: the switch takes va as the tail, optimistically.
+    // a's CAS at stale v0 is redirected to v1, the switch's wrong tail (it
+    // fails there: v1 links v2), and va becomes the switch's tail.
     assert!(a.poll().is_none());
-    // b's CAS at v1 (the true tail) is redirected behind va, which is not linked.
+    // b's CAS at v1 is redirected behind va, which is not linked.
     assert!(b.poll().is_none());
-    assert_eq!(cl.switch.stats().cas_redirected, 1);
+    assert_eq!(cl.switch.stats().cas_redirected, 2);
     let key_id = cl.ms.lookup(b"k").unwrap().key_id;
     let chain = |cl: &Cluster| -> Vec<Vec<u8>> {
         cl.ms
@@ -379,6 +390,7 @@ fn a_put_redirected_behind_a_failing_append_waits_then_appends_itself() {
             b"".to_vec(),
             b"v0".to_vec(),
             b"v1".to_vec(),
+            b"v2".to_vec(),
             b"vb".to_vec(),
             b"va".to_vec()
         ]
@@ -391,4 +403,37 @@ fn a_put_redirected_behind_a_failing_append_waits_then_appends_itself() {
         .map(|x| x.1)
         .collect();
     assert_eq!(backup, chain(&cl));
+}
+
+#[test]
+fn after_a_reset_the_switch_learns_a_tail_only_from_a_successful_cas() {
+    let mut cl = cluster(Config::default());
+    let mut a = cl.client(true).unwrap();
+    let mut b = cl.client(true).unwrap();
+    put(&mut a, "k", "v0");
+    put(&mut b, "k", "v1"); // a's cached tail (v0) is stale now
+    cl.switch.reset();
+    let before = cl.switch.stats();
+    // a's CAS aims at stale v0. The switch, knowing nothing, lets it fail
+    // natively (it does not vouch for a guess), then learns the tail from a's
+    // CAS after its walk, which succeeds.
+    put(&mut a, "k", "v2");
+    let after = cl.switch.stats();
+    assert_eq!(a.stats().cas_failed, 1, "{:?}", a.stats());
+    assert_eq!(
+        after.cas_vouched_failed, before.cas_vouched_failed,
+        "{after:?}"
+    );
+    assert_eq!(
+        after.resets, before.resets,
+        "no reset follows a reset: {after:?}"
+    );
+    assert_eq!(after.tails_learned, before.tails_learned + 1, "{after:?}");
+    assert_eq!(cl.switch.keys_cached(), 1);
+    // What it learned is right: b's stale CAS (at v1) is redirected to v2.
+    let b_failed = b.stats().cas_failed;
+    put(&mut b, "k", "v3");
+    assert_eq!(b.stats().cas_failed, b_failed);
+    assert_eq!(cl.switch.stats().cas_redirected, after.cas_redirected + 1);
+    assert_eq!(get(&mut a, "k").as_deref(), Some(&b"v3"[..]));
 }

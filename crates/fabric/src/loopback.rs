@@ -150,6 +150,9 @@ struct NodeInner {
     /// transmit and its receive side are next free (fabric clock, ns).
     tx_free_ns: AtomicU64,
     rx_free_ns: AtomicU64,
+    /// With a wire model: this node's requests are carried out when posted,
+    /// untimed ([`LoopbackFabric::set_untimed`]).
+    untimed: AtomicBool,
 }
 
 impl Default for LoopbackFabric {
@@ -220,6 +223,40 @@ impl LoopbackFabric {
         self.inner.clock.clone()
     }
 
+    /// With a wire model: the requests that `node` posts from now on skip the
+    /// model and are carried out when posted, as on a fabric without one
+    /// (what reaches `node` is still timed). For a benchmark on modelled time
+    /// whose background machine (Clover's metadata server) waits for its own
+    /// rounds in a blocking loop that a manual clock would never end; every
+    /// result measured so must say so. Unknown nodes are ignored.
+    pub fn set_untimed(&self, node: NodeId, untimed: bool) {
+        if let Some(n) = self.node(node) {
+            n.untimed.store(untimed, Ordering::Release);
+        }
+    }
+
+    /// With a wire model: carry out every modelled landing and completion due
+    /// by the clock's now, as the engine thread does, and return when the next
+    /// one is due (`None`: nothing queued). A driver of modelled time (a
+    /// benchmark on a [`rowankv_types::ManualClock`]) calls it when its
+    /// pollers have done what they can at this instant and moves the clock to
+    /// the time it returns: then requests land exactly at their due times, in
+    /// the order of those times, and a target's landings in the order its
+    /// receive slots were reserved, which is posting order (what a FIFO
+    /// switch port in front of the target gives). Without a model: `None`.
+    pub fn progress_due(&self) -> Option<u64> {
+        let engine = self.inner.engine.as_ref()?;
+        let qps: Vec<Arc<QpInner>> = engine.qps.lock().iter().filter_map(Weak::upgrade).collect();
+        let mut next: Option<u64> = None;
+        for q in &qps {
+            q.progress();
+            if let Some(d) = q.next_due() {
+                next = Some(next.map_or(d, |n| n.min(d)));
+            }
+        }
+        next
+    }
+
     fn node(&self, id: NodeId) -> Option<Arc<NodeInner>> {
         self.inner.nodes.read().get(&id).cloned()
     }
@@ -287,6 +324,7 @@ impl Fabric for LoopbackFabric {
             next_qpn: AtomicU32::new(next_qpn),
             tx_free_ns: AtomicU64::new(0),
             rx_free_ns: AtomicU64::new(0),
+            untimed: AtomicBool::new(false),
         });
         nodes.insert(node, inner.clone());
         Ok(LoopbackNic {
@@ -1323,7 +1361,10 @@ impl QueuePair for LoopbackQp {
                 q.push_send_completion(&mut core, wc, seq);
                 continue;
             }
-            if let Some(model) = fabric.model {
+            let model = fabric
+                .model
+                .filter(|_| !q.node.untimed.load(Ordering::Acquire));
+            if let Some(model) = model {
                 let shape = shape_of(&wr.op, wr.persist, core.last_was_send);
                 core.last_was_send = matches!(wr.op, Op::Send { .. });
                 let due = model.schedule(
