@@ -23,7 +23,7 @@ use rowankv_rpc::directory::Directory;
 use rowankv_rpc::endpoint::{Endpoint, EndpointConfig, Event, PeerId};
 use rowankv_types::{NodeId, Term};
 use rowankv_wire::config::{Config, ConfigError, ConfigSource};
-use rowankv_wire::frame::{self, Body, Envelope, Response};
+use rowankv_wire::frame::{self, Body, Envelope, ErrorCode, Response};
 
 /// Reads the configuration from the CMs (see the module's comment).
 pub struct CmSource<N: Nic> {
@@ -44,6 +44,24 @@ struct Inner<N: Nic> {
     next_request: u64,
     events: Vec<Event>,
     data: Vec<u8>,
+}
+
+/// Why [`CmSource::reshard`] listed no migration. Either way the configuration
+/// is as it was, except when a CM took the request and its answer was lost
+/// (`NoActiveCm` with a CM that "did not answer"): the next configuration
+/// then shows whether it was stored.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ReshardError {
+    /// The active CM refused the move: `reason` is its answer (`plan_migrate`'s
+    /// why: the target holds a replica, leads the shard already, a
+    /// reconfiguration is under way; or a configuration round in progress),
+    /// `all` every CM's.
+    #[error("{all}")]
+    Refused { reason: String, all: String },
+    /// No CM answered as the active one: each was unreachable, did not
+    /// answer in time, or is a standby.
+    #[error("{0}")]
+    NoActiveCm(String),
 }
 
 /// Pages a read takes at most before it gives up (a configuration that keeps
@@ -87,32 +105,43 @@ impl<N: Nic> CmSource<N> {
     }
 
     /// Ask the active CM to move `shard`'s primary to `to` (a migration,
-    /// seed 000 §4.6; `rowankv reshard`): the CMs are asked in turn (a
-    /// standby refuses). Returns the term of the configuration that lists
-    /// the migration, or why none does.
-    pub fn reshard(&self, shard: rowankv_types::ShardId, to: NodeId) -> Result<Term, String> {
+    /// seed 000 §4.6; `rowankv reshard`, and a front end's `CLUSTER SETSLOT`):
+    /// the CMs are asked in turn (a standby refuses). Returns the term of the
+    /// configuration that lists the migration, or why none does.
+    pub fn reshard(&self, shard: rowankv_types::ShardId, to: NodeId) -> Result<Term, ReshardError> {
         let mut inner = self.inner.lock();
         let mut why = Vec::new();
+        let mut refused = None;
         for i in 0..self.cms.len() {
             let asked = self.with_cm(&mut inner, i, |this, inner, peer, cm| {
                 this.call(inner, peer, cm, &Body::Reshard { shard, to }, |b| match b {
                     Body::Response(Response::Ok { version }) => Ok(Ok(Term(version))),
                     Body::Response(Response::Error { code, detail, .. }) => {
-                        Ok(Err(format!("{cm}: {code}: {detail}")))
+                        Ok(Err((code, format!("{cm}: {code}: {detail}"))))
                     }
                     other => Err(format!("{cm} answered {other:?}")),
                 })
             });
             match asked {
                 Ok(Ok(term)) => return Ok(term),
-                Ok(Err(refused)) => why.push(refused),
+                // A standby's refusal says nothing of the move: the active
+                // CM may be the next one.
+                Ok(Err((ErrorCode::Blocked, said))) => why.push(said),
+                Ok(Err((_, said))) => {
+                    why.push(said.clone());
+                    refused.get_or_insert(said);
+                }
                 Err(e) => why.push(e),
             }
         }
-        Err(if why.is_empty() {
-            "no CM to ask".into()
+        let all = if why.is_empty() {
+            "no CM to ask".to_string()
         } else {
             why.join("; ")
+        };
+        Err(match refused {
+            Some(reason) => ReshardError::Refused { reason, all },
+            None => ReshardError::NoActiveCm(all),
         })
     }
 

@@ -47,26 +47,44 @@
 //!
 //! FLUSHALL (when `resp.flushall` enables it) deletes what a SCAN finds, key by
 //! key: not atomic with writes that race it.
+//!
+//! CLUSTER SETSLOT <slot> NODE <node-id> (when `resp.setslot` enables it)
+//! moves the shard whose range starts at `<slot>` to the member with that
+//! Redis Cluster id ([`cluster_node_id`], what CLUSTER NODES prints): checked
+//! against the server's configuration ([`setslot_move`]), then asked of the
+//! active CM as `rowankv reshard` asks it (`CmSource::reshard`, `Body::Reshard`:
+//! the CM plans and stores the migration). It answers once the CM has listed
+//! the move and this server holds that configuration; the copy goes on
+//! behind it (INFO's `rowankv` section counts the migrations under way).
+//! No front end ever answers `-ASK` (docs/resharding.md, "Redis clients
+//! during a move"): from the configuration that lists a move on, the target
+//! is the shard's primary and serves every key of it, the keys not copied yet
+//! read at the source by the target's own client (`AskSource`), so `-MOVED`
+//! to the target is the whole answer. A command the move holds up for longer
+//! than an operation may wait (a conditional write of a key not copied yet,
+//! a SCAN of the shard) is answered `-TRYAGAIN`: it changed nothing, and
+//! cluster clients retry it.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use crossbeam::channel::{bounded, Sender};
 use parking_lot::Mutex;
+use rowankv_client::cm_source::{CmSource, ReshardError};
 use rowankv_client::{Client, ClientConfig, ClientError, Expect as WireExpect};
 use rowankv_fabric::tcp::TcpNic;
 use rowankv_redis::{
     ClusterNode, ClusterShard, Context, Expect, Keyspace, KeyspaceError, Record, ServerInfo,
-    Session, SlotRange, Topology,
+    Session, SlotMoveError, SlotRange, Topology,
 };
 use rowankv_resp::{encode, RequestLimits, RequestParser};
 use rowankv_rpc::directory::Directory;
 use rowankv_server::deploy::{Redirect, RespDeployment};
-use rowankv_types::{NodeId, Term};
+use rowankv_types::{NodeId, ShardId, Term};
 use rowankv_wire::config::{Config, ConfigSource};
 use rowankv_wire::frame::ErrorCode;
 
@@ -103,12 +121,19 @@ const REPLY_FLUSH_BYTES: usize = 1 << 20;
 pub const CONNECTIONS_MAX: u64 = 1024;
 /// A client that reads none of its replies for this long is dropped.
 const WRITE_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long CLUSTER SETSLOT, once the CM has listed the move, waits for this
+/// server to hold that configuration (so that CLUSTER SLOTS asked next here
+/// shows the move). It answers OK either way: the move is stored.
+const SETSLOT_SHOWN_WAIT: Duration = Duration::from_secs(5);
 
 /// What the front end needs of its server.
 pub struct FrontParts {
     pub nic: TcpNic,
     pub directory: Directory,
     pub source: Arc<dyn ConfigSource>,
+    /// The CMs, asked to move a shard (CLUSTER SETSLOT): the server's own
+    /// source of configurations, as `rowankv reshard` asks through its own.
+    pub cms: Arc<CmSource<TcpNic>>,
     /// The configuration the server holds now (INFO's `rowankv` section).
     pub config: Arc<dyn Fn() -> Option<Arc<Config>> + Send + Sync>,
     /// The server's node and replication strategy, for INFO.
@@ -127,6 +152,9 @@ pub fn cluster_node_id(cluster_id: u64, node: NodeId) -> String {
 /// per RowanKV shard, with its slot range and its primary at the Redis
 /// address it joined with. `None` if some primary runs no front end (cluster
 /// clients could not reach it).
+///
+/// A member that holds no replica of any shard is listed as a master of no
+/// slots (a shard of none).
 ///
 /// A backup is listed as a replica only if it leads no shard: every RowanKV
 /// server is the primary of some shards and a backup of others, while Redis
@@ -163,6 +191,25 @@ pub fn topology(config: &Config, me: NodeId) -> Option<Topology> {
             })
         })
         .collect::<Option<Vec<_>>>()?;
+    // A member that leads no shard and backs none (a server that joined
+    // since) is listed as a master without slots, as Redis lists an empty
+    // node: CLUSTER NODES then shows the id CLUSTER SETSLOT moves a shard to.
+    let listed: std::collections::BTreeSet<NodeId> = config
+        .shards
+        .iter()
+        .flat_map(|s| std::iter::once(s.primary).chain(s.backups.iter().copied()))
+        .collect();
+    let empty = config
+        .members
+        .iter()
+        .filter(|m| !listed.contains(&m.node))
+        .filter_map(|m| node(m.node))
+        .map(|primary| ClusterShard {
+            slots: Vec::new(),
+            primary,
+            replicas: Vec::new(),
+        });
+    let shards = shards.into_iter().chain(empty).collect();
     Topology::new(
         config.term.0,
         cluster_node_id(config.cluster_id, me),
@@ -170,6 +217,59 @@ pub fn topology(config: &Config, me: NodeId) -> Option<Topology> {
     )
     .map_err(|e| tracing::warn!(error = %e, "the configuration as a Redis Cluster topology"))
     .ok()
+}
+
+/// What `CLUSTER SETSLOT <slot> NODE <node_id>` asks of `config`: the shard
+/// whose range of slots starts at `slot`, and the member whose Redis Cluster
+/// id ([`cluster_node_id`], any case) is `node_id` and who serves Redis
+/// clients (only those are listed by CLUSTER NODES).
+///
+/// `slot` must be the first of its shard's range: RowanKV moves whole shards,
+/// and a request naming one slot inside a range would move the others
+/// unasked. The checks here are those a Redis operator needs answered in
+/// slots and node ids; the CM checks the move again against the
+/// configuration it holds (`plan_migrate`) and alone refuses a target that
+/// holds a replica of the shard or a move while another reconfiguration is
+/// under way.
+pub fn setslot_move(
+    config: &Config,
+    slot: u16,
+    node_id: &str,
+) -> Result<(ShardId, NodeId), SlotMoveError> {
+    let id_of = |n: NodeId| cluster_node_id(config.cluster_id, n);
+    let index = (0..config.shards.len())
+        .find(|&i| {
+            let (start, end) = config.slot_range(i);
+            (start..=end).contains(&slot)
+        })
+        .ok_or_else(|| SlotMoveError::Refused(format!("no shard owns slot {slot}")))?;
+    let (start, end) = config.slot_range(index);
+    if slot != start {
+        return Err(SlotMoveError::NotShardStart { slot, start, end });
+    }
+    let wanted = node_id.to_ascii_lowercase();
+    let to = config
+        .members
+        .iter()
+        .find(|m| m.resp.is_some() && id_of(m.node) == wanted)
+        .map(|m| m.node)
+        .ok_or_else(|| SlotMoveError::UnknownNode(node_id.to_string()))?;
+    let shard = &config.shards[index];
+    if shard.primary == to {
+        return Err(SlotMoveError::AlreadyPrimary {
+            node: wanted,
+            start,
+            end,
+        });
+    }
+    if let Some(m) = config.migration(shard.shard) {
+        return Err(SlotMoveError::Migrating {
+            start,
+            end,
+            to: id_of(m.to),
+        });
+    }
+    Ok((shard.shard, to))
 }
 
 /// A running front end; stopped when dropped.
@@ -343,6 +443,13 @@ fn failure(e: ClientError) -> KeyspaceError {
             KeyspaceError::Conflict
         }
         e if e.is_unknown() => KeyspaceError::Other(format!("{e} (the write may have happened)")),
+        // Held up past the operation's deadline by a migration (a conditional
+        // write of a key not copied yet, a SCAN of the shard) or a shard not
+        // served yet: nothing changed, and cluster clients retry `TRYAGAIN`.
+        ClientError::Server {
+            code: ErrorCode::Blocked,
+            detail,
+        } => KeyspaceError::TryAgain(format!("the shard is blocked ({detail}): ask again")),
         e => KeyspaceError::Other(e.to_string()),
     }
 }
@@ -486,6 +593,28 @@ impl Keyspace for ClusterKeyspace<'_> {
             cursor = next;
         }
     }
+
+    /// CLUSTER SETSLOT ... NODE (see the module docs): checked
+    /// ([`setslot_move`]), asked of the active CM, and answered once this
+    /// server holds the configuration that lists the move (at most
+    /// [`SETSLOT_SHOWN_WAIT`]).
+    fn move_slot(&mut self, slot: u16, node_id: &str) -> Result<(), SlotMoveError> {
+        let parts = &self.pool.parts;
+        let config = (parts.config)().ok_or_else(|| {
+            SlotMoveError::Refused("this server holds no configuration yet".into())
+        })?;
+        let (shard, to) = setslot_move(&config, slot, node_id)?;
+        let listed = parts.cms.reshard(shard, to).map_err(|e| match e {
+            ReshardError::Refused { reason, .. } => SlotMoveError::Refused(reason),
+            ReshardError::NoActiveCm(why) => SlotMoveError::NoManager(why),
+        })?;
+        tracing::info!(slot, %shard, %to, %listed, "CLUSTER SETSLOT: the shard is moving");
+        let deadline = Instant::now() + SETSLOT_SHOWN_WAIT;
+        while Instant::now() < deadline && (parts.config)().is_none_or(|c| c.term < listed) {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        Ok(())
+    }
 }
 
 /// Commands that read a key and write it again (the command layer's
@@ -571,6 +700,7 @@ impl Shared {
         ctx.server = self.info.clone();
         ctx.requirepass = self.dep.requirepass.clone();
         ctx.flushall_enabled = self.dep.flushall;
+        ctx.setslot_enabled = self.dep.setslot;
         ctx.connected_clients = self.clients.load(Ordering::Relaxed);
         ctx.redirects = self.dep.redirect == Redirect::Moved;
         if let Some(c) = (self.pool.parts.config)() {
@@ -592,6 +722,7 @@ impl Shared {
                 ("strategy".into(), self.pool.parts.strategy.clone()),
                 ("members".into(), c.members.len().to_string()),
                 ("shards".into(), c.shards.len().to_string()),
+                ("migrations".into(), c.migrations.len().to_string()),
             ];
         }
         ctx
@@ -811,5 +942,158 @@ fn serve(mut stream: TcpStream, peer: SocketAddr, shared: &Shared) -> std::io::R
             return Ok(());
         }
         buf.extend_from_slice(&chunk[..n]);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rowankv_wire::config::{Member, Migration};
+
+    const CLUSTER: u64 = 0x5e7_5107;
+
+    fn member(n: u32) -> Member {
+        Member {
+            node: NodeId(n),
+            workers: 1,
+            address: Some(format!("127.0.0.1:{}", 9000 + n)),
+            resp: Some(format!("127.0.0.1:{}", 7000 + n)),
+            added: 0,
+        }
+    }
+
+    /// Four members n10..n13, one shard each, three replicas: shard 0
+    /// (slots 0-4095) is led by n10 and backed by n11 and n12; n13 holds
+    /// none of it.
+    fn config() -> Config {
+        let members: Vec<Member> = (10..14).map(member).collect();
+        let c = Config::initial(CLUSTER, &members, 1, 3).unwrap();
+        assert_eq!(c.slot_range(0), (0, 4095));
+        assert_eq!(c.shards[0].primary, NodeId(10));
+        assert_eq!(c.shards[0].backups, vec![NodeId(11), NodeId(12)]);
+        c
+    }
+
+    fn id(n: u32) -> String {
+        cluster_node_id(CLUSTER, NodeId(n))
+    }
+
+    #[test]
+    fn setslot_names_a_shard_by_its_first_slot_and_a_member_by_its_cluster_id() {
+        let c = config();
+        assert_eq!(setslot_move(&c, 0, &id(13)), Ok((ShardId(0), NodeId(13))));
+        assert_eq!(
+            setslot_move(&c, 4096, &id(13).to_ascii_uppercase()),
+            Ok((ShardId(1), NodeId(13))),
+            "an id in upper case is the same id"
+        );
+        // A target holding a replica is the CM's to refuse (plan_migrate).
+        assert_eq!(setslot_move(&c, 0, &id(11)), Ok((ShardId(0), NodeId(11))));
+        assert_eq!(
+            setslot_move(&c, 100, &id(13)),
+            Err(SlotMoveError::NotShardStart {
+                slot: 100,
+                start: 0,
+                end: 4095
+            })
+        );
+        assert_eq!(
+            setslot_move(&c, 16383, &id(13)),
+            Err(SlotMoveError::NotShardStart {
+                slot: 16383,
+                start: 12288,
+                end: 16383
+            })
+        );
+        assert_eq!(
+            setslot_move(&c, 0, &id(10)),
+            Err(SlotMoveError::AlreadyPrimary {
+                node: id(10),
+                start: 0,
+                end: 4095
+            })
+        );
+        let other_cluster = cluster_node_id(CLUSTER + 1, NodeId(13));
+        for unknown in [id(99), other_cluster, "n13".to_string(), String::new()] {
+            assert_eq!(
+                setslot_move(&c, 0, &unknown),
+                Err(SlotMoveError::UnknownNode(unknown.clone())),
+                "{unknown:?}"
+            );
+        }
+        // A member without a Redis front end is in no CLUSTER NODES.
+        let mut no_resp = c.clone();
+        no_resp.members[3].resp = None;
+        assert_eq!(
+            setslot_move(&no_resp, 0, &id(13)),
+            Err(SlotMoveError::UnknownNode(id(13)))
+        );
+    }
+
+    #[test]
+    fn setslot_refuses_a_shard_already_moving() {
+        let mut c = config();
+        c.migrations.push(Migration {
+            shard: ShardId(0),
+            from: NodeId(10),
+            to: NodeId(13),
+        });
+        c.shards[0].primary = NodeId(13);
+        c.validate().unwrap();
+        assert_eq!(
+            setslot_move(&c, 0, &id(10)),
+            Err(SlotMoveError::Migrating {
+                start: 0,
+                end: 4095,
+                to: id(13)
+            })
+        );
+        assert_eq!(
+            setslot_move(&c, 4096, &id(13)),
+            Ok((ShardId(1), NodeId(13))),
+            "another shard is the CM's to judge"
+        );
+    }
+
+    /// A member that holds nothing is listed, with no slots, so that its id
+    /// can be copied from CLUSTER NODES into CLUSTER SETSLOT.
+    #[test]
+    fn a_member_holding_nothing_is_a_master_of_no_slots() {
+        let mut c = config();
+        c.members.push(member(14));
+        let t = topology(&c, NodeId(10)).expect("a topology");
+        assert_eq!(t.shards().len(), 5);
+        let empty = &t.shards()[4];
+        assert_eq!(
+            (empty.primary.id.as_str(), empty.slots.len()),
+            (id(14).as_str(), 0)
+        );
+        assert_eq!(empty.primary.port, 7014);
+        assert_eq!(t.slots_assigned(), 16384);
+        // Without a front end it cannot be listed, and the rest still is.
+        c.members[4].resp = None;
+        let t = topology(&c, NodeId(10)).expect("a topology");
+        assert_eq!(t.shards().len(), 4);
+        assert!(t.node(&id(14)).is_none());
+    }
+
+    #[test]
+    fn a_shard_blocked_past_the_deadline_is_tryagain() {
+        let blocked = failure(ClientError::Server {
+            code: ErrorCode::Blocked,
+            detail: "shard blocked".into(),
+        });
+        assert!(
+            matches!(&blocked, KeyspaceError::TryAgain(m) if m.contains("shard blocked")),
+            "{blocked:?}"
+        );
+        let internal = failure(ClientError::Server {
+            code: ErrorCode::Internal,
+            detail: "x".into(),
+        });
+        assert!(
+            matches!(&internal, KeyspaceError::Other(m) if m.contains("may have happened")),
+            "{internal:?}"
+        );
     }
 }

@@ -487,6 +487,7 @@ fn run_once(
                     nic: net.nic.clone(),
                     directory: net.directory.clone(),
                     source: source.clone(),
+                    cms: source.clone(),
                     config: Arc::new(move || weak.upgrade().map(|s| s.config())),
                     node: node.to_string(),
                     me: node,

@@ -22,6 +22,9 @@ pub struct Context {
     pub requirepass: Option<Vec<u8>>,
     /// Whether FLUSHALL/FLUSHDB may run; refused with an error when not.
     pub flushall_enabled: bool,
+    /// Whether CLUSTER SETSLOT ... NODE may move shards; refused with an error
+    /// when not.
+    pub setslot_enabled: bool,
     /// How many replicas every acknowledged write is durable on (WAIT's answer).
     pub replicas: u64,
     /// Open client connections of the server (INFO clients).
@@ -42,14 +45,15 @@ pub struct Context {
 }
 
 impl Context {
-    /// A standalone node's context at `now_ms`, with no password, FLUSHALL refused,
-    /// no replicas and the default [`ServerInfo`].
+    /// A standalone node's context at `now_ms`, with no password, FLUSHALL and
+    /// CLUSTER SETSLOT refused, no replicas and the default [`ServerInfo`].
     pub fn new(now_ms: u64) -> Context {
         Context {
             now_ms,
             server: ServerInfo::default(),
             requirepass: None,
             flushall_enabled: false,
+            setslot_enabled: false,
             replicas: 0,
             connected_clients: 1,
             stats: Vec::new(),

@@ -21,6 +21,10 @@
 //!   commands atomic per key.
 //! - A condition that does not hold is `Err(KeyspaceError::Conflict)`, never a
 //!   silent no-op; [`Expect::Any`] never conflicts.
+//! - [`Keyspace::move_slot`] is the one operation on the cluster rather than on
+//!   keys (CLUSTER SETSLOT ... NODE): a keyspace that cannot move shards keeps
+//!   the default, which refuses and changes nothing. A refusal, whatever its
+//!   cause, leaves the cluster's configuration as it was.
 
 /// A stored string, its expiry and its version.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -88,6 +92,37 @@ pub enum KeyspaceError {
     Other(String),
 }
 
+/// Why `CLUSTER SETSLOT <slot> NODE <node-id>` moved nothing
+/// ([`Keyspace::move_slot`]). Slots are given as numbers, nodes by the Redis
+/// Cluster node id the CLUSTER commands print.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum SlotMoveError {
+    /// `slot` lies inside a shard's range `start..=end` without being its first
+    /// slot: the shard moves whole, so the request must name the range by its
+    /// first slot (a request for one slot must not move a thousand unasked).
+    #[error("slot {slot} is inside the shard of slots {start}-{end}")]
+    NotShardStart { slot: u16, start: u16, end: u16 },
+    /// No node of the cluster has this id.
+    #[error("no node {0}")]
+    UnknownNode(String),
+    /// The node is the shard's primary already.
+    #[error("{node} leads slots {start}-{end} already")]
+    AlreadyPrimary { node: String, start: u16, end: u16 },
+    /// The shard is being moved to `to` already.
+    #[error("slots {start}-{end} are moving to {to}")]
+    Migrating { start: u16, end: u16, to: String },
+    /// The cluster's manager refused the move, for this reason (the target
+    /// holds a replica of the shard, another reconfiguration is under way, ...).
+    #[error("refused: {0}")]
+    Refused(String),
+    /// No cluster manager could be asked (none reachable, none active).
+    #[error("no cluster manager answered: {0}")]
+    NoManager(String),
+    /// This keyspace cannot move shards (the default of [`Keyspace::move_slot`]).
+    #[error("this keyspace does not move slots")]
+    Unsupported,
+}
+
 /// What the command layer needs from storage (see the module contract).
 pub trait Keyspace {
     /// The live record of `key` (an expired record is `None`: the implementer checks
@@ -125,4 +160,14 @@ pub trait Keyspace {
 
     /// Deletes every key of this node's part of the keyspace.
     fn flushall(&mut self) -> Result<(), KeyspaceError>;
+
+    /// Moves the shard whose range of slots starts at `slot` to the node with
+    /// the Redis Cluster id `node_id` (CLUSTER SETSLOT ... NODE), returning
+    /// once the cluster's configuration names that node the shard's primary
+    /// (its keys may still be copying: the node serves them meanwhile). The
+    /// default refuses with [`SlotMoveError::Unsupported`].
+    fn move_slot(&mut self, slot: u16, node_id: &str) -> Result<(), SlotMoveError> {
+        let _ = (slot, node_id);
+        Err(SlotMoveError::Unsupported)
+    }
 }

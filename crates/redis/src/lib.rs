@@ -98,7 +98,7 @@ pub use context::{
     ClusterNode, ClusterShard, Context, ServerInfo, SlotRange, Topology, TopologyError,
     NODE_ID_LEN, REDIS_COMPATIBLE_VERSION,
 };
-pub use keyspace::{Expect, Keyspace, KeyspaceError, Record};
+pub use keyspace::{Expect, Keyspace, KeyspaceError, Record, SlotMoveError};
 pub use mem::MemKeyspace;
 pub use rmw::RMW_ATTEMPTS_MAX;
 pub use session::{Outcome, Session};

@@ -309,6 +309,7 @@ static CLUSTER_SUBCOMMANDS: &[CommandSpec] = &[
     CommandSpec { name: "cluster|shards", arity: 2, flags: LOADING_STALE, acl_categories: &["@slow"], tips: &["nondeterministic_output"], group: CLUSTER, summary: "Returns the mapping of cluster slots to shards.", status: Status::Partial, handler: Some(cluster::shards), ..ROW },
     CommandSpec { name: "cluster|nodes", arity: 2, flags: LOADING_STALE, acl_categories: &["@slow"], tips: &["nondeterministic_output"], group: CLUSTER, summary: "Returns the cluster configuration for a node.", status: Status::Partial, handler: Some(cluster::nodes), ..ROW },
     CommandSpec { name: "cluster|keyslot", arity: 3, flags: LOADING_STALE, acl_categories: &["@slow"], group: CLUSTER, summary: "Returns the hash slot for a key.", handler: Some(cluster::keyslot), ..ROW },
+    CommandSpec { name: "cluster|setslot", arity: -4, flags: &["admin", "stale", "noscript"], acl_categories: &["@admin", "@slow", "@dangerous"], group: CLUSTER, summary: "Binds a hash slot to a node.", status: Status::Partial, handler: Some(cluster::setslot), ..ROW },
     CommandSpec { name: "cluster|myid", arity: 2, flags: LOADING_STALE, acl_categories: &["@slow"], group: CLUSTER, summary: "Returns the ID of a node.", handler: Some(cluster::myid), ..ROW },
     CommandSpec { name: "cluster|help", arity: 2, flags: LOADING_STALE, acl_categories: &["@slow"], group: CLUSTER, summary: "Returns helpful text about the different subcommands.", handler: Some(introspect::help), ..ROW },
 ];

@@ -81,6 +81,12 @@ pub const NOREPLICAS: &str = "NOREPLICAS Not enough good replicas to write.";
 pub const MAX_CLIENTS: &str = "ERR max number of clients reached";
 /// A key that must exist and does not (RENAME and friends).
 pub const NO_SUCH_KEY: &str = "ERR no such key";
+/// A slot argument that is not a number from 0 to 16383 (CLUSTER SETSLOT).
+pub const INVALID_SLOT: &str = "ERR Invalid or out of range slot";
+/// CLUSTER SETSLOT with an action it does not know, or the wrong number of
+/// arguments for its action.
+pub const SETSLOT_SYNTAX: &str =
+    "ERR Invalid CLUSTER SETSLOT action or number of arguments. Try CLUSTER HELP";
 
 /// How many bytes of a command name (and, together, of its arguments) the
 /// unknown-command error echoes: Redis's `%.128s` and its 128-byte argument budget.
@@ -171,6 +177,14 @@ pub fn ask(slot: u16, host: &str, port: u16) -> Value {
     Value::Error(format!("ASK {slot} {host}:{port}").into_bytes())
 }
 
+/// `ERR I don't know about node <id>`: a node id no node of the cluster has
+/// (CLUSTER SETSLOT ... NODE). The id is cut as in [`unknown_command`].
+pub fn unknown_node(id: &[u8]) -> Value {
+    let mut line = b"ERR I don't know about node ".to_vec();
+    line.extend_from_slice(c_string_prefix(id, ECHO_BYTES_MAX));
+    Value::Error(line)
+}
+
 /// What C's `%.*s` prints of `bytes`: up to the first NUL, at most `max` bytes.
 fn c_string_prefix(bytes: &[u8], max: usize) -> &[u8] {
     let end = bytes.iter().position(|&b| b == 0).unwrap_or(bytes.len());
@@ -226,6 +240,8 @@ mod tests {
             (NOREPLICAS, "-NOREPLICAS Not enough good replicas to write.\r\n"),
             (MAX_CLIENTS, "-ERR max number of clients reached\r\n"),
             (NO_SUCH_KEY, "-ERR no such key\r\n"),
+            (INVALID_SLOT, "-ERR Invalid or out of range slot\r\n"),
+            (SETSLOT_SYNTAX, "-ERR Invalid CLUSTER SETSLOT action or number of arguments. Try CLUSTER HELP\r\n"),
             (
                 AUTH_WITHOUT_PASSWORD,
                 "-ERR AUTH <password> called without any password configured for the default user. \
@@ -256,6 +272,19 @@ mod tests {
         assert_eq!(
             wire(&unknown_command(b"LPUSH", &["list", "x"])),
             b"-ERR unknown command 'LPUSH', with args beginning with: 'list' 'x' \r\n"
+        );
+    }
+
+    #[test]
+    fn unknown_node_format() {
+        let id = "a".repeat(40);
+        assert_eq!(
+            text(&unknown_node(id.as_bytes())),
+            format!("ERR I don't know about node {id}")
+        );
+        assert_eq!(
+            text(&unknown_node(b"ab\0cd")),
+            "ERR I don't know about node ab"
         );
     }
 

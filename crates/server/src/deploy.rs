@@ -149,6 +149,10 @@ pub struct RespFile {
     /// Whether FLUSHALL/FLUSHDB are executed (default: refused).
     #[serde(default)]
     pub flushall: bool,
+    /// Whether CLUSTER SETSLOT <slot> NODE <node-id> moves shards (default:
+    /// refused — any client of the port could move them).
+    #[serde(default)]
+    pub setslot: bool,
     /// Where Redis clients are told to connect (`CLUSTER SLOTS`, `-MOVED`);
     /// default: the host of the server's `advertise` with `listen`'s port.
     #[serde(default)]
@@ -319,6 +323,7 @@ pub struct RespDeployment {
     pub advertise: String,
     pub requirepass: Option<Vec<u8>>,
     pub flushall: bool,
+    pub setslot: bool,
     pub redirect: Redirect,
 }
 
@@ -473,6 +478,7 @@ impl Checker<'_> {
             advertise,
             requirepass,
             flushall: r.flushall,
+            setslot: r.setslot,
             redirect,
         })
     }
@@ -740,6 +746,30 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("port"), "{e}");
+    }
+
+    /// FLUSHALL and CLUSTER SETSLOT are off unless the file turns them on.
+    #[test]
+    fn a_resp_table_enables_flushall_and_setslot_only_when_asked() {
+        let dir = files();
+        let path = dir.path().join("f.toml");
+        let text = format!("{SERVER}[resp]\nlisten = \"127.0.0.1:6379\"\n");
+        let r = ServerDeployment::from_text(&path, &text)
+            .unwrap()
+            .resp
+            .unwrap();
+        assert!(!r.flushall && !r.setslot);
+        let text = format!("{SERVER}[resp]\nlisten = \"127.0.0.1:6379\"\nsetslot = true\n");
+        let r = ServerDeployment::from_text(&path, &text)
+            .unwrap()
+            .resp
+            .unwrap();
+        assert!(r.setslot && !r.flushall);
+        let text = format!("{SERVER}[resp]\nlisten = \"127.0.0.1:6379\"\nsetslots = true\n");
+        let e = ServerDeployment::from_text(&path, &text)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("setslots"), "{e}");
     }
 
     #[test]

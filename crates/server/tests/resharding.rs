@@ -167,7 +167,7 @@ fn reshard(
         Duration::from_secs(10),
     )
     .expect("a CM source");
-    source.reshard(shard, to)
+    source.reshard(shard, to).map_err(|e| e.to_string())
 }
 
 fn check_all(c: &mut Client<LoopbackNic>, model: &Model, when: &str) {

@@ -1,11 +1,14 @@
 //! Cluster commands: CLUSTER INFO/SLOTS/SHARDS/NODES/KEYSLOT/MYID, READONLY,
-//! READWRITE, answered from the context's topology. Without one, Redis's "cluster
-//! support disabled".
+//! READWRITE, answered from the context's topology, and CLUSTER SETSLOT ...
+//! NODE, which moves a shard through the keyspace. Without a topology, Redis's
+//! "cluster support disabled".
 
-use rowankv_resp::{errors, key_slot, Value};
+use rowankv_resp::{errors, key_slot, Value, SLOT_COUNT};
 
+use crate::cmd::is;
 use crate::context::{ClusterNode, ClusterShard, SlotRange, Topology};
 use crate::fail::{fail, Fail, Reply};
+use crate::keyspace::SlotMoveError;
 use crate::session::Call;
 
 fn topology<'a>(call: &Call<'a>) -> Result<&'a Topology, Fail> {
@@ -180,4 +183,79 @@ pub(crate) fn myid(call: &mut Call<'_>) -> Reply {
 pub(crate) fn readonly(call: &mut Call<'_>) -> Reply {
     topology(call)?;
     Ok(Value::ok())
+}
+
+/// A slot argument: a number from 0 to 16383 (Redis's `getSlotOrReply`).
+fn slot_arg(arg: &[u8]) -> Result<u16, Fail> {
+    crate::num::parse_i64(arg)
+        .and_then(|n| u16::try_from(n).ok())
+        .filter(|&n| n < SLOT_COUNT)
+        .ok_or_else(|| fail(errors::INVALID_SLOT))
+}
+
+/// `CLUSTER SETSLOT <slot> NODE <node-id>`: moves the shard whose range of
+/// slots starts at `<slot>` to the node, through the keyspace
+/// ([`crate::Keyspace::move_slot`]); refused unless the server enables it.
+///
+/// RowanKV moves whole shards, never single slots, and needs none of Redis's
+/// migration steps: the moment the configuration names the target, the target
+/// serves the shard and fetches from the source what it has not copied yet.
+/// So `<slot>` must be the first slot of a shard's range (naming a slot inside
+/// one is refused with the range to name), and IMPORTING, MIGRATING and
+/// STABLE are answered with an error that says so.
+pub(crate) fn setslot(call: &mut Call<'_>) -> Reply {
+    topology(call)?;
+    let slot = slot_arg(&call.argv[2])?;
+    let action = &call.argv[3];
+    let argc = call.argv.len();
+    if (is(action, "IMPORTING") || is(action, "MIGRATING")) && argc == 5
+        || is(action, "STABLE") && argc == 4
+    {
+        return Err(fail(&format!(
+            "ERR CLUSTER SETSLOT {} is not used by RowanKV: it moves whole shards itself, the \
+             target serving a shard at once and fetching from the source the keys it has not \
+             copied yet; move one with CLUSTER SETSLOT <first slot of the shard> NODE <node-id>",
+            String::from_utf8_lossy(action).to_ascii_uppercase()
+        )));
+    }
+    if !(is(action, "NODE") && argc == 5) {
+        return Err(fail(errors::SETSLOT_SYNTAX));
+    }
+    if !call.ctx.setslot_enabled {
+        return Err(fail(
+            "ERR CLUSTER SETSLOT is disabled on this RowanKV server (setslot is off in its [resp] section)",
+        ));
+    }
+    let Ok(node) = std::str::from_utf8(&call.argv[4]) else {
+        return Err(Fail::Reply(errors::unknown_node(&call.argv[4])));
+    };
+    call.keyspace
+        .move_slot(slot, node)
+        .map_err(|e| setslot_failure(e, slot))?;
+    Ok(Value::ok())
+}
+
+fn setslot_failure(error: SlotMoveError, slot: u16) -> Fail {
+    let line = match error {
+        SlotMoveError::NotShardStart { start, end, .. } => format!(
+            "ERR RowanKV moves whole shards: slot {slot} is inside the shard of slots \
+             {start}-{end}; CLUSTER SETSLOT {start} NODE <node-id> moves all of them"
+        ),
+        SlotMoveError::UnknownNode(id) => return Fail::Reply(errors::unknown_node(id.as_bytes())),
+        SlotMoveError::AlreadyPrimary { node, start, end } => {
+            format!("ERR node {node} is already the primary of slots {start}-{end}")
+        }
+        SlotMoveError::Migrating { start, end, to } => format!(
+            "ERR slots {start}-{end} are moving to node {to} already: ask again once that move \
+             has finished"
+        ),
+        SlotMoveError::Refused(why) => {
+            format!("ERR the cluster manager refused to move slot {slot}'s shard: {why}")
+        }
+        SlotMoveError::NoManager(why) => {
+            format!("ERR no cluster manager answered the move of slot {slot}'s shard: {why}")
+        }
+        SlotMoveError::Unsupported => "ERR this RowanKV node cannot move slots".to_string(),
+    };
+    Fail::Reply(Value::error(line))
 }

@@ -1,7 +1,8 @@
 //! Cluster mode: topology answers, CROSSSLOT, and keyspace errors as replies.
 
 use rowankv_redis::{
-    ClusterNode, ClusterShard, KeyspaceError, MemKeyspace, SlotRange, Topology, TopologyError,
+    ClusterNode, ClusterShard, KeyspaceError, MemKeyspace, SlotMoveError, SlotRange, Topology,
+    TopologyError,
 };
 use rowankv_resp::{errors, key_slot, Value};
 
@@ -362,4 +363,184 @@ fn keyspace_errors_become_redis_errors() {
             assert_eq!(h.run(words), err(&expected), "{error:?} {words:?}");
         }
     }
+}
+
+/// A keyspace that records CLUSTER SETSLOT's moves and answers each with
+/// `answer`.
+struct Mover {
+    asked: Vec<(u16, String)>,
+    answer: Result<(), SlotMoveError>,
+}
+
+impl Hook for Mover {
+    fn before(&mut self, _: Call<'_>, _: &mut MemKeyspace) -> Result<(), KeyspaceError> {
+        Ok(())
+    }
+    fn move_slot(&mut self, slot: u16, node_id: &str) -> Result<(), SlotMoveError> {
+        self.asked.push((slot, node_id.to_string()));
+        self.answer.clone()
+    }
+}
+
+fn setslot_harness(answer: Result<(), SlotMoveError>) -> Harness<Hooked<Mover>> {
+    let mut h = Harness::with(Hooked::new(Mover {
+        asked: Vec::new(),
+        answer,
+    }));
+    h.ctx.topology = Some(topology());
+    h.ctx.setslot_enabled = true;
+    h
+}
+
+#[test]
+fn setslot_node_moves_the_shard_through_the_keyspace() {
+    let mut h = setslot_harness(Ok(()));
+    let id = format!("{:040x}", 3);
+    assert_eq!(h.run(&["CLUSTER", "SETSLOT", "0", "NODE", &id]), ok());
+    assert_eq!(h.run(&["cluster", "setslot", "8192", "node", &id]), ok());
+    assert_eq!(h.keyspace.hook.asked, vec![(0, id.clone()), (8192, id)]);
+    // Outside cluster mode too (a forwarding node describes the topology).
+    h.ctx.redirects = false;
+    assert_eq!(h.run(&["CLUSTER", "SETSLOT", "0", "NODE", "x"]), ok());
+    assert_eq!(h.keyspace.hook.asked.len(), 3);
+}
+
+#[test]
+fn setslot_is_refused_unless_the_server_enables_it() {
+    let mut h = setslot_harness(Ok(()));
+    h.ctx.setslot_enabled = false;
+    let id = format!("{:040x}", 3);
+    assert_eq!(
+        h.run(&["CLUSTER", "SETSLOT", "0", "NODE", &id]),
+        err("ERR CLUSTER SETSLOT is disabled on this RowanKV server (setslot is off in its [resp] section)")
+    );
+    assert!(h.keyspace.hook.asked.is_empty(), "nothing moved");
+    // Without a topology there is no cluster to move anything in.
+    let mut h = setslot_harness(Ok(()));
+    h.ctx.topology = None;
+    assert_eq!(
+        h.run(&["CLUSTER", "SETSLOT", "0", "NODE", &id]),
+        err(errors::CLUSTER_SUPPORT_DISABLED)
+    );
+    assert!(h.keyspace.hook.asked.is_empty());
+    // A keyspace that cannot move shards says so.
+    let mut h = Harness::new();
+    h.ctx.topology = Some(topology());
+    h.ctx.setslot_enabled = true;
+    assert_eq!(
+        h.run(&["CLUSTER", "SETSLOT", "0", "NODE", &id]),
+        err("ERR this RowanKV node cannot move slots")
+    );
+}
+
+#[test]
+fn setslot_arguments_are_checked_before_anything_moves() {
+    let mut h = setslot_harness(Ok(()));
+    let id = format!("{:040x}", 3);
+    for slot in ["abc", "-1", "16384", "99999999999999999999", "1.5", ""] {
+        assert_eq!(
+            h.run(&["CLUSTER", "SETSLOT", slot, "NODE", &id]),
+            err(errors::INVALID_SLOT),
+            "{slot:?}"
+        );
+    }
+    assert_eq!(
+        h.run(&["CLUSTER", "SETSLOT", "0"]),
+        err("ERR wrong number of arguments for 'cluster|setslot' command")
+    );
+    for words in [
+        &["CLUSTER", "SETSLOT", "0", "NODE"][..],
+        &["CLUSTER", "SETSLOT", "0", "NODE", &id, "extra"],
+        &["CLUSTER", "SETSLOT", "0", "OWNER", &id],
+        &["CLUSTER", "SETSLOT", "0", "STABLE", &id],
+        &["CLUSTER", "SETSLOT", "0", "IMPORTING"],
+    ] {
+        assert_eq!(h.run(words), err(errors::SETSLOT_SYNTAX), "{words:?}");
+    }
+    // Redis's migration steps: RowanKV moves shards itself.
+    for words in [
+        &["CLUSTER", "SETSLOT", "0", "IMPORTING", &id][..],
+        &["CLUSTER", "SETSLOT", "0", "migrating", &id],
+        &["CLUSTER", "SETSLOT", "0", "STABLE"],
+    ] {
+        let Value::Error(line) = h.run(words) else {
+            panic!("{words:?} is not refused")
+        };
+        let line = String::from_utf8_lossy(&line);
+        assert!(
+            line.starts_with(&format!(
+                "ERR CLUSTER SETSLOT {} is not used by RowanKV",
+                words[3].to_ascii_uppercase()
+            )) && line.contains("NODE <node-id>"),
+            "{words:?}: {line}"
+        );
+    }
+    assert!(h.keyspace.hook.asked.is_empty(), "nothing moved");
+}
+
+#[test]
+fn setslot_refusals_become_redis_errors() {
+    let id = format!("{:040x}", 3);
+    let cases = [
+        (
+            SlotMoveError::NotShardStart {
+                slot: 100,
+                start: 0,
+                end: 8191,
+            },
+            "ERR RowanKV moves whole shards: slot 100 is inside the shard of slots 0-8191; CLUSTER SETSLOT 0 NODE <node-id> moves all of them".to_string(),
+        ),
+        (
+            SlotMoveError::UnknownNode("feed".into()),
+            "ERR I don't know about node feed".into(),
+        ),
+        (
+            SlotMoveError::AlreadyPrimary {
+                node: id.clone(),
+                start: 0,
+                end: 8191,
+            },
+            format!("ERR node {id} is already the primary of slots 0-8191"),
+        ),
+        (
+            SlotMoveError::Migrating {
+                start: 0,
+                end: 8191,
+                to: id.clone(),
+            },
+            format!("ERR slots 0-8191 are moving to node {id} already: ask again once that move has finished"),
+        ),
+        (
+            SlotMoveError::Refused("n3 holds a replica of shard0".into()),
+            "ERR the cluster manager refused to move slot 100's shard: n3 holds a replica of shard0".into(),
+        ),
+        (
+            SlotMoveError::NoManager("connecting to n9: refused".into()),
+            "ERR no cluster manager answered the move of slot 100's shard: connecting to n9: refused".into(),
+        ),
+    ];
+    for (error, line) in cases {
+        let mut h = setslot_harness(Err(error.clone()));
+        assert_eq!(
+            h.run(&["CLUSTER", "SETSLOT", "100", "NODE", &id]),
+            err(&line),
+            "{error:?}"
+        );
+        assert_eq!(h.keyspace.hook.asked, vec![(100, id.clone())]);
+    }
+    // An id that is not even text is no node either.
+    let mut h = setslot_harness(Ok(()));
+    let argv = vec![
+        b"CLUSTER".to_vec(),
+        b"SETSLOT".to_vec(),
+        b"0".to_vec(),
+        b"NODE".to_vec(),
+        b"\xff\xfe".to_vec(),
+    ];
+    let reply = h.execute(argv).replies.remove(0);
+    assert_eq!(
+        reply,
+        Value::Error(b"ERR I don't know about node \xff\xfe".to_vec())
+    );
+    assert!(h.keyspace.hook.asked.is_empty());
 }

@@ -1,7 +1,7 @@
 //! Test keyspaces: a [`MemKeyspace`] behind a [`Hook`] that sees every call first
 //! and may act on the store or fail the call (conflicts, races, routing, outages).
 
-use rowankv_redis::{Expect, Keyspace, KeyspaceError, MemKeyspace, Record};
+use rowankv_redis::{Expect, Keyspace, KeyspaceError, MemKeyspace, Record, SlotMoveError};
 
 use crate::support::NOW_MS;
 
@@ -58,6 +58,13 @@ impl Call<'_> {
 /// call with that error, and the store is left as the hook leaves it.
 pub trait Hook {
     fn before(&mut self, call: Call<'_>, store: &mut MemKeyspace) -> Result<(), KeyspaceError>;
+
+    /// CLUSTER SETSLOT ... NODE's call ([`Keyspace::move_slot`]); by default
+    /// refused as a keyspace that cannot move slots.
+    fn move_slot(&mut self, slot: u16, node_id: &str) -> Result<(), SlotMoveError> {
+        let _ = (slot, node_id);
+        Err(SlotMoveError::Unsupported)
+    }
 }
 
 /// A [`MemKeyspace`] whose calls go through `hook` first.
@@ -128,5 +135,8 @@ impl<H: Hook> Keyspace for Hooked<H> {
     fn flushall(&mut self) -> Result<(), KeyspaceError> {
         self.hook.before(Call::Flushall, &mut self.inner)?;
         self.inner.flushall()
+    }
+    fn move_slot(&mut self, slot: u16, node_id: &str) -> Result<(), SlotMoveError> {
+        self.hook.move_slot(slot, node_id)
     }
 }
