@@ -35,4 +35,5 @@ pub mod resp_load;
 pub mod rpc;
 pub mod rpc_figs;
 pub mod table;
+pub mod vs_clover;
 pub mod ycsb;

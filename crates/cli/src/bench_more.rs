@@ -222,3 +222,38 @@ pub fn clover(args: CloverArgs) -> Result<()> {
     }
     crate::write_plot(args.plot.as_deref(), |p| plot::clover(&report, p))
 }
+
+#[derive(Args)]
+pub struct VsCloverArgs {
+    /// Fewer records, clients and operations (a run of seconds).
+    #[arg(long)]
+    quick: bool,
+    /// Print the points as JSON.
+    #[arg(long)]
+    json: bool,
+    /// Blocking clients of each system (default 32, --quick 8).
+    #[arg(long)]
+    clients: Option<usize>,
+}
+
+pub fn vs_clover(args: VsCloverArgs) -> Result<()> {
+    use rowankv_bench::vs_clover::{self, VsOptions};
+    let mut opts = if args.quick {
+        VsOptions::quick()
+    } else {
+        VsOptions::default()
+    };
+    if let Some(c) = args.clients {
+        anyhow::ensure!((1..=1024).contains(&c), "--clients {c}: between 1 and 1024");
+        opts.clients = c;
+    }
+    let points = vs_clover::run(&opts, |p| eprintln!("{}", vs_clover::line(p)))
+        .map_err(anyhow::Error::msg)?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&points)?);
+        eprint!("{}", vs_clover::table(&points));
+    } else {
+        print!("{}", vs_clover::table(&points));
+    }
+    Ok(())
+}

@@ -124,6 +124,10 @@ enum BenchCommand {
     /// YCSB-A Zipfian throughput and round trips, cached keys, switch memory,
     /// wire model on (seed 004).
     Clover(bench_more::CloverArgs),
+    /// Rowan-KV against Clover on the same fabric, media and timing models:
+    /// ZippyDB and 4 KiB objects, YCSB-A and B, throughput and DLWA (seed 000
+    /// Figure 16).
+    VsClover(bench_more::VsCloverArgs),
     /// The strategies side by side while one parameter varies: log entry
     /// size, replication factor, workers, DIMMs (seed 000 Figure 13), object
     /// sizes (Table 2), uniform against Zipfian keys (§6.3).
@@ -249,6 +253,11 @@ struct YcsbArgs {
     /// Each server's pool, MiB (default 2048; 512 with --quick).
     #[arg(long, value_name = "MIB")]
     pool_mib: Option<usize>,
+    /// Put the loopback fabric's wire and NIC timing model on (ConnectX-5
+    /// figures, docs/wire-model.md): every request lands and completes at the
+    /// times it gives.
+    #[arg(long)]
+    wire_model: bool,
     /// Also draw the latency CDF of remote persistence (one replication write
     /// to one backup until its durable ACK) per strategy (seed 000 Figure 11).
     #[arg(long, value_name = "FILE.png", conflicts_with = "sweep")]
@@ -440,6 +449,9 @@ fn run() -> Result<()> {
             which: BenchCommand::Clover(args),
         } => bench_more::clover(args),
         Command::Bench {
+            which: BenchCommand::VsClover(args),
+        } => bench_more::vs_clover(args),
+        Command::Bench {
             which: BenchCommand::Sens(args),
         } => bench_more::sens(args),
         Command::Demo(args) => demo::run(args),
@@ -505,7 +517,9 @@ fn ycsb_setting(opts: &rowankv_bench::ycsb::YcsbOptions, fabric: &str) -> String
         } else {
             opts.media_bandwidth.map_or("off".to_string(), |b| format!("{} MB/s per DIMM", b / 1_000_000))
         },
-    )
+    ) + &opts
+        .wire_model
+        .map_or(String::new(), |m| format!("; {}", m.label()))
 }
 
 /// The options of `bench ycsb` from its arguments (closed loop and sweep alike).
@@ -583,6 +597,13 @@ fn ycsb_options(args: &YcsbArgs) -> Result<rowankv_bench::ycsb::YcsbOptions> {
         opts.seed = v;
     }
     opts.fabric = args.fabric.parse().map_err(anyhow::Error::msg)?;
+    if args.wire_model {
+        anyhow::ensure!(
+            opts.fabric == rowankv_bench::ycsb::FabricKind::Loopback,
+            "--wire-model is the loopback fabric's timing model (tcp has real wires)"
+        );
+        opts.wire_model = Some(rowankv_fabric::WireModel::CONNECTX5);
+    }
     opts.progress = !args.json;
     Ok(opts)
 }

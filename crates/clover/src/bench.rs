@@ -177,37 +177,24 @@ fn label(config: &BenchConfig) -> String {
     format!("{}; {}", config.model.label(), config.timing.label())
 }
 
-/// A cluster on a fabric with the wire model, and the manual clock it runs on
-/// when time is modelled.
-fn bench_cluster(
-    config: &BenchConfig,
-    keys: usize,
+/// A cluster on a fabric with `model`, and the manual clock it runs on when
+/// time is modelled.
+fn cluster_on(
+    model: WireModel,
+    timing: Timing,
+    config: Config,
+    memory: Memory,
     switch: SwitchConfig,
 ) -> Result<(Cluster, Option<Arc<ManualClock>>), CloverError> {
-    let (fabric, clock) = match config.timing {
+    let (fabric, clock) = match timing {
         Timing::Modelled => {
             let clock = ManualClock::new();
-            let fabric = LoopbackFabric::with_clock_and_model(clock.clone(), config.model)?;
+            let fabric = LoopbackFabric::with_clock_and_model(clock.clone(), model)?;
             (fabric, Some(clock))
         }
-        Timing::Wall => (LoopbackFabric::with_model(config.model)?, None),
+        Timing::Wall => (LoopbackFabric::with_model(model)?, None),
     };
-    let slots = (keys * 8).clamp(1 << 15, crate::SLOTS_MAX);
-    let cluster = Cluster::new(
-        fabric,
-        Config {
-            replicas: 1,
-            slots,
-            value_bytes_max: config.value_bytes.max(8),
-            key_bytes_max: 32,
-            chunk_slots: 64,
-            versions_kept: 4,
-            gc_every_reports: 8,
-            ..Config::default()
-        },
-        Memory::Dram,
-        switch,
-    )?;
+    let cluster = Cluster::new(fabric, config, memory, switch)?;
     if clock.is_some() {
         // The MS's rounds (GC) block until they complete, which a manual
         // clock moved only by the driver would never let them do; the MS is
@@ -217,6 +204,31 @@ fn bench_cluster(
             .set_untimed(rowankv_types::NodeId(crate::cluster::MS_NODE_ID), true);
     }
     Ok((cluster, clock))
+}
+
+/// The cluster of a [`point`]: one memory node on DRAM.
+fn bench_cluster(
+    config: &BenchConfig,
+    keys: usize,
+    switch: SwitchConfig,
+) -> Result<(Cluster, Option<Arc<ManualClock>>), CloverError> {
+    let cluster_config = Config {
+        replicas: 1,
+        slots: (keys * 8).clamp(1 << 15, crate::SLOTS_MAX),
+        value_bytes_max: config.value_bytes.max(8),
+        key_bytes_max: 32,
+        chunk_slots: 64,
+        versions_kept: 4,
+        gc_every_reports: 8,
+        ..Config::default()
+    };
+    cluster_on(
+        config.model,
+        config.timing,
+        cluster_config,
+        Memory::Dram,
+        switch,
+    )
 }
 
 /// With modelled time: once every client has done what it can at this
@@ -234,7 +246,13 @@ fn advance(cl: &Cluster, clock: &ManualClock) -> bool {
 }
 
 fn key(rank: usize) -> Vec<u8> {
-    format!("user{rank:08}").into_bytes()
+    key_of(rank, 12)
+}
+
+/// Key `rank` as `user000…rank`, `bytes` long (at least 12).
+fn key_of(rank: usize, bytes: usize) -> Vec<u8> {
+    let width = bytes.max(12) - 4;
+    format!("user{rank:0width$}").into_bytes()
 }
 
 /// Run one operation of `c` to its end (moving a modelled clock as needed).
@@ -267,17 +285,105 @@ fn preload(
     cl: &mut Cluster,
     clock: Option<&ManualClock>,
     keys: usize,
+    key_bytes: usize,
     value_bytes: usize,
 ) -> Result<(), CloverError> {
     let mut c = cl.client(false)?;
     for rank in 0..keys {
         let req = Request::Put {
-            key: key(rank),
+            key: key_of(rank, key_bytes),
             value: vec![7; value_bytes],
         };
         run_one(cl, clock, &mut c, req, "preload stuck")?;
     }
     Ok(())
+}
+
+/// `n` clients (behind the switch if `interposed`) in steady state: every
+/// client knows every key's id (its cache of tails stays cold and learns as it
+/// goes) and is connected. Connections are made here, by a GET each, because a
+/// new connection resets the switch (it may be a restarted memory node's): a
+/// reset in the measured phase would be a warm-up's, not the protocol's.
+fn ready_clients(
+    cl: &mut Cluster,
+    clock: Option<&ManualClock>,
+    n: usize,
+    interposed: bool,
+    keys: &[Vec<u8>],
+) -> Result<Vec<AnyClient>, CloverError> {
+    let mut cs: Vec<AnyClient> = (0..n)
+        .map(|_| cl.client(interposed))
+        .collect::<Result<_, _>>()?;
+    for c in cs.iter_mut() {
+        c.prefetch_keys(keys);
+        let first = Request::Get {
+            key: keys.first().cloned().unwrap_or_default(),
+        };
+        run_one(cl, clock, c, first, "warm-up stuck")?;
+    }
+    Ok(cs)
+}
+
+/// Run `ops` operations drawn by `next` on blocking clients `cs` (each starts
+/// its next operation as soon as one ends); their round trips, and the time
+/// they took (modelled with `clock`, else wall time).
+fn measure(
+    cl: &Cluster,
+    clock: Option<&ManualClock>,
+    cs: &mut [AnyClient],
+    ops: u64,
+    mut next: impl FnMut() -> Request,
+) -> Result<(Vec<u32>, f64), CloverError> {
+    assert!(ops <= OPS_PER_POINT_MAX);
+    let mut round_trips: Vec<u32> = Vec::with_capacity(ops as usize);
+    let mut started = 0u64;
+    let mut polls = 0u64;
+    let t0 = Instant::now();
+    let m0 = clock.map(|c| c.now_ns());
+    while (round_trips.len() as u64) < ops {
+        for c in cs.iter_mut() {
+            // Everything this client can do at this instant: a round
+            // transition takes two polls (a poll consumes a round's
+            // completions or posts the next round), and a blocking client
+            // starts its next operation as soon as one finishes.
+            let mut done = if c.is_idle() {
+                if started >= ops {
+                    continue;
+                }
+                started += 1;
+                c.start(next())
+            } else {
+                c.poll()
+            };
+            loop {
+                if let Some(o) = done.take() {
+                    o.result?;
+                    round_trips.push(o.round_trips);
+                    if started < ops {
+                        started += 1;
+                        done = c.start(next());
+                        continue;
+                    }
+                } else if c.posts_on_next_poll() {
+                    done = c.poll();
+                    continue;
+                }
+                break;
+            }
+        }
+        if let Some(clock) = clock {
+            advance(cl, clock);
+        }
+        polls += 1;
+        if polls > POLLS_PER_OP_MAX.saturating_mul(16) {
+            return Err(CloverError::GaveUp("benchmark point stuck"));
+        }
+    }
+    let elapsed_s = match (clock, m0) {
+        (Some(c), Some(m0)) => (c.now_ns() - m0) as f64 / 1e9,
+        _ => t0.elapsed().as_secs_f64(),
+    };
+    Ok((round_trips, elapsed_s))
 }
 
 /// One point: `clients` blocking clients, native (`cached_keys: None`) or behind
@@ -294,41 +400,23 @@ pub fn point(
         targets: None,
     };
     let (mut cl, clock) = bench_cluster(config, config.keys, switch)?;
-    preload(&mut cl, clock.as_deref(), config.keys, config.value_bytes)?;
+    preload(
+        &mut cl,
+        clock.as_deref(),
+        config.keys,
+        12,
+        config.value_bytes,
+    )?;
     let interposed = cached_keys.is_some();
-    let mut cs: Vec<AnyClient> = (0..clients)
-        .map(|_| cl.client(interposed))
-        .collect::<Result<_, _>>()?;
-    // Steady state: every client knows every key's id (its cache of tails
-    // stays cold and learns as it goes).
     let all_keys: Vec<Vec<u8>> = (0..config.keys).map(key).collect();
-    for c in cs.iter_mut() {
-        c.prefetch_keys(&all_keys);
-    }
-    // Every client connects (a GET) before the measured phase: a new
-    // connection resets the switch (it may be a restarted memory node's), and
-    // a reset in the measured phase would be a warm-up's, not the protocol's.
-    for c in cs.iter_mut() {
-        run_one(
-            &cl,
-            clock.as_deref(),
-            c,
-            Request::Get { key: key(0) },
-            "warm-up stuck",
-        )?;
-    }
+    let mut cs = ready_clients(&mut cl, clock.as_deref(), clients, interposed, &all_keys)?;
     let zipf = Zipf::new(config.keys as u64, config.zipf_s)
         .map_err(|_| CloverError::BadConfig("zipf exponent"))?;
     let mut rng = ChaCha8Rng::seed_from_u64(config.seed);
     let value = vec![9u8; config.value_bytes];
-    let mut round_trips: Vec<u32> = Vec::with_capacity(config.ops_per_point as usize);
-    let mut started = 0u64;
-    let mut polls = 0u64;
     let before = cl.switch.stats();
-    let t0 = Instant::now();
-    let m0 = clock.as_ref().map(|c| c.now_ns());
-    let next_request = |rng: &mut ChaCha8Rng| {
-        let rank = zipf.sample(rng) as usize - 1;
+    let next_request = || {
+        let rank = zipf.sample(&mut rng) as usize - 1;
         if rng.gen_bool(0.5) {
             Request::Get { key: key(rank) }
         } else {
@@ -338,49 +426,13 @@ pub fn point(
             }
         }
     };
-    while (round_trips.len() as u64) < config.ops_per_point {
-        for c in cs.iter_mut() {
-            // Everything this client can do at this instant: a round
-            // transition takes two polls (a poll consumes a round's
-            // completions or posts the next round), and a blocking client
-            // starts its next operation as soon as one finishes.
-            let mut done = if c.is_idle() {
-                if started >= config.ops_per_point {
-                    continue;
-                }
-                started += 1;
-                c.start(next_request(&mut rng))
-            } else {
-                c.poll()
-            };
-            loop {
-                if let Some(o) = done.take() {
-                    o.result?;
-                    round_trips.push(o.round_trips);
-                    if started < config.ops_per_point {
-                        started += 1;
-                        done = c.start(next_request(&mut rng));
-                        continue;
-                    }
-                } else if c.posts_on_next_poll() {
-                    done = c.poll();
-                    continue;
-                }
-                break;
-            }
-        }
-        if let Some(clock) = &clock {
-            advance(&cl, clock);
-        }
-        polls += 1;
-        if polls > POLLS_PER_OP_MAX.saturating_mul(16) {
-            return Err(CloverError::GaveUp("benchmark point stuck"));
-        }
-    }
-    let elapsed_s = match (&clock, m0) {
-        (Some(c), Some(m0)) => (c.now_ns() - m0) as f64 / 1e9,
-        _ => t0.elapsed().as_secs_f64(),
-    };
+    let (mut round_trips, elapsed_s) = measure(
+        &cl,
+        clock.as_deref(),
+        &mut cs,
+        config.ops_per_point,
+        next_request,
+    )?;
     round_trips.sort_unstable();
     let pct = |p: f64| round_trips[((round_trips.len() - 1) as f64 * p) as usize];
     let cas_failed = cs.iter().map(|c| c.stats().cas_failed).sum();
@@ -397,6 +449,120 @@ pub fn point(
         switch_resets: cl.switch.stats().resets - before.resets,
         switch_bytes: cl.switch.memory_bytes(),
         model: label(config),
+    })
+}
+
+/// A workload of blocking clients drawn by the caller, for comparisons with
+/// other stores on the same fabric and media models (seed 000 Figure 16).
+#[derive(Clone, Debug)]
+pub struct Workload {
+    pub keys: usize,
+    pub key_bytes: usize,
+    /// The largest value a PUT writes (every slot holds one this long).
+    pub value_bytes_max: usize,
+    /// Every key's value before the measured phase.
+    pub preload_value_bytes: usize,
+    pub clients: usize,
+    pub ops: u64,
+    /// Memory nodes, each a replica of every key (node 0 the primary).
+    pub replicas: usize,
+    pub memory: Memory,
+    pub model: WireModel,
+    pub timing: Timing,
+    /// Clients behind the interposer (caching every key).
+    pub interposed: bool,
+    pub seed: u64,
+}
+
+/// What [`run_workload`] measured.
+#[derive(Clone, Debug, Serialize)]
+pub struct WorkloadResult {
+    pub ops: u64,
+    pub ops_per_sec: f64,
+    pub round_trips_p50: u32,
+    pub round_trips_p99: u32,
+    pub cas_failed: u64,
+    /// Bytes the memory nodes' DIMMs were asked to write, per operation, and
+    /// what reached their media (the media model's counts; 0 on DRAM).
+    pub request_bytes_per_op: f64,
+    pub media_bytes_per_op: f64,
+    /// Media bytes over requested bytes (`None` without the media model).
+    pub dlwa: Option<f64>,
+    /// The wire model's label, with how time was measured.
+    pub model: String,
+}
+
+/// Run `w`: `draw` gives each operation's key rank (below `w.keys`) and, for
+/// a PUT, its value length (at most `w.value_bytes_max`); `None`: a GET.
+pub fn run_workload(
+    w: &Workload,
+    mut draw: impl FnMut(&mut ChaCha8Rng) -> (usize, Option<usize>),
+) -> Result<WorkloadResult, CloverError> {
+    if w.keys == 0 || w.clients == 0 || w.ops == 0 || w.ops > OPS_PER_POINT_MAX {
+        return Err(CloverError::BadConfig(
+            "a workload needs keys, clients and 1..=10 M operations",
+        ));
+    }
+    let config = Config {
+        replicas: w.replicas,
+        slots: (w.keys * 8).clamp(1 << 15, crate::SLOTS_MAX),
+        value_bytes_max: w.value_bytes_max.max(8),
+        key_bytes_max: w.key_bytes.max(12),
+        chunk_slots: 64,
+        versions_kept: 4,
+        gc_every_reports: 8,
+        ..Config::default()
+    };
+    let switch = SwitchConfig {
+        keys_max: if w.interposed { w.keys } else { 0 },
+        ..SwitchConfig::default()
+    };
+    let (mut cl, clock) = cluster_on(w.model, w.timing, config, w.memory.clone(), switch)?;
+    preload(
+        &mut cl,
+        clock.as_deref(),
+        w.keys,
+        w.key_bytes,
+        w.preload_value_bytes,
+    )?;
+    let all_keys: Vec<Vec<u8>> = (0..w.keys).map(|r| key_of(r, w.key_bytes)).collect();
+    let mut cs = ready_clients(
+        &mut cl,
+        clock.as_deref(),
+        w.clients,
+        w.interposed,
+        &all_keys,
+    )?;
+    let media_before = cl.media_stats();
+    let mut rng = ChaCha8Rng::seed_from_u64(w.seed);
+    let value = vec![9u8; w.value_bytes_max];
+    let next = || match draw(&mut rng) {
+        (rank, None) => Request::Get {
+            key: all_keys[rank % w.keys].clone(),
+        },
+        (rank, Some(len)) => Request::Put {
+            key: all_keys[rank % w.keys].clone(),
+            value: value[..len.clamp(1, w.value_bytes_max)].to_vec(),
+        },
+    };
+    let (mut round_trips, elapsed_s) = measure(&cl, clock.as_deref(), &mut cs, w.ops, next)?;
+    let media = match (cl.media_stats(), media_before) {
+        (Some(after), Some(before)) => Some(after.delta(&before)),
+        _ => None,
+    };
+    round_trips.sort_unstable();
+    let pct = |p: f64| round_trips[((round_trips.len() - 1) as f64 * p) as usize];
+    let ops = round_trips.len() as u64;
+    Ok(WorkloadResult {
+        ops,
+        ops_per_sec: ops as f64 / elapsed_s,
+        round_trips_p50: pct(0.50),
+        round_trips_p99: pct(0.99),
+        cas_failed: cs.iter().map(|c| c.stats().cas_failed).sum(),
+        request_bytes_per_op: media.map_or(0.0, |m| m.request_bytes as f64 / ops as f64),
+        media_bytes_per_op: media.map_or(0.0, |m| m.media_bytes as f64 / ops as f64),
+        dlwa: media.map(|m| m.dlwa()),
+        model: format!("{}; {}", w.model.label(), w.timing.label()),
     })
 }
 

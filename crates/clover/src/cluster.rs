@@ -9,7 +9,7 @@ use std::sync::Arc;
 use rowankv_fabric::{
     DramMemory, Fabric, FaultInjector, LoopbackFabric, LoopbackNic, PowerFailure, RegionMemory,
 };
-use rowankv_pmem::{Medium, Pool, PoolOptions};
+use rowankv_pmem::{MediaModelConfig, MediaStats, Medium, Pool, PoolOptions};
 use rowankv_types::NodeId;
 
 use crate::client::{Client, ClientStats, Outcome, Request};
@@ -26,10 +26,14 @@ pub const CLIENT_NODE_ID_BASE: u32 = 1000;
 pub const CLIENTS_MAX: u32 = 4096;
 
 /// What the memory nodes are made of.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub enum Memory {
     /// Anonymous PM pools; `crash_sim` attaches the crash simulator.
     Pm { crash_sim: bool },
+    /// Anonymous PM pools with the Optane media model (`docs/media-model.md`):
+    /// it counts what reaches the DIMMs (DLWA) and, with its timing on, makes
+    /// writes wait for the DIMMs' bandwidth. For benchmarks.
+    PmMedia(MediaModelConfig),
     /// DRAM (persistence is a no-op; for benchmarks of the wire model only).
     Dram,
 }
@@ -92,6 +96,8 @@ pub struct Cluster {
     pub nodes: Vec<Arc<MemoryNode<LoopbackFabric>>>,
     pub ms: Arc<MetadataServer<LoopbackFabric>>,
     pub switch: Arc<Switch>,
+    /// The memory nodes' pools (none on DRAM), in node order.
+    pub pools: Vec<Arc<Pool>>,
     next_client: u32,
 }
 
@@ -105,17 +111,27 @@ impl Cluster {
     ) -> Result<Cluster, CloverError> {
         config.check()?;
         let mut nodes = Vec::with_capacity(config.replicas);
+        let mut pools = Vec::new();
         for i in 0..config.replicas {
-            let mem: Arc<dyn RegionMemory> = match memory {
+            let pool = |crash_sim: bool, media: Option<MediaModelConfig>| {
+                let mut opts = PoolOptions::new(Medium::Emulated, config.region_bytes());
+                opts.crash_sim = crash_sim;
+                opts.media_model = media;
+                Pool::anonymous(config.region_bytes(), opts).map_err(|e| CloverError::Corrupt {
+                    offset: 0,
+                    detail: format!("creating a pool: {e}"),
+                })
+            };
+            let mem: Arc<dyn RegionMemory> = match &memory {
                 Memory::Pm { crash_sim } => {
-                    let mut opts = PoolOptions::new(Medium::Emulated, config.region_bytes());
-                    opts.crash_sim = crash_sim;
-                    Pool::anonymous(config.region_bytes(), opts).map_err(|e| {
-                        CloverError::Corrupt {
-                            offset: 0,
-                            detail: format!("creating a pool: {e}"),
-                        }
-                    })?
+                    let p = pool(*crash_sim, None)?;
+                    pools.push(p.clone());
+                    p
+                }
+                Memory::PmMedia(media) => {
+                    let p = pool(false, Some(media.clone()))?;
+                    pools.push(p.clone());
+                    p
                 }
                 Memory::Dram => Arc::new(DramMemory::new(config.region_bytes())),
             };
@@ -134,6 +150,7 @@ impl Cluster {
             nodes,
             ms,
             switch: Switch::new(switch),
+            pools,
             next_client: 0,
         })
     }
@@ -165,6 +182,19 @@ impl Cluster {
 
     pub fn restart(&self, i: usize) -> Result<(), CloverError> {
         self.nodes[i].restart()
+    }
+
+    /// What reached the DIMMs of every memory node's pool, summed (the
+    /// media model's counts; `None` without it).
+    pub fn media_stats(&self) -> Option<MediaStats> {
+        let mut sum: Option<MediaStats> = None;
+        for p in &self.pools {
+            let s = p.media()?.stats();
+            let t = sum.get_or_insert_with(MediaStats::default);
+            t.request_bytes += s.request_bytes;
+            t.media_bytes += s.media_bytes;
+        }
+        sum
     }
 
     pub fn is_up(&self, i: usize) -> bool {

@@ -18,7 +18,7 @@ use std::sync::Arc;
 use rowankv_cm::role::{CmStats, CmTask, Joins};
 use rowankv_cm::{ConfigManager, CoordStore, EmbeddedStore, StoreSource};
 use rowankv_engine::{Engine, EngineConfig};
-use rowankv_fabric::{Fabric, FaultInjector, LoopbackFabric, LoopbackNic, QpAddr};
+use rowankv_fabric::{Fabric, FaultInjector, LoopbackFabric, LoopbackNic, QpAddr, WireModel};
 use rowankv_pmem::{MediaModelConfig, MediaStats, Medium, Pool, PoolOptions};
 use rowankv_rpc::directory::{Accepted, Directory};
 use rowankv_rpc::endpoint::{connect_pair, Endpoint};
@@ -56,6 +56,9 @@ pub struct ClusterConfig {
     pub keys_per_shard_expected: usize,
     /// Configuration managers: one active, the others standing by.
     pub cms: usize,
+    /// The loopback fabric's wire and NIC timing model (`docs/wire-model.md`);
+    /// `None`: requests are carried out when posted.
+    pub wire_model: Option<WireModel>,
 }
 
 impl Default for ClusterConfig {
@@ -75,6 +78,7 @@ impl Default for ClusterConfig {
             placement: Placement::Shared { threads: 2 },
             keys_per_shard_expected: 4096,
             cms: 2,
+            wire_model: None,
         }
     }
 }
@@ -85,6 +89,19 @@ pub use rowankv_server::node::ClusterError;
 
 fn err<E: std::fmt::Display>(what: &str) -> impl FnOnce(E) -> ClusterError + '_ {
     move |e| ClusterError(format!("{what}: {e}"))
+}
+
+/// The cluster's fabric, with its wire model if it has one.
+fn loopback(
+    config: &ClusterConfig,
+    clock: &Arc<dyn Clock>,
+) -> Result<LoopbackFabric, ClusterError> {
+    match config.wire_model {
+        Some(m) => {
+            LoopbackFabric::with_clock_and_model(clock.clone(), m).map_err(err("wire model"))
+        }
+        None => Ok(LoopbackFabric::with_clock(clock.clone())),
+    }
 }
 
 /// The CMs' nodes on the fabric: `CM_NODE_BASE + j`.
@@ -156,7 +173,7 @@ impl Cluster {
             ),
             None => Arc::new(EmbeddedStore::in_memory(clock.clone())),
         };
-        let fabric = LoopbackFabric::with_clock(clock.clone());
+        let fabric = loopback(&config, &clock)?;
         let parts = build(&config, fabric, store, None, Arc::new(EventLog::new()))?;
         Self::run(config, clock, parts)
     }
@@ -170,7 +187,7 @@ impl Cluster {
         recovered: Vec<Recovered>,
     ) -> Result<Cluster, ClusterError> {
         let clock: Arc<dyn Clock> = SystemClock::new();
-        let fabric = LoopbackFabric::with_clock(clock.clone());
+        let fabric = loopback(&config, &clock)?;
         let events = Arc::new(EventLog::new());
         let parts = build(&config, fabric, store, Some(recovered), events)?;
         Self::run(config, clock, parts)

@@ -412,6 +412,8 @@ fn cluster_config(sim: &SimConfig, clock: &Arc<SimClock>) -> ClusterConfig {
         placement: Placement::Shared { threads: 1 },
         keys_per_shard_expected: 64,
         cms: 2,
+        // The simulator builds its fabric itself, on its clock.
+        wire_model: None,
     }
 }
 

@@ -105,6 +105,9 @@ pub struct YcsbOptions {
     /// How often each clean role looks for segments below the threshold;
     /// `None`: the server default.
     pub clean_interval_ns: Option<u64>,
+    /// The loopback fabric's wire and NIC timing model (`docs/wire-model.md`);
+    /// `None` (the default): requests are carried out when posted.
+    pub wire_model: Option<rowankv_fabric::WireModel>,
 }
 
 /// A cumulative distribution from the counts of the servers' latency
@@ -274,6 +277,7 @@ impl Default for YcsbOptions {
             stream_per_client: false,
             dimms: MediaModelConfig::default().dimm_count,
             clean_interval_ns: None,
+            wire_model: None,
         }
     }
 }
@@ -747,6 +751,7 @@ impl Target {
                 threads: opts.threads,
             },
             keys_per_shard_expected: (opts.records as usize * 2 / total_shards).max(1024),
+            wire_model: opts.wire_model,
             ..ClusterConfig::default()
         })
         .map(|c| Target::Loopback(Box::new(c)))
