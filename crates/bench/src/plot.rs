@@ -1,6 +1,6 @@
 //! Plots of the experiments' results, as PNG files (`--plot FILE.png`).
 //!
-//! Four plots, each drawn from the result records of one run and nothing else:
+//! The plots, each drawn from the result records of one run and nothing else:
 //! - [`dlwa`]: seed 000 Figures 2 and 8 — DLWA against the number of remote write
 //!   streams, one line per (mode, write size), one column per local-writer count;
 //!   the remote write rate of the same points below.
@@ -19,6 +19,8 @@
 //! - [`clover`]: seed 004 Figures 2, 3 and 4 — Clover natively and through the
 //!   interposer (throughput and p99 round trips against clients, throughput
 //!   against the keys the switch caches, the switch's memory).
+//! - [`vs_clover`]: seed 000 Figure 16 — Rowan-KV's and Clover's throughput
+//!   side by side per object size and workload, with each one's DLWA.
 //!
 //! This module owns the look of every plot (canvas sizes, fonts, colours, axes,
 //! the title and the caption), so they stay alike. Every plot's caption says
@@ -306,6 +308,43 @@ pub(crate) fn category_label<S: AsRef<str>>(labels: &[S], x: f64) -> String {
     } else {
         String::new()
     }
+}
+
+/// A chart type of the category panels: categories at 0, 1, … across, a
+/// linear value axis up.
+pub(crate) type CategoryChart<'a> = ChartContext<
+    'a,
+    BitMapBackend<'a>,
+    Cartesian2d<plotters::coord::types::RangedCoordf64, plotters::coord::types::RangedCoordf64>,
+>;
+
+/// A panel of `labels` as categories across (one at each integer, half a slot
+/// of margin either side) and a linear axis from 0 to `y_hi` up, its mesh drawn.
+pub(crate) fn category_chart<'a, S: AsRef<str>>(
+    area: &Area<'a>,
+    caption: &str,
+    labels: &[S],
+    x_desc: &str,
+    y_desc: &str,
+    y_hi: f64,
+) -> DrawResult<CategoryChart<'a>> {
+    let n = labels.len();
+    let mut chart = ChartBuilder::on(area)
+        .caption(caption, (FONT_FAMILY, PANEL_TITLE_PX))
+        .margin(MARGIN_PX)
+        .x_label_area_size(50)
+        .y_label_area_size(70)
+        .build_cartesian_2d(-0.5..(n as f64 - 0.5), 0.0..y_hi.max(1e-3))?;
+    chart
+        .configure_mesh()
+        .disable_x_mesh()
+        .x_labels(n.max(2) * 2 + 1)
+        .x_label_formatter(&|x| category_label(labels, *x))
+        .x_desc(x_desc)
+        .y_desc(y_desc)
+        .label_style((FONT_FAMILY, LABEL_PX))
+        .draw()?;
+    Ok(chart)
 }
 
 /// The legend of `chart`'s labelled series at `position`, on a light box.
@@ -1405,22 +1444,14 @@ pub fn clover(report: &rowankv_clover::bench::BenchReport, path: &Path) -> Resul
                 .fold(0.0, f64::max)
                 .max(1e-3)
                 * 1.15;
-            let n = clients.len();
-            let mut chart = ChartBuilder::on(&panels[if k == 0 { 0 } else { 2 }])
-                .caption(*name, (FONT_FAMILY, PANEL_TITLE_PX))
-                .margin(MARGIN_PX)
-                .x_label_area_size(50)
-                .y_label_area_size(70)
-                .build_cartesian_2d(-0.5..(n as f64 - 0.5), 0.0..hi)?;
-            chart
-                .configure_mesh()
-                .disable_x_mesh()
-                .x_labels(n.max(2) * 2 + 1)
-                .x_label_formatter(&|x| category_label(&client_labels, *x))
-                .x_desc("blocking clients")
-                .y_desc(*y_desc)
-                .label_style((FONT_FAMILY, LABEL_PX))
-                .draw()?;
+            let mut chart = category_chart(
+                &panels[if k == 0 { 0 } else { 2 }],
+                name,
+                &client_labels,
+                "blocking clients",
+                y_desc,
+                hi,
+            )?;
             for (label, points, colour) in [
                 ("native", &native, NATIVE_COLOUR),
                 (
@@ -1458,27 +1489,17 @@ pub fn clover(report: &rowankv_clover::bench::BenchReport, path: &Path) -> Resul
                 .fold(0.0, f64::max)
                 .max(1e-3)
                 * 1.15;
-            let mut chart = ChartBuilder::on(&panels[1])
-                .caption(
-                    format!(
-                        "Caching the top N keys, {} clients (Figure 4)",
-                        report.top_n[0].clients
-                    ),
-                    (FONT_FAMILY, PANEL_TITLE_PX),
-                )
-                .margin(MARGIN_PX)
-                .x_label_area_size(50)
-                .y_label_area_size(70)
-                .build_cartesian_2d(-0.5..(n as f64 - 0.5), 0.0..hi)?;
-            chart
-                .configure_mesh()
-                .disable_x_mesh()
-                .x_labels(n.max(2) * 2 + 1)
-                .x_label_formatter(&|x| category_label(&labels, *x))
-                .x_desc("keys the switch caches (N, hottest first)")
-                .y_desc("operations per second (millions)")
-                .label_style((FONT_FAMILY, LABEL_PX))
-                .draw()?;
+            let mut chart = category_chart(
+                &panels[1],
+                &format!(
+                    "Caching the top N keys, {} clients (Figure 4)",
+                    report.top_n[0].clients
+                ),
+                &labels,
+                "keys the switch caches (N, hottest first)",
+                "operations per second (millions)",
+                hi,
+            )?;
             let line: Vec<(f64, f64)> = report
                 .top_n
                 .iter()
@@ -1509,32 +1530,20 @@ pub fn clover(report: &rowankv_clover::bench::BenchReport, path: &Path) -> Resul
                 .iter()
                 .map(|m| thousands(m.keys as u64))
                 .collect();
-            let n = labels.len();
             let hi = report
                 .memory
                 .iter()
                 .map(|m| m.switch_bytes as f64 / 1024.0)
                 .fold(0.0, f64::max)
-                .max(1e-3)
                 * 1.15;
-            let mut chart = ChartBuilder::on(&panels[3])
-                .caption(
-                    "The switch's memory (Figure 3; counted)",
-                    (FONT_FAMILY, PANEL_TITLE_PX),
-                )
-                .margin(MARGIN_PX)
-                .x_label_area_size(50)
-                .y_label_area_size(70)
-                .build_cartesian_2d(-0.5..(n as f64 - 0.5), 0.0..hi)?;
-            chart
-                .configure_mesh()
-                .disable_x_mesh()
-                .x_labels(n.max(2) * 2 + 1)
-                .x_label_formatter(&|x| category_label(&labels, *x))
-                .x_desc("keys written through the switch")
-                .y_desc("KiB")
-                .label_style((FONT_FAMILY, LABEL_PX))
-                .draw()?;
+            let mut chart = category_chart(
+                &panels[3],
+                "The switch's memory (Figure 3; counted)",
+                &labels,
+                "keys written through the switch",
+                "KiB",
+                hi,
+            )?;
             chart.draw_series(report.memory.iter().enumerate().map(|(i, m)| {
                 Rectangle::new(
                     [
@@ -1547,6 +1556,146 @@ pub fn clover(report: &rowankv_clover::bench::BenchReport, path: &Path) -> Resul
         }
         Ok(())
     })
+}
+
+// ---------------------------------------------------------------------------
+// Rowan-KV against Clover (seed 000 Figure 16)
+
+const VS_CLOVER_SIZE_PX: (u32, u32) = (1300, 640);
+
+/// Figure 16: throughput of Rowan-KV and of Clover side by side, a panel per
+/// object size, a pair of bars per workload, each bar labelled with its
+/// throughput and DLWA; the caption gives Rowan-KV's ratios over Clover.
+pub fn vs_clover(points: &[crate::vs_clover::VsPoint], path: &Path) -> Result<(), PlotError> {
+    let Some(first) = points.first() else {
+        return Err(PlotError::NoData("the comparison has no points".into()));
+    };
+    let mut sizes: Vec<&str> = Vec::new();
+    let mut workloads: Vec<&str> = Vec::new();
+    for p in points {
+        if !sizes.contains(&p.sizes.as_str()) {
+            sizes.push(&p.sizes);
+        }
+        if !workloads.contains(&p.workload.as_str()) {
+            workloads.push(&p.workload);
+        }
+    }
+    let ratios = crate::vs_clover::ratios(points)
+        .into_iter()
+        .map(|(w, s, t, d)| {
+            format!(
+                "YCSB-{} {s}: throughput {t:.2}×, Clover's DLWA / Rowan-KV's {d:.2}×",
+                w.to_uppercase()
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("; ");
+    let caption = vec![
+        format!("Timing models: {}.", first.timing),
+        format!(
+            "{} blocking clients per system, YCSB scrambled Zipfian (θ 0.99); Clover natively (no interposer). \
+             Rowan-KV / Clover: {ratios}.",
+            first.clients
+        ),
+    ];
+    let labels: Vec<String> = workloads
+        .iter()
+        .map(|w| {
+            let put = match *w {
+                "a" => " (50 % PUT)",
+                "b" => " (5 % PUT)",
+                "c" => " (no PUT)",
+                _ => "",
+            };
+            format!("YCSB-{}{put}", w.to_uppercase())
+        })
+        .collect();
+    let systems = [
+        ("rowan-kv", "Rowan-KV", strategy_colour("rowan")),
+        ("clover", "Clover", NATIVE_COLOUR),
+    ];
+    render(path, VS_CLOVER_SIZE_PX, |root| {
+        let body = frame(
+            root,
+            "Rowan-KV against Clover (seed 000 Figure 16)",
+            &caption,
+        )?;
+        let panels = body.split_evenly((1, sizes.len().max(1)));
+        for (k, size) in sizes.iter().enumerate() {
+            let of_size: Vec<&crate::vs_clover::VsPoint> =
+                points.iter().filter(|p| p.sizes == *size).collect();
+            let hi = of_size
+                .iter()
+                .map(|p| p.ops_per_sec / 1e3)
+                .fold(0.0, f64::max)
+                * 1.3;
+            let mut chart = category_chart(
+                &panels[k],
+                &sizes_name(size),
+                &labels,
+                "workload",
+                "operations per second (thousands)",
+                hi,
+            )?;
+            let above = TextStyle::from((FONT_FAMILY, LABEL_PX))
+                .color(&BLACK)
+                .pos(Pos::new(HPos::Center, VPos::Bottom));
+            let inside = TextStyle::from((FONT_FAMILY, LABEL_PX))
+                .color(&WHITE)
+                .pos(Pos::new(HPos::Center, VPos::Top));
+            for (j, (system, name, colour)) in systems.iter().enumerate() {
+                let offset = if j == 0 { -0.18 } else { 0.18 };
+                let bars: Vec<(f64, &crate::vs_clover::VsPoint)> = of_size
+                    .iter()
+                    .filter(|p| p.system == *system)
+                    .filter_map(|p| {
+                        workloads
+                            .iter()
+                            .position(|w| *w == p.workload)
+                            .map(|i| (i as f64 + offset, *p))
+                    })
+                    .collect();
+                chart
+                    .draw_series(bars.iter().map(|(x, p)| {
+                        Rectangle::new(
+                            [(x - 0.16, 0.0), (x + 0.16, p.ops_per_sec / 1e3)],
+                            colour.filled(),
+                        )
+                    }))?
+                    .label(*name)
+                    .legend(legend_box(*colour));
+                chart.draw_series(bars.iter().map(|(x, p)| {
+                    Text::new(
+                        format!("{:.1} K", p.ops_per_sec / 1e3),
+                        (*x, p.ops_per_sec / 1e3),
+                        above.clone(),
+                    )
+                }))?;
+                // DLWA just inside the bar's top (below it when the bar is short).
+                chart.draw_series(bars.iter().map(|(x, p)| {
+                    let y = p.ops_per_sec / 1e3;
+                    let (at, style) = if y > hi * 0.12 {
+                        (y, inside.clone())
+                    } else {
+                        (y + hi * 0.07, above.clone())
+                    };
+                    Text::new(format!("DLWA {:.2}", p.dlwa), (*x, at), style)
+                }))?;
+            }
+            draw_legend(&mut chart, SeriesLabelPosition::UpperLeft, LABEL_PX)?;
+        }
+        Ok(())
+    })
+}
+
+/// A panel's name for a size distribution's label (`SizeDist`'s `Display`).
+fn sizes_name(label: &str) -> String {
+    let fixed: Vec<&str> = label.split(':').collect();
+    match fixed.as_slice() {
+        ["zippydb"] => "ZippyDB objects".into(),
+        ["fixed", k, v] => format!("{v} B values, {k} B keys"),
+        _ => format!("{label} objects"),
+    }
 }
 
 #[cfg(test)]

@@ -144,3 +144,24 @@ fn a_short_clover_run_plots_its_four_panels() {
     assert!(plot::clover(&empty, &none).is_err());
     assert!(!none.exists());
 }
+
+#[test]
+fn a_quick_comparison_with_clover_plots_figure_16() {
+    let opts = rowankv_bench::vs_clover::VsOptions {
+        records: 500,
+        clients: 4,
+        seconds: 0.5,
+        clover_ops: 2_000,
+        workloads: vec![rowankv_bench::ycsb::workload::Workload::A],
+        ..rowankv_bench::vs_clover::VsOptions::quick()
+    };
+    let points = rowankv_bench::vs_clover::run(&opts, |_| {}).unwrap();
+    assert_eq!(points.len(), 4, "two systems, two object sizes");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("fig16.png");
+    plot::vs_clover(&points, &path).unwrap();
+    assert_png(&path);
+    let none = dir.path().join("none.png");
+    assert!(plot::vs_clover(&[], &none).is_err());
+    assert!(!none.exists());
+}

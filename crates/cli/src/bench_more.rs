@@ -234,6 +234,9 @@ pub struct VsCloverArgs {
     /// Blocking clients of each system (default 32, --quick 8).
     #[arg(long)]
     clients: Option<usize>,
+    /// Write the plot (Figure 16: throughput bars with DLWA) to this PNG file.
+    #[arg(long, value_name = "FILE")]
+    plot: Option<std::path::PathBuf>,
 }
 
 pub fn vs_clover(args: VsCloverArgs) -> Result<()> {
@@ -247,6 +250,7 @@ pub fn vs_clover(args: VsCloverArgs) -> Result<()> {
         anyhow::ensure!((1..=1024).contains(&c), "--clients {c}: between 1 and 1024");
         opts.clients = c;
     }
+    crate::check_plot_target(args.plot.as_deref());
     let points = vs_clover::run(&opts, |p| eprintln!("{}", vs_clover::line(p)))
         .map_err(anyhow::Error::msg)?;
     if args.json {
@@ -255,5 +259,5 @@ pub fn vs_clover(args: VsCloverArgs) -> Result<()> {
     } else {
         print!("{}", vs_clover::table(&points));
     }
-    Ok(())
+    crate::write_plot(args.plot.as_deref(), |p| plot::vs_clover(&points, p))
 }

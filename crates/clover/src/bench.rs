@@ -52,6 +52,12 @@ use crate::{CloverError, Config, Request};
 
 /// Bound on the operations of one point.
 pub const OPS_PER_POINT_MAX: u64 = 10_000_000;
+/// YCSB-A's share of PUTs, Figures 2 and 4's workload.
+pub const YCSB_A_PUT_FRACTION: f64 = 0.5;
+/// The read-mostly share of PUTs at which Clover's paper counts round trips
+/// (5 at p99 with 5 % writes).
+pub const READ_MOSTLY_PUT_FRACTION: f64 = 0.05;
+
 /// Bound on polls of one point (a stuck run ends with an error, not a hang).
 pub const POLLS_PER_OP_MAX: u64 = 10_000_000;
 
@@ -86,6 +92,9 @@ pub struct BenchConfig {
     pub cached_keys: Vec<usize>,
     /// Key counts for the switch-memory sweep.
     pub memory_keys: Vec<usize>,
+    /// Also measure native and interposed at the largest client count with
+    /// [`READ_MOSTLY_PUT_FRACTION`] PUTs (the round trips of Clover's paper).
+    pub read_mostly: bool,
     pub model: WireModel,
     pub timing: Timing,
     pub seed: u64,
@@ -101,6 +110,7 @@ impl Default for BenchConfig {
             clients: vec![8, 16, 32, 64],
             cached_keys: vec![0, 1, 2, 4, 8, 16, 64, 256, 1024],
             memory_keys: vec![1_000, 10_000, 100_000],
+            read_mostly: true,
             model: WireModel::CONNECTX5,
             timing: Timing::Modelled,
             seed: 1,
@@ -116,6 +126,8 @@ pub struct BenchPoint {
     pub clients: usize,
     /// Keys the switch may cache (0 for native).
     pub cached_keys: usize,
+    /// The share of PUTs (YCSB-A: 0.5).
+    pub put_fraction: f64,
     pub ops_per_sec: f64,
     pub round_trips_p50: u32,
     pub round_trips_p99: u32,
@@ -145,6 +157,8 @@ pub struct BenchReport {
     pub model: String,
     pub ycsb_a: Vec<BenchPoint>,
     pub top_n: Vec<BenchPoint>,
+    /// 5 % PUTs at the largest client count, native then interposed.
+    pub read_mostly: Vec<BenchPoint>,
     pub memory: Vec<MemoryPoint>,
 }
 
@@ -160,6 +174,17 @@ pub fn run(config: &BenchConfig) -> Result<BenchReport, CloverError> {
     for &n in &config.cached_keys {
         top_n.push(point(config, clients, Some(n))?);
     }
+    let mut read_mostly = Vec::new();
+    if config.read_mostly {
+        for cached in [None, Some(config.keys)] {
+            read_mostly.push(point_with(
+                config,
+                clients,
+                cached,
+                READ_MOSTLY_PUT_FRACTION,
+            )?);
+        }
+    }
     let mut memory = Vec::new();
     for &keys in &config.memory_keys {
         memory.push(switch_memory(keys, clients)?);
@@ -168,6 +193,7 @@ pub fn run(config: &BenchConfig) -> Result<BenchReport, CloverError> {
         model: label(config),
         ycsb_a,
         top_n,
+        read_mostly,
         memory,
     })
 }
@@ -383,7 +409,16 @@ fn measure(
         (Some(c), Some(m0)) => (c.now_ns() - m0) as f64 / 1e9,
         _ => t0.elapsed().as_secs_f64(),
     };
+    round_trips.sort_unstable();
     Ok((round_trips, elapsed_s))
+}
+
+/// The `p` quantile (0..=1) of `sorted` round trips (nearest rank below).
+fn quantile(sorted: &[u32], p: f64) -> u32 {
+    sorted
+        .get(((sorted.len().saturating_sub(1)) as f64 * p) as usize)
+        .copied()
+        .unwrap_or(0)
 }
 
 /// One point: `clients` blocking clients, native (`cached_keys: None`) or behind
@@ -393,6 +428,21 @@ pub fn point(
     clients: usize,
     cached_keys: Option<usize>,
 ) -> Result<BenchPoint, CloverError> {
+    point_with(config, clients, cached_keys, YCSB_A_PUT_FRACTION)
+}
+
+/// [`point`] with a share of PUTs other than YCSB-A's half.
+pub fn point_with(
+    config: &BenchConfig,
+    clients: usize,
+    cached_keys: Option<usize>,
+    put_fraction: f64,
+) -> Result<BenchPoint, CloverError> {
+    if !(0.0..=1.0).contains(&put_fraction) {
+        return Err(CloverError::BadConfig(
+            "the share of PUTs is between 0 and 1",
+        ));
+    }
     assert!(config.ops_per_point <= OPS_PER_POINT_MAX);
     let switch = SwitchConfig {
         keys_max: cached_keys.unwrap_or(0),
@@ -417,7 +467,7 @@ pub fn point(
     let before = cl.switch.stats();
     let next_request = || {
         let rank = zipf.sample(&mut rng) as usize - 1;
-        if rng.gen_bool(0.5) {
+        if rng.gen_bool(1.0 - put_fraction) {
             Request::Get { key: key(rank) }
         } else {
             Request::Put {
@@ -426,23 +476,22 @@ pub fn point(
             }
         }
     };
-    let (mut round_trips, elapsed_s) = measure(
+    let (round_trips, elapsed_s) = measure(
         &cl,
         clock.as_deref(),
         &mut cs,
         config.ops_per_point,
         next_request,
     )?;
-    round_trips.sort_unstable();
-    let pct = |p: f64| round_trips[((round_trips.len() - 1) as f64 * p) as usize];
     let cas_failed = cs.iter().map(|c| c.stats().cas_failed).sum();
     Ok(BenchPoint {
         mode: if interposed { "interposer" } else { "native" }.into(),
         clients,
         cached_keys: cached_keys.unwrap_or(0),
         ops_per_sec: round_trips.len() as f64 / elapsed_s,
-        round_trips_p50: pct(0.50),
-        round_trips_p99: pct(0.99),
+        put_fraction,
+        round_trips_p50: quantile(&round_trips, 0.50),
+        round_trips_p99: quantile(&round_trips, 0.99),
         ops: round_trips.len() as u64,
         cas_failed,
         cas_redirected: cl.switch.stats().cas_redirected - before.cas_redirected,
@@ -545,19 +594,17 @@ pub fn run_workload(
             value: value[..len.clamp(1, w.value_bytes_max)].to_vec(),
         },
     };
-    let (mut round_trips, elapsed_s) = measure(&cl, clock.as_deref(), &mut cs, w.ops, next)?;
+    let (round_trips, elapsed_s) = measure(&cl, clock.as_deref(), &mut cs, w.ops, next)?;
     let media = match (cl.media_stats(), media_before) {
         (Some(after), Some(before)) => Some(after.delta(&before)),
         _ => None,
     };
-    round_trips.sort_unstable();
-    let pct = |p: f64| round_trips[((round_trips.len() - 1) as f64 * p) as usize];
     let ops = round_trips.len() as u64;
     Ok(WorkloadResult {
         ops,
         ops_per_sec: ops as f64 / elapsed_s,
-        round_trips_p50: pct(0.50),
-        round_trips_p99: pct(0.99),
+        round_trips_p50: quantile(&round_trips, 0.50),
+        round_trips_p99: quantile(&round_trips, 0.99),
         cas_failed: cs.iter().map(|c| c.stats().cas_failed).sum(),
         request_bytes_per_op: media.map_or(0.0, |m| m.request_bytes as f64 / ops as f64),
         media_bytes_per_op: media.map_or(0.0, |m| m.media_bytes as f64 / ops as f64),
@@ -620,10 +667,15 @@ pub fn switch_memory(keys: usize, clients: usize) -> Result<MemoryPoint, CloverE
 /// Lines for a terminal, each labelled with the model.
 pub fn render(report: &BenchReport) -> Vec<String> {
     let mut out = Vec::new();
-    for p in report.ycsb_a.iter().chain(&report.top_n) {
+    for p in report
+        .ycsb_a
+        .iter()
+        .chain(&report.top_n)
+        .chain(&report.read_mostly)
+    {
         out.push(format!(
-            "clover ycsb-a zipf0.75 | {:10} clients {:3} cached {:5} | {:10.0} ops/s | round trips p50 {} p99 {} | cas failed {} redirected {} | switch resets {} {} B | {}",
-            p.mode, p.clients, p.cached_keys, p.ops_per_sec, p.round_trips_p50, p.round_trips_p99,
+            "clover {:>3.0} % put zipf0.75 | {:10} clients {:3} cached {:5} | {:10.0} ops/s | round trips p50 {} p99 {} | cas failed {} redirected {} | switch resets {} {} B | {}",
+            p.put_fraction * 100.0, p.mode, p.clients, p.cached_keys, p.ops_per_sec, p.round_trips_p50, p.round_trips_p99,
             p.cas_failed, p.cas_redirected, p.switch_resets, p.switch_bytes, p.model
         ));
     }
@@ -668,6 +720,82 @@ mod tests {
         assert!(r.memory[0].switch_bytes >= 100 * BYTES_PER_KEY);
         assert!(render(&r).iter().all(|l| l.contains("model")));
         assert!(r.model.contains("modelled time"), "{}", r.model);
+        // The read-mostly pair: native, then interposed, at 5 % PUTs.
+        assert_eq!(r.read_mostly.len(), 2);
+        assert_eq!(r.read_mostly[0].mode, "native");
+        assert_eq!(r.read_mostly[1].mode, "interposer");
+        for p in &r.read_mostly {
+            assert_eq!(p.put_fraction, READ_MOSTLY_PUT_FRACTION);
+            assert!(p.ops >= 400 && p.round_trips_p99 >= p.round_trips_p50);
+        }
+        assert!(point_with(&config, 4, None, 1.5).is_err());
+    }
+
+    /// The interposer must not feed its own resets. A reset in the measured
+    /// phase (as a restarted memory node's connection causes) leaves every
+    /// client's cached tail possibly stale; the switch must relearn from
+    /// successful CASes and stay quiet. The rule it replaced (take a CAS's
+    /// target as the tail at once) vouched for the stale guesses, and each one's
+    /// failure reset it again: over a thousand resets in this test.
+    #[test]
+    fn after_a_reset_in_the_measured_phase_the_interposer_keeps_its_state_and_few_cas_fail() {
+        let config = BenchConfig {
+            ops_per_point: 20_000,
+            ..BenchConfig::default()
+        };
+        let switch = SwitchConfig {
+            keys_max: config.keys,
+            ..SwitchConfig::default()
+        };
+        let (mut cl, clock) = bench_cluster(&config, config.keys, switch).unwrap();
+        preload(
+            &mut cl,
+            clock.as_deref(),
+            config.keys,
+            12,
+            config.value_bytes,
+        )
+        .unwrap();
+        let all_keys: Vec<Vec<u8>> = (0..config.keys).map(key).collect();
+        let mut cs = ready_clients(&mut cl, clock.as_deref(), 64, true, &all_keys).unwrap();
+        // Warm: every client has cached tails, and the switch knows them.
+        let mut rng = ChaCha8Rng::seed_from_u64(3);
+        let zipf = Zipf::new(config.keys as u64, config.zipf_s).unwrap();
+        let mut next = || {
+            let rank = zipf.sample(&mut rng) as usize - 1;
+            if rng.gen_bool(0.5) {
+                Request::Get { key: key(rank) }
+            } else {
+                Request::Put {
+                    key: key(rank),
+                    value: vec![7; 64],
+                }
+            }
+        };
+        measure(&cl, clock.as_deref(), &mut cs, 5_000, &mut next).unwrap();
+        cl.switch.reset();
+        let before = cl.switch.stats();
+        measure(&cl, clock.as_deref(), &mut cs, 20_000, &mut next).unwrap();
+        let after = cl.switch.stats();
+        // Measured: 8 with the learning rule, 1,037 with the one it replaced.
+        assert!(
+            after.resets - before.resets <= 40,
+            "the switch reset {} times in 20,000 operations after one reset",
+            after.resets - before.resets
+        );
+        assert!(after.tails_learned > before.tails_learned, "{after:?}");
+        assert!(after.cas_redirected > before.cas_redirected, "{after:?}");
+        // Relearned: the next 20,000 operations fail a twentieth of the CASes
+        // native Clover's clients fail at the same load, or fewer.
+        let failed_before: u64 = cs.iter().map(|c| c.stats().cas_failed).sum();
+        measure(&cl, clock.as_deref(), &mut cs, 20_000, &mut next).unwrap();
+        let failed: u64 = cs.iter().map(|c| c.stats().cas_failed).sum::<u64>() - failed_before;
+        let native = point(&config, 64, None).unwrap();
+        assert!(
+            failed * 20 < native.cas_failed,
+            "failed CASes once relearned: interposer {failed} against native {}",
+            native.cas_failed
+        );
     }
 
     #[test]
