@@ -1601,11 +1601,10 @@ pub fn vs_clover(points: &[crate::vs_clover::VsPoint], path: &Path) -> Result<()
     let labels: Vec<String> = workloads
         .iter()
         .map(|w| {
-            let put = match *w {
-                "a" => " (50 % PUT)",
-                "b" => " (5 % PUT)",
-                "c" => " (no PUT)",
-                _ => "",
+            let put = match w.parse::<crate::ycsb::workload::Workload>() {
+                Ok(known) if known.put_fraction() == 0.0 => " (no PUT)".to_string(),
+                Ok(known) => format!(" ({} % PUT)", known.put_fraction() * 100.0),
+                Err(_) => String::new(),
             };
             format!("YCSB-{}{put}", w.to_uppercase())
         })

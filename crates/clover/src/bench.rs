@@ -2,7 +2,10 @@
 //! (`docs/wire-model.md`; every printed line carries its label): YCSB-A (50 %
 //! GET, 50 % PUT), Zipf 0.75 over 1,024 keys, blocking clients (one operation at
 //! a time each), Clover native versus behind the interposer; the interposer
-//! caching only the top-N keys; the switch's memory for 1K..100K keys.
+//! caching only the top-N keys; both at 5 % PUTs at the largest client count
+//! (where Clover's paper counts round trips); the switch's memory for 1K..100K
+//! keys. [`run_workload`] runs a caller's mix on replicated, media-modelled
+//! pools for comparisons with other stores (seed 000 Figure 16).
 //!
 //! One driver thread steps every client's state machine (a blocking client is
 //! one with one operation in flight). Time is measured one of two ways
@@ -421,6 +424,59 @@ fn quantile(sorted: &[u32], p: f64) -> u32 {
         .unwrap_or(0)
 }
 
+/// What [`prepared`] gives: the cluster, its manual clock when time is
+/// modelled, and the connected clients.
+struct Prepared {
+    cl: Cluster,
+    clock: Option<Arc<ManualClock>>,
+    clients: Vec<AnyClient>,
+}
+
+/// A point's cluster (one memory node, `config.keys` keys preloaded) and its
+/// `clients` clients, connected (a connection resets the switch).
+fn prepared(
+    config: &BenchConfig,
+    clients: usize,
+    switch: SwitchConfig,
+    interposed: bool,
+) -> Result<Prepared, CloverError> {
+    let (mut cl, clock) = bench_cluster(config, config.keys, switch)?;
+    preload(
+        &mut cl,
+        clock.as_deref(),
+        config.keys,
+        12,
+        config.value_bytes,
+    )?;
+    let all_keys: Vec<Vec<u8>> = (0..config.keys).map(key).collect();
+    let clients = ready_clients(&mut cl, clock.as_deref(), clients, interposed, &all_keys)?;
+    Ok(Prepared { cl, clock, clients })
+}
+
+/// A point's requests: keys drawn by `config`'s Zipf over the key space, a
+/// `put_fraction` share of them PUTs of `config.value_bytes` bytes.
+fn requests(
+    config: &BenchConfig,
+    put_fraction: f64,
+    seed: u64,
+) -> Result<impl FnMut() -> Request, CloverError> {
+    let zipf = Zipf::new(config.keys as u64, config.zipf_s)
+        .map_err(|_| CloverError::BadConfig("zipf exponent"))?;
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let value = vec![9u8; config.value_bytes];
+    Ok(move || {
+        let rank = zipf.sample(&mut rng) as usize - 1;
+        if rng.gen_bool(1.0 - put_fraction) {
+            Request::Get { key: key(rank) }
+        } else {
+            Request::Put {
+                key: key(rank),
+                value: value.clone(),
+            }
+        }
+    })
+}
+
 /// One point: `clients` blocking clients, native (`cached_keys: None`) or behind
 /// a switch caching the top `n` keys.
 pub fn point(
@@ -449,33 +505,14 @@ pub fn point_with(
         admit: cached_keys.map(|n| (1..=n as u64).collect::<HashSet<u64>>()),
         targets: None,
     };
-    let (mut cl, clock) = bench_cluster(config, config.keys, switch)?;
-    preload(
-        &mut cl,
-        clock.as_deref(),
-        config.keys,
-        12,
-        config.value_bytes,
-    )?;
     let interposed = cached_keys.is_some();
-    let all_keys: Vec<Vec<u8>> = (0..config.keys).map(key).collect();
-    let mut cs = ready_clients(&mut cl, clock.as_deref(), clients, interposed, &all_keys)?;
-    let zipf = Zipf::new(config.keys as u64, config.zipf_s)
-        .map_err(|_| CloverError::BadConfig("zipf exponent"))?;
-    let mut rng = ChaCha8Rng::seed_from_u64(config.seed);
-    let value = vec![9u8; config.value_bytes];
+    let Prepared {
+        cl,
+        clock,
+        clients: mut cs,
+    } = prepared(config, clients, switch, interposed)?;
+    let next_request = requests(config, put_fraction, config.seed)?;
     let before = cl.switch.stats();
-    let next_request = || {
-        let rank = zipf.sample(&mut rng) as usize - 1;
-        if rng.gen_bool(1.0 - put_fraction) {
-            Request::Get { key: key(rank) }
-        } else {
-            Request::Put {
-                key: key(rank),
-                value: value.clone(),
-            }
-        }
-    };
     let (round_trips, elapsed_s) = measure(
         &cl,
         clock.as_deref(),
@@ -747,31 +784,13 @@ mod tests {
             keys_max: config.keys,
             ..SwitchConfig::default()
         };
-        let (mut cl, clock) = bench_cluster(&config, config.keys, switch).unwrap();
-        preload(
-            &mut cl,
-            clock.as_deref(),
-            config.keys,
-            12,
-            config.value_bytes,
-        )
-        .unwrap();
-        let all_keys: Vec<Vec<u8>> = (0..config.keys).map(key).collect();
-        let mut cs = ready_clients(&mut cl, clock.as_deref(), 64, true, &all_keys).unwrap();
+        let Prepared {
+            cl,
+            clock,
+            clients: mut cs,
+        } = prepared(&config, 64, switch, true).unwrap();
         // Warm: every client has cached tails, and the switch knows them.
-        let mut rng = ChaCha8Rng::seed_from_u64(3);
-        let zipf = Zipf::new(config.keys as u64, config.zipf_s).unwrap();
-        let mut next = || {
-            let rank = zipf.sample(&mut rng) as usize - 1;
-            if rng.gen_bool(0.5) {
-                Request::Get { key: key(rank) }
-            } else {
-                Request::Put {
-                    key: key(rank),
-                    value: vec![7; 64],
-                }
-            }
-        };
+        let mut next = requests(&config, YCSB_A_PUT_FRACTION, 3).unwrap();
         measure(&cl, clock.as_deref(), &mut cs, 5_000, &mut next).unwrap();
         cl.switch.reset();
         let before = cl.switch.stats();
