@@ -934,12 +934,17 @@ pub fn ycsb_sweep(points: &[SweepPoint], path: &Path) -> Result<(), PlotError> {
         }
     }
     let rates_per_strategy = points.len() / names.len();
-    let caption = vec![
-        timing_model(
-            points
-                .iter()
-                .map(|p| (p.media_timing, p.media_write_bytes_per_sec_per_dimm)),
-        ),
+    let mut caption =
+        vec![timing_model(points.iter().map(|p| {
+            (p.media_timing, p.media_write_bytes_per_sec_per_dimm)
+        }))];
+    // The wire and CPU models (modelled time), when the sweep ran with them.
+    if let Some(models) = &first.models {
+        caption.push(format!(
+            "Also: {models}; times are modelled, not this machine's."
+        ));
+    }
+    caption.extend(vec![
         format!(
             "Open loop: {} arrivals at each offered rate ({} rates per strategy), {} clients ({}) with at most {} \
              operations in flight each; latency measured from each operation's scheduled start, so time spent \
@@ -973,7 +978,7 @@ pub fn ycsb_sweep(points: &[SweepPoint], path: &Path) -> Result<(), PlotError> {
                 .collect::<Vec<_>>()
                 .join(", ")
         ),
-    ];
+    ]);
     let title = format!(
         "YCSB-{}, {} sizes: {} servers, RF {}, {} workers/server — median latency vs throughput, open loop (seed 000 Fig. 9)",
         workload_name(&first.workload),
@@ -1907,6 +1912,7 @@ mod tests {
                     media_timing: true,
                     media_write_bytes_per_sec_per_dimm: Some(4_000_000),
                     fabric: crate::ycsb::FabricKind::Loopback,
+                    models: None,
                 });
             }
         }

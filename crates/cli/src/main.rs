@@ -258,6 +258,16 @@ struct YcsbArgs {
     /// times it gives.
     #[arg(long)]
     wire_model: bool,
+    /// Run the cluster on modelled time with the CPU model (docs/cpu-model.md):
+    /// one thread steps every role in order of modelled time, each role on a
+    /// modelled core of its own charged its measured step time minus the
+    /// emulated NIC's work; the wire model is on. Loopback only; with --sweep.
+    #[arg(long, requires = "sweep")]
+    cpu_model: bool,
+    /// With --sweep: run nothing; read the points of an earlier sweep's
+    /// --json output and print its table and summary (and --plot) again.
+    #[arg(long, value_name = "FILE.json", requires = "sweep")]
+    from: Option<PathBuf>,
     /// Also draw the latency CDF of remote persistence (one replication write
     /// to one backup until its durable ACK) per strategy (seed 000 Figure 11).
     #[arg(long, value_name = "FILE.png", conflicts_with = "sweep")]
@@ -603,6 +613,17 @@ fn ycsb_options(args: &YcsbArgs) -> Result<rowankv_bench::ycsb::YcsbOptions> {
             "--wire-model is the loopback fabric's timing model (tcp has real wires)"
         );
         opts.wire_model = Some(rowankv_fabric::WireModel::CONNECTX5);
+    }
+    if args.cpu_model {
+        anyhow::ensure!(
+            opts.fabric == rowankv_bench::ycsb::FabricKind::Loopback,
+            "--cpu-model runs the cluster in this process on modelled time: it needs the loopback fabric"
+        );
+        opts.cpu_model = Some(rowankv_server::CpuModel::default());
+        opts.wire_model = Some(
+            opts.wire_model
+                .unwrap_or(rowankv_fabric::WireModel::CONNECTX5),
+        );
     }
     opts.progress = !args.json;
     Ok(opts)

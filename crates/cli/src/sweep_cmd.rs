@@ -42,11 +42,15 @@ pub(crate) fn run(args: &YcsbArgs, ycsb: YcsbOptions) -> Result<()> {
     check_plot_target(args.plot.as_deref());
 
     let y = &opts.ycsb;
-    let timing = sweep::media_timing_label(
+    let media = sweep::media_timing_label(
         y.fabric,
         y.media_bandwidth.is_some() && y.fabric == FabricKind::Loopback,
         y.media_bandwidth,
     );
+    let timing = match sweep::models_label(y) {
+        Some(m) => format!("{media}; {m}"),
+        None => media,
+    };
     let setting = format!(
         "YCSB-{} sweep, open loop: {} keys, {} sizes, {} servers, RF {}, {} workers/server, \
          {} clients ({}, at most {} in flight each), {} arrivals, {}, {} s per point after {} s of warm-up, \
@@ -94,7 +98,20 @@ pub(crate) fn run(args: &YcsbArgs, ycsb: YcsbOptions) -> Result<()> {
         SweepEvent::Point(p) => eprintln!("{}", sweep::point_line(p)),
     }
     };
-    let points = sweep::run(&opts, &mut on_event).context("YCSB sweep")?;
+    let points = match &args.from {
+        Some(file) => {
+            let text = std::fs::read_to_string(file)
+                .with_context(|| format!("--from {}", file.display()))?;
+            let points: Vec<sweep::SweepPoint> = serde_json::from_str(&text)
+                .with_context(|| format!("--from {}: not a sweep's points", file.display()))?;
+            anyhow::ensure!(!points.is_empty(), "--from {}: no points", file.display());
+            points
+        }
+        None => sweep::run(&opts, &mut on_event).context("YCSB sweep")?,
+    };
+    // The timing models of the points themselves (a replot's, not this
+    // invocation's options).
+    let timing = points[0].media_timing_label();
     let summary = sweep::summarize(&points);
     let report = sweep::summary_report(&summary, &timing);
     if args.json {

@@ -886,6 +886,7 @@ impl<F: Fabric, N: Nic> Client<F, N> {
                 op,
                 signaled: true,
                 persist,
+                sender_flush: false,
             }
         }
         let cas_local = LocalAddr {

@@ -372,6 +372,7 @@ impl<F: Fabric> MetadataServer<F> {
                 op,
                 signaled: true,
                 persist,
+                sender_flush: false,
             })
             .collect();
         let want = wrs.len();

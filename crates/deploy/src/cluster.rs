@@ -29,7 +29,7 @@ use rowankv_server::replication::{link, PathQp, Replicator, SharedLogs, Strategy
 use rowankv_server::runtime::{Executor, Placement, Task};
 use rowankv_server::server::{ServerSettings, ServerShared};
 use rowankv_server::services::{encode_path_request, PathKey, ReplicationServices};
-use rowankv_types::{Clock, NodeId, SegmentId, SystemClock};
+use rowankv_types::{Clock, ManualClock, NodeId, SegmentId, SystemClock};
 use rowankv_wire::config::{Config, ConfigSource, Member};
 
 /// Clients attach to the fabric as nodes from this id on.
@@ -165,7 +165,13 @@ pub struct Cluster {
 impl Cluster {
     /// Build and start a cluster.
     pub fn start(config: ClusterConfig) -> Result<Cluster, ClusterError> {
-        let clock: Arc<dyn Clock> = SystemClock::new();
+        // On modelled time the executor moves a manual clock and drives the
+        // fabric itself (`docs/cpu-model.md`).
+        let manual = matches!(config.placement, Placement::Modelled(_)).then(ManualClock::new);
+        let clock: Arc<dyn Clock> = match &manual {
+            Some(m) => m.clone(),
+            None => SystemClock::new(),
+        };
         let store: Arc<dyn CoordStore> = match &config.dir {
             Some(d) => Arc::new(
                 EmbeddedStore::open(d.join("coordination.json"), clock.clone())
@@ -173,9 +179,16 @@ impl Cluster {
             ),
             None => Arc::new(EmbeddedStore::in_memory(clock.clone())),
         };
-        let fabric = loopback(&config, &clock)?;
+        let fabric = match &manual {
+            Some(_) => LoopbackFabric::driven(
+                clock.clone(),
+                config.wire_model.unwrap_or(WireModel::CONNECTX5),
+            )
+            .map_err(err("wire model"))?,
+            None => loopback(&config, &clock)?,
+        };
         let parts = build(&config, fabric, store, None, Arc::new(EventLog::new()))?;
-        Self::run(config, clock, parts)
+        Self::run(config, clock, manual, parts)
     }
 
     /// Start a cluster from recovered servers (cold start after a power failure
@@ -190,12 +203,13 @@ impl Cluster {
         let fabric = loopback(&config, &clock)?;
         let events = Arc::new(EventLog::new());
         let parts = build(&config, fabric, store, Some(recovered), events)?;
-        Self::run(config, clock, parts)
+        Self::run(config, clock, None, parts)
     }
 
     fn run(
         config: ClusterConfig,
         clock: Arc<dyn Clock>,
+        manual: Option<Arc<ManualClock>>,
         mut parts: Parts,
     ) -> Result<Cluster, ClusterError> {
         let view = Arc::new(ConfigManager::open(parts.store.clone()).map_err(err("CM"))?);
@@ -203,7 +217,18 @@ impl Cluster {
         for s in &parts.servers {
             s.extend_lease(now + s.settings.failover.lease_ns);
         }
-        let mut executor = Executor::new(config.placement, clock.clone());
+        let mut executor = match (config.placement, manual) {
+            (Placement::Modelled(model), Some(manual)) => {
+                let fabric = parts.fabric.clone();
+                Executor::modelled(model, manual, Box::new(move || fabric.progress_due()))
+            }
+            (Placement::Modelled(_), None) => {
+                return Err(ClusterError(
+                    "a cold start on modelled time is not supported: recover on real time".into(),
+                ))
+            }
+            (placement, _) => Executor::new(placement, clock.clone()),
+        };
         for (_, t) in parts.tasks.drain(..) {
             executor.spawn(t);
         }

@@ -254,7 +254,7 @@ impl<N: Nic> Sender<N> {
         let wrs: Vec<WorkRequest<'_>> = match self.variant {
             // SFlush: the NIC lands the SEND in the posted chunk and flushes it there;
             // the completion is the durable acknowledgement.
-            Variant::SFlush => vec![WorkRequest::new(last, send).persisted()],
+            Variant::SFlush => vec![WorkRequest::new(last, send).persisted_by_sender_flush()],
             Variant::SRFlush => vec![WorkRequest::new(last, send)],
             Variant::WRFlush => vec![WorkRequest::new(
                 last,

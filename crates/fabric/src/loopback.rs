@@ -34,7 +34,7 @@ use std::sync::{Arc, Weak};
 use std::cell::RefCell;
 
 use parking_lot::{Condvar, Mutex, ReentrantMutex, RwLock};
-use rowankv_types::{Clock, NodeId, QpNum, Rkey, SystemClock};
+use rowankv_types::{cpu_model, Clock, NodeId, QpNum, Rkey, SystemClock};
 
 use crate::memory::{PowerFailure, RegionMemory};
 use crate::srq::{claim, post, LandError, Landing, SrqState};
@@ -183,8 +183,7 @@ impl LoopbackFabric {
         clock: Arc<dyn Clock>,
         model: WireModel,
     ) -> Result<Self, FabricError> {
-        model.check().map_err(FabricError::Invalid)?;
-        let fabric = Self::build(clock, Some(model));
+        let fabric = Self::driven(clock, model)?;
         let engine = fabric.inner.engine.clone().expect("built with a model");
         let weak = Arc::downgrade(&fabric.inner);
         std::thread::Builder::new()
@@ -192,6 +191,16 @@ impl LoopbackFabric {
             .spawn(move || Engine::run(weak, engine))
             .map_err(|e| FabricError::Invalid(format!("starting the NIC engine thread: {e}")))?;
         Ok(fabric)
+    }
+
+    /// A fabric with `model` on `clock` and no engine thread: its owner
+    /// drives it, calling [`LoopbackFabric::progress_due`] as its clock
+    /// moves (a cluster on modelled time, whose one thread steps every role:
+    /// no other thread then touches the fabric). Refuses a model with a zero
+    /// rate.
+    pub fn driven(clock: Arc<dyn Clock>, model: WireModel) -> Result<Self, FabricError> {
+        model.check().map_err(FabricError::Invalid)?;
+        Ok(Self::build(clock, Some(model)))
     }
 
     fn build(clock: Arc<dyn Clock>, model: Option<WireModel>) -> Self {
@@ -254,6 +263,13 @@ impl LoopbackFabric {
                 next = Some(next.map_or(d, |n| n.min(d)));
             }
         }
+        drop(qps);
+        // Forget the queue pairs with nothing queued, as the engine thread
+        // does (a driven fabric has none to do it).
+        engine.qps.lock().retain(|w| {
+            w.upgrade()
+                .is_some_and(|q| q.pending_len.load(Ordering::Acquire) > 0)
+        });
         next
     }
 
@@ -624,6 +640,7 @@ pub struct LoopbackCq {
 
 impl CompletionQueue for LoopbackCq {
     fn poll(&self, out: &mut [Completion]) -> Result<usize, FabricError> {
+        let _call = cpu_model::FabricCall::enter(cpu_model::CallKind::Poll);
         self.inner.drive_delayed();
         let mut s = self.inner.state.lock();
         if s.overflowed {
@@ -695,6 +712,7 @@ pub struct LoopbackSrq {
 
 impl SharedReceiveQueue for LoopbackSrq {
     fn post_recv(&self, buffers: &[RecvBuffer]) -> Result<(), FabricError> {
+        let _call = cpu_model::FabricCall::enter(cpu_model::CallKind::Post);
         let guard = self.inner.state.lock();
         let mut s = guard.borrow_mut();
         post(&mut s, &self.inner.config, buffers)
@@ -1218,7 +1236,7 @@ impl QpInner {
 /// persists before it acknowledges, whether the sender must first look up
 /// where a SEND lands before it can be flushed (SFlush: a SEND posted with
 /// `persist`, or a FLUSH right after a SEND).
-fn shape_of(op: &Op<'_>, persist: bool, after_send: bool) -> Shape {
+fn shape_of(op: &Op<'_>, persist: bool, sender_flush: bool, after_send: bool) -> Shape {
     let (out_bytes, back_bytes) = match op {
         Op::Send { data, .. } | Op::Write { data, .. } => (data.len(), 0),
         Op::Read { len, .. } => (0, *len),
@@ -1239,8 +1257,11 @@ fn shape_of(op: &Op<'_>, persist: bool, after_send: bool) -> Shape {
         out_bytes,
         back_bytes,
         persist: persist || flush_persists,
+        // The sender's NIC must learn where a SEND landed before it can
+        // flush it (SFlush, or a FLUSH right after a SEND); a SEND made
+        // durable by a READ behind it (Rowan's, seed 000 §2.2) need not.
         lookup: (after_send && matches!(op, Op::Flush { .. }))
-            || (persist && matches!(op, Op::Send { .. })),
+            || (persist && sender_flush && matches!(op, Op::Send { .. })),
     }
 }
 
@@ -1316,6 +1337,10 @@ impl QueuePair for LoopbackQp {
     }
 
     fn post_send(&self, wrs: &[WorkRequest<'_>]) -> Result<(), FabricError> {
+        // A modelled-time cluster charges a step for its time outside the
+        // fabric: what follows is the NIC's work (`docs/cpu-model.md`).
+        let posted_at = cpu_model::step_offset_ns();
+        let _call = cpu_model::FabricCall::enter(cpu_model::CallKind::Post);
         let q = &self.inner;
         if !q.node.alive.load(Ordering::Acquire) {
             return Err(FabricError::NodeDown(q.addr.node));
@@ -1365,10 +1390,10 @@ impl QueuePair for LoopbackQp {
                 .model
                 .filter(|_| !q.node.untimed.load(Ordering::Acquire));
             if let Some(model) = model {
-                let shape = shape_of(&wr.op, wr.persist, core.last_was_send);
+                let shape = shape_of(&wr.op, wr.persist, wr.sender_flush, core.last_was_send);
                 core.last_was_send = matches!(wr.op, Op::Send { .. });
                 let due = model.schedule(
-                    fabric.clock.now_ns(),
+                    fabric.clock.now_ns() + posted_at,
                     shape,
                     &q.node.tx_free_ns,
                     &target.as_ref().expect("set with the model").rx_free_ns,
@@ -1400,7 +1425,7 @@ impl QueuePair for LoopbackQp {
                     wr.persist,
                 );
             } else {
-                let deadline_ns = fabric.clock.now_ns() + delay_ns;
+                let deadline_ns = fabric.clock.now_ns() + posted_at + delay_ns;
                 core.pending.push_back(PendingWr {
                     deadline_ns,
                     complete_ns: deadline_ns,

@@ -261,6 +261,12 @@ pub struct WorkRequest<'a> {
     /// §2.2; the shorthand of a WRITE followed by a FLUSH of
     /// [`Placement::Persistence`] on the same queue pair).
     pub persist: bool,
+    /// A persisted SEND made durable by the *sender's* NIC flushing where the
+    /// SEND landed (seed 002's SFlush), which first learns that place from
+    /// the target: the wire model charges the lookup (`docs/wire-model.md`).
+    /// Without it a persisted SEND is a SEND followed by a 1-byte READ on
+    /// the same queue pair (seed 000 §2.2), which needs no lookup.
+    pub sender_flush: bool,
 }
 
 impl<'a> WorkRequest<'a> {
@@ -270,11 +276,20 @@ impl<'a> WorkRequest<'a> {
             op,
             signaled: true,
             persist: false,
+            sender_flush: false,
         }
     }
 
     pub fn persisted(mut self) -> Self {
         self.persist = true;
+        self
+    }
+
+    /// Persisted by a sender-initiated flush (SFlush, seed 002 §4.1): see
+    /// [`WorkRequest::sender_flush`].
+    pub fn persisted_by_sender_flush(mut self) -> Self {
+        self.persist = true;
+        self.sender_flush = true;
         self
     }
 

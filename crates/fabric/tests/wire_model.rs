@@ -177,10 +177,52 @@ fn a_flush_after_a_send_pays_the_lookup_and_the_persist_dma() {
     assert_eq!(poll(&s.pair.a.send_cq).len(), 1, "the FLUSH is done");
 }
 
-/// A SEND posted with `persist` is SFlush in one request: the lookup, then
-/// the message, then the persist DMA at the target.
+/// A SEND persisted by a sender-initiated flush is SFlush in one request:
+/// the lookup, then the message, then the persist DMA at the target.
 #[test]
-fn a_persisted_send_pays_the_lookup_and_the_persist_dma() {
+fn a_sender_flushed_send_pays_the_lookup_and_the_persist_dma() {
+    let s = setup();
+    s.pair
+        .b
+        .srq
+        .post_recv(&[rowankv_fabric::RecvBuffer {
+            wr_id: 9,
+            mr: s.target.clone(),
+            offset: 0,
+            len_bytes: 4096,
+        }])
+        .unwrap();
+    let data = [2u8; 100];
+    s.pair
+        .qa
+        .post_send(&[WorkRequest::new(
+            1,
+            Op::Send {
+                data: &data,
+                imm: None,
+            },
+        )
+        .persisted_by_sender_flush()])
+        .unwrap();
+    // Lookup 7000, leaves at 7000 + 100 + 100, lands 7200 + 1000 + 100 + 500
+    // (persist) = 8800; done at 9800.
+    to_ns(&s.clock, 8_799);
+    assert!(
+        poll(&s.pair.b.recv_cq).is_empty(),
+        "landed before the lookup and the DMA"
+    );
+    to_ns(&s.clock, 8_800);
+    assert_eq!(poll(&s.pair.b.recv_cq).len(), 1);
+    to_ns(&s.clock, 9_799);
+    assert!(poll(&s.pair.a.send_cq).is_empty());
+    to_ns(&s.clock, 9_800);
+    assert_eq!(poll(&s.pair.a.send_cq).len(), 1);
+}
+
+/// A SEND persisted by a READ behind it (Rowan's, seed 000 §2.2) pays the
+/// persist DMA but no lookup: nobody needs to learn where it landed.
+#[test]
+fn a_send_persisted_by_a_read_pays_the_persist_dma_but_no_lookup() {
     let s = setup();
     s.pair
         .b
@@ -204,18 +246,15 @@ fn a_persisted_send_pays_the_lookup_and_the_persist_dma() {
         )
         .persisted()])
         .unwrap();
-    // Lookup 7000, leaves at 7000 + 100 + 100, lands 7200 + 1000 + 100 + 500
-    // (persist) = 8800; done at 9800.
-    to_ns(&s.clock, 8_799);
-    assert!(
-        poll(&s.pair.b.recv_cq).is_empty(),
-        "landed before the lookup and the DMA"
-    );
-    to_ns(&s.clock, 8_800);
+    // Leaves at 100 + 100, lands 200 + 1000 + 100 + 500 (persist) = 1800;
+    // done at 2800.
+    to_ns(&s.clock, 1_799);
+    assert!(poll(&s.pair.b.recv_cq).is_empty(), "landed before the DMA");
+    to_ns(&s.clock, 1_800);
     assert_eq!(poll(&s.pair.b.recv_cq).len(), 1);
-    to_ns(&s.clock, 9_799);
+    to_ns(&s.clock, 2_799);
     assert!(poll(&s.pair.a.send_cq).is_empty());
-    to_ns(&s.clock, 9_800);
+    to_ns(&s.clock, 2_800);
     assert_eq!(poll(&s.pair.a.send_cq).len(), 1);
 }
 

@@ -47,6 +47,7 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
+use rowankv_types::cpu_model;
 
 use crate::raw::CACHELINE_BYTES;
 use crate::PoolError;
@@ -211,6 +212,10 @@ struct Dimm {
     request_bytes: u64,
     media_bytes: u64,
     busy_until_ns: u64,
+    /// The same on modelled time (a cluster whose roles are charged to
+    /// modelled cores: `rowankv_types::cpu_model`), kept apart from the real
+    /// clock's.
+    modelled_busy_until_ns: u64,
 }
 
 impl Dimm {
@@ -221,6 +226,7 @@ impl Dimm {
             request_bytes: 0,
             media_bytes: 0,
             busy_until_ns: 0,
+            modelled_busy_until_ns: 0,
         }
     }
 
@@ -310,6 +316,9 @@ impl MediaModel {
         let xplines_per_chunk = c.interleave_bytes / c.xpline_bytes;
         let mut wait_until_ns = 0u64;
         let mut slack_ns = 0u64;
+        // Inside a modelled step the write is placed on modelled time and a
+        // wait becomes a stall charged to the step, not a spin.
+        let modelled_now = c.timing.as_ref().and(cpu_model::modelled_now_ns());
         let mut line = first_line;
         // One interleave chunk lives on one DIMM: take its lock once per chunk.
         while line < end_line {
@@ -332,17 +341,31 @@ impl MediaModel {
             }
             if media_writes > 0 {
                 if let Some(t) = &c.timing {
-                    let now = now_ns();
                     let cost_ns = media_writes * c.xpline_bytes as u64 * 1_000_000_000
                         / t.media_write_bytes_per_sec_per_dimm;
-                    dimm.busy_until_ns = dimm.busy_until_ns.max(now) + cost_ns;
-                    wait_until_ns = wait_until_ns.max(dimm.busy_until_ns);
+                    let busy = match modelled_now {
+                        Some(now) => {
+                            dimm.modelled_busy_until_ns =
+                                dimm.modelled_busy_until_ns.max(now) + cost_ns;
+                            dimm.modelled_busy_until_ns
+                        }
+                        None => {
+                            dimm.busy_until_ns = dimm.busy_until_ns.max(now_ns()) + cost_ns;
+                            dimm.busy_until_ns
+                        }
+                    };
+                    wait_until_ns = wait_until_ns.max(busy);
                     slack_ns = timing_slack_ns(c, t);
                 }
             }
         }
         if wait_until_ns > 0 {
-            wait_for(wait_until_ns.saturating_sub(slack_ns));
+            match modelled_now {
+                Some(now) => cpu_model::add_media_stall_ns(
+                    wait_until_ns.saturating_sub(slack_ns).saturating_sub(now),
+                ),
+                None => wait_for(wait_until_ns.saturating_sub(slack_ns)),
+            }
         }
     }
 
@@ -583,5 +606,47 @@ mod tests {
             "elapsed {:?} < {floor:?}",
             start.elapsed()
         );
+    }
+
+    /// Inside a modelled step a DIMM that is behind stalls the step on
+    /// modelled time: the wait is charged, not spun.
+    #[test]
+    fn on_modelled_time_a_wait_is_a_charged_stall() {
+        let timing = MediaTiming {
+            media_write_bytes_per_sec_per_dimm: 256_000, // 1 ms per XPLine
+        };
+        let m = MediaModel::new(MediaModelConfig {
+            timing: Some(timing.clone()),
+            ..MediaModelConfig::default()
+        })
+        .unwrap();
+        let evictions = 200u64;
+        let ways = MediaModelConfig::default().wc_ways;
+        let offsets = same_set_offsets(ways + evictions as usize);
+        let start = Instant::now();
+        cpu_model::begin_step(5_000);
+        for &offset in &offsets {
+            m.record_write(offset, 64);
+        }
+        let charge = cpu_model::end_step();
+        // 200 ms of media writes on modelled time, in far less real time.
+        assert!(
+            start.elapsed() < Duration::from_millis(100),
+            "{:?}",
+            start.elapsed()
+        );
+        let slack = timing_slack_ns(&MediaModelConfig::default(), &timing);
+        let floor = media_write_duration(&timing, evictions * 256).as_nanos() as u64 - slack;
+        // The step's own time runs on the modelled clock too.
+        assert!(
+            charge.stall_ns + charge.wall_ns >= floor,
+            "{charge:?} < {floor}"
+        );
+        assert!(charge.stall_ns <= floor + 2_000_000, "{charge:?}");
+        // The real clock's DIMM was not touched: a write outside a step does
+        // not wait for the modelled backlog.
+        let start = Instant::now();
+        m.record_write(offsets[0] + (1 << 20), 64);
+        assert!(start.elapsed() < Duration::from_millis(50));
     }
 }

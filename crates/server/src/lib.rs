@@ -45,7 +45,7 @@ pub mod worker;
 pub use events::{Event, EventKind, EventLog};
 pub use node::ClusterError;
 pub use replication::{BatchConfig, Strategy};
-pub use runtime::{Executor, Periodic, Placement, Step, Task};
+pub use runtime::{CpuModel, Executor, Periodic, Placement, Step, Task};
 pub use server::{
     FailoverSettings, ServerSettings, ServerShared, ServerStats, ShardLoads, KV_BYTES_MAX,
     LOAD_WINDOW_NS,

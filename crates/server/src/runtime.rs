@@ -35,6 +35,17 @@
 //!
 //! A thread that finds all its tasks idle for a while yields, then sleeps briefly,
 //! so an idle cluster does not hold the cores.
+//!
+//! A third placement, `Modelled`, runs a cluster on **modelled time**
+//! (`docs/cpu-model.md`): one OS thread steps every task in the order of
+//! the modelled time at which it is ready, on a [`ManualClock`] it moves
+//! itself. Each task has a modelled core of its own (the paper pins one
+//! thread per core); a step occupies that core for its measured time on this
+//! machine minus the time spent inside fabric calls (the emulated NIC's
+//! work, which the wire model times instead), plus its stalls on modelled
+//! DIMMs and a host cost per verb ([`CpuModel`], accounted by
+//! [`rowankv_types::cpu_model`]). A task that found nothing to do is
+//! stepped again one poll gap later.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -42,7 +53,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use crossbeam::channel::{self, Receiver, Sender};
-use rowankv_types::Clock;
+use rowankv_types::{cpu_model, Clock, ManualClock};
 
 /// What one step of a task did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -110,6 +121,52 @@ pub enum Placement {
     Shared { threads: usize },
     /// One OS thread per task, named after the role.
     Dedicated,
+    /// On modelled time: a modelled core per task, charged by the CPU model
+    /// (built with [`Executor::modelled`]).
+    Modelled(CpuModel),
+}
+
+/// The parameters of the CPU model of a modelled-time executor. Every result
+/// measured with it carries [`CpuModel::label`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CpuModel {
+    /// The host's cost of one call that posts work requests or receive
+    /// buffers (building the descriptors, ringing the doorbell).
+    pub post_ns: u64,
+    /// The host's cost of polling one completion queue.
+    pub poll_ns: u64,
+    /// How soon a worker or client that found nothing to do is stepped again
+    /// (its busy-polling loop, coarsened).
+    pub idle_poll_ns: u64,
+    /// The same for roles that keep time or wait on media (leases, the CMs,
+    /// control, cleaners): they act on millisecond scales.
+    pub background_poll_ns: u64,
+    /// How often the fabric's due landings and completions are carried out
+    /// when no poller did it first.
+    pub drive_ns: u64,
+}
+
+impl Default for CpuModel {
+    fn default() -> Self {
+        CpuModel {
+            post_ns: 150,
+            poll_ns: 30,
+            idle_poll_ns: 1_000,
+            background_poll_ns: 20_000,
+            drive_ns: 1_000,
+        }
+    }
+}
+
+impl CpuModel {
+    /// One line naming the model and its parameters.
+    pub fn label(&self) -> String {
+        format!(
+            "CPU model on (modelled time): a core per role, charged its measured step time \
+             minus fabric calls, + {} ns per post, {} ns per poll; idle poll gap {} ns",
+            self.post_ns, self.poll_ns, self.idle_poll_ns
+        )
+    }
 }
 
 /// Idle rounds before a thread yields its core, and before it sleeps.
@@ -152,7 +209,13 @@ pub struct Executor {
 }
 
 impl Executor {
+    /// An executor of the `Shared` or `Dedicated` placement (`Modelled` needs
+    /// [`Executor::modelled`]).
     pub fn new(placement: Placement, clock: Arc<dyn Clock>) -> Executor {
+        assert!(
+            !matches!(placement, Placement::Modelled(_)),
+            "a modelled-time executor is built with Executor::modelled"
+        );
         let mut ex = Executor {
             placement,
             clock,
@@ -168,6 +231,32 @@ impl Executor {
             ex.shared = ex.threads.len();
         }
         ex
+    }
+
+    /// An executor on modelled time: one thread steps every task and moves
+    /// `clock`; `drive` carries out the fabric's due work and returns when
+    /// the next is due (`LoopbackFabric::progress_due` of a driven fabric).
+    pub fn modelled(
+        model: CpuModel,
+        clock: Arc<ManualClock>,
+        drive: Box<dyn FnMut() -> Option<u64> + Send>,
+    ) -> Executor {
+        let (tx, rx) = channel::unbounded();
+        let stop = Arc::new(AtomicBool::new(false));
+        let dyn_clock: Arc<dyn Clock> = clock.clone();
+        let stop_ = stop.clone();
+        let join = std::thread::Builder::new()
+            .name("rowankv-modelled".into())
+            .spawn(move || run_modelled(rx, stop_, clock, drive, model))
+            .expect("spawning the modelled-time executor thread");
+        Executor {
+            placement: Placement::Modelled(model),
+            clock: dyn_clock,
+            stop,
+            threads: vec![ThreadHandle { inject: tx, join }],
+            shared: 1,
+            next: 0,
+        }
     }
 
     fn start_thread(
@@ -210,6 +299,9 @@ impl Executor {
             Placement::Shared { .. } if task.waits_on_media() => {
                 let name = task.name().to_string();
                 self.start_thread(name, vec![task], TIMELY_IDLE_SLEEP_MAX, false);
+            }
+            Placement::Modelled(_) => {
+                let _ = self.threads[0].inject.send(task);
             }
             Placement::Shared { .. } => {
                 let i = self.next % self.shared;
@@ -274,6 +366,91 @@ fn run_thread(
         }
     }
     tasks
+}
+
+/// One task of a modelled-time executor.
+struct Modelled {
+    task: Box<dyn Task>,
+    background: bool,
+}
+
+/// The modelled-time loop: always step the task ready earliest, at that
+/// time; charge its step to its core.
+fn run_modelled(
+    inject: Receiver<Box<dyn Task>>,
+    stop: Arc<AtomicBool>,
+    clock: Arc<ManualClock>,
+    mut drive: Box<dyn FnMut() -> Option<u64> + Send>,
+    model: CpuModel,
+) -> Vec<Box<dyn Task>> {
+    use std::cmp::Reverse;
+    use std::collections::BinaryHeap;
+    let mut tasks: Vec<Option<Modelled>> = Vec::new();
+    let mut ready: BinaryHeap<Reverse<(u64, u64, usize)>> = BinaryHeap::new();
+    let mut seq = 0u64;
+    let mut next_drive = 0u64;
+    let mut next_due: Option<u64> = None;
+    let mut checked = 0u32;
+    let advance_to = |t: u64| {
+        let now = clock.now_ns();
+        if t > now {
+            clock.advance_ns(t - now);
+        }
+    };
+    loop {
+        // New tasks and the stop flag, every so often (a channel read and an
+        // atomic load per step would cost more than many steps).
+        checked = checked.wrapping_add(1);
+        if checked.is_multiple_of(64) || ready.is_empty() {
+            if stop.load(Ordering::Acquire) {
+                break;
+            }
+            while let Ok(task) = inject.try_recv() {
+                let background = task.keeps_time() || task.waits_on_media();
+                let i = tasks.len();
+                tasks.push(Some(Modelled { task, background }));
+                ready.push(Reverse((clock.now_ns(), seq, i)));
+                seq += 1;
+            }
+            if ready.is_empty() {
+                std::thread::sleep(IDLE_SLEEP);
+                continue;
+            }
+        }
+        let Reverse((at, _, i)) = ready.pop().expect("not empty");
+        // The fabric's due work first, at its due times, and every
+        // `drive_ns` in any case (work posted since the last drive).
+        loop {
+            let due = match next_due {
+                Some(d) if d <= at => d,
+                _ if next_drive <= at => next_drive,
+                _ => break,
+            };
+            advance_to(due);
+            let now = clock.now_ns();
+            next_due = drive().filter(|&d| d > now);
+            next_drive = now + model.drive_ns;
+        }
+        advance_to(at);
+        let slot = tasks[i].as_mut().expect("a task in the queue");
+        cpu_model::begin_step(at);
+        let step = slot.task.step(at);
+        let cost = cpu_model::end_step().cpu_ns(model.post_ns, model.poll_ns);
+        let gap = if slot.background {
+            model.background_poll_ns
+        } else {
+            model.idle_poll_ns
+        };
+        match step {
+            // Work a step posted is carried out by its pollers (every poll
+            // drives its queue pairs) or by the next drive.
+            Step::Worked => ready.push(Reverse((at + cost.max(1), seq, i))),
+            Step::Idle => ready.push(Reverse((at + cost.max(gap), seq, i))),
+            Step::Done => tasks[i] = None,
+        }
+        seq += 1;
+    }
+    tasks.into_iter().flatten().map(|m| m.task).collect()
 }
 
 #[cfg(test)]
@@ -460,5 +637,78 @@ mod tests {
         );
         assert_eq!(own, "s0-clean-0", "the cleaner's own thread");
         assert_eq!(ex.stop().len(), 2, "both tasks handed back");
+    }
+
+    /// Spins for `work` per step, `steps` times, inside a fabric call or
+    /// not; reports the modelled time it ended at and the real time it spun.
+    struct Spinner {
+        name: &'static str,
+        left: u32,
+        work: Duration,
+        in_fabric: bool,
+        spun: Duration,
+        ended: Sender<(&'static str, u64, Duration)>,
+    }
+
+    impl Task for Spinner {
+        fn name(&self) -> &str {
+            self.name
+        }
+        fn step(&mut self, now_ns: u64) -> Step {
+            if self.left == 0 {
+                let _ = self.ended.send((self.name, now_ns, self.spun));
+                return Step::Done;
+            }
+            self.left -= 1;
+            let _call = self
+                .in_fabric
+                .then(|| cpu_model::FabricCall::enter(cpu_model::CallKind::Post));
+            let t = std::time::Instant::now();
+            while t.elapsed() < self.work {
+                std::hint::spin_loop();
+            }
+            self.spun += t.elapsed();
+            Step::Worked
+        }
+    }
+
+    /// On modelled time each role has a core of its own: two busy roles
+    /// run side by side, each taking its own CPU time, and what a role does
+    /// inside the fabric (the emulated NIC's work) costs it only the host's
+    /// cost of the post.
+    #[test]
+    fn on_modelled_time_roles_run_on_cores_of_their_own_and_the_nics_work_is_free() {
+        let clock = ManualClock::new();
+        let model = CpuModel::default();
+        let mut ex = Executor::modelled(model, clock.clone(), Box::new(|| None));
+        let (tx, rx) = channel::unbounded();
+        let spinner = |name, in_fabric| Spinner {
+            name,
+            left: 200,
+            work: Duration::from_micros(20),
+            in_fabric,
+            spun: Duration::ZERO,
+            ended: tx.clone(),
+        };
+        ex.spawn(Box::new(spinner("s0-a", false)));
+        ex.spawn(Box::new(spinner("s1-b", false)));
+        ex.spawn(Box::new(spinner("s2-nic", true)));
+        let mut ended = std::collections::HashMap::new();
+        for _ in 0..3 {
+            let (name, at, spun) = rx.recv_timeout(Duration::from_secs(30)).expect("ended");
+            ended.insert(name, (at, spun.as_nanos() as u64));
+        }
+        assert!(ex.stop().is_empty(), "every spinner ended");
+        let (a_at, a_spun) = ended["s0-a"];
+        let (b_at, b_spun) = ended["s1-b"];
+        // Each ends after its own CPU time...
+        assert!(a_at >= a_spun && b_at >= b_spun, "{ended:?}");
+        // ...and not after the other's as well (one core would give a + b).
+        assert!(a_at < a_spun + b_spun / 2, "{ended:?}");
+        assert!(b_at < b_spun + a_spun / 2, "{ended:?}");
+        // 200 posts at the model's host cost, not 200 x 20 us of NIC work.
+        let (nic_at, nic_spun) = ended["s2-nic"];
+        assert!(nic_at >= 200 * model.post_ns, "{ended:?}");
+        assert!(nic_at < nic_spun / 4, "{ended:?}");
     }
 }

@@ -41,3 +41,60 @@ fn put_get_delete_every_strategy() {
         cluster.shutdown();
     }
 }
+
+/// On modelled time (the CPU model, `docs/cpu-model.md`) every strategy
+/// serves as on real time: one thread steps every role on a manual clock it
+/// moves, and the fabric's wire model lands what is due.
+#[test]
+fn put_get_delete_every_strategy_on_modelled_time() {
+    use rowankv_server::{CpuModel, Placement};
+    for strategy in Strategy::ALL {
+        let mut cluster = Cluster::start(ClusterConfig {
+            strategy,
+            shards_per_server: 4,
+            pool_bytes: 64 << 20,
+            segment_bytes: 1 << 20,
+            settings: ServerSettings {
+                workers: 2,
+                ..ServerSettings::default()
+            },
+            placement: Placement::Modelled(CpuModel::default()),
+            ..ClusterConfig::default()
+        })
+        .unwrap();
+        let clock = cluster.clock().clone();
+        let started = clock.now_ns();
+        let nic = cluster.attach_client().unwrap();
+        let mut c = Client::connect(
+            nic,
+            cluster.directory().clone(),
+            cluster.config_source(),
+            ClientConfig {
+                clock: clock.clone(),
+                ..ClientConfig::default()
+            },
+        )
+        .unwrap();
+        for i in 0..100u32 {
+            c.put(format!("k{i}").as_bytes(), format!("v{i}").as_bytes())
+                .unwrap();
+        }
+        for i in 0..100u32 {
+            assert_eq!(
+                c.get(format!("k{i}").as_bytes()).unwrap(),
+                format!("v{i}").as_bytes(),
+                "{strategy}"
+            );
+        }
+        c.delete(b"k3").unwrap();
+        assert_eq!(c.get(b"k3"), Err(ClientError::NotFound));
+        // 201 operations, each at least a modelled round trip of the wire
+        // (2 µs one way and back) after the one before it.
+        let took = clock.now_ns() - started;
+        assert!(
+            took >= 201 * 2_000,
+            "{strategy}: {took} ns of modelled time"
+        );
+        cluster.shutdown();
+    }
+}

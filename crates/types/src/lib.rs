@@ -10,6 +10,8 @@
 //! passed where a `NodeId` is expected.
 #![forbid(unsafe_code)]
 
+pub mod cpu_model;
+
 use std::fmt;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;

@@ -108,6 +108,12 @@ pub struct YcsbOptions {
     /// The loopback fabric's wire and NIC timing model (`docs/wire-model.md`);
     /// `None` (the default): requests are carried out when posted.
     pub wire_model: Option<rowankv_fabric::WireModel>,
+    /// Run the cluster on modelled time with this CPU model
+    /// (`docs/cpu-model.md`; loopback only): a modelled core per role,
+    /// charged its measured step time minus the emulated NIC's work. The
+    /// wire model is then always on (ConnectX-5 figures unless
+    /// `wire_model` says otherwise).
+    pub cpu_model: Option<rowankv_server::CpuModel>,
 }
 
 /// A cumulative distribution from the counts of the servers' latency
@@ -278,6 +284,7 @@ impl Default for YcsbOptions {
             dimms: MediaModelConfig::default().dimm_count,
             clean_interval_ns: None,
             wire_model: None,
+            cpu_model: None,
         }
     }
 }
@@ -673,6 +680,11 @@ pub(super) struct TcpTarget {
 impl Target {
     pub(super) fn start(opts: &YcsbOptions, strategy: Strategy) -> Result<Target, String> {
         let total_shards = opts.shards_per_server as usize * opts.servers;
+        if opts.fabric == FabricKind::Tcp && opts.cpu_model.is_some() {
+            return Err(
+                "the CPU model runs a cluster in one process: it needs the loopback fabric".into(),
+            );
+        }
         if opts.fabric == FabricKind::Tcp {
             let binary = match &opts.binary {
                 Some(b) => b.clone(),
@@ -747,11 +759,20 @@ impl Target {
             pool_bytes: opts.pool_bytes,
             segment_bytes: opts.segment_bytes,
             media_model: Some(media),
-            placement: Placement::Shared {
-                threads: opts.threads,
+            placement: match opts.cpu_model {
+                Some(m) => Placement::Modelled(m),
+                None => Placement::Shared {
+                    threads: opts.threads,
+                },
             },
             keys_per_shard_expected: (opts.records as usize * 2 / total_shards).max(1024),
-            wire_model: opts.wire_model,
+            wire_model: match opts.cpu_model {
+                Some(_) => Some(
+                    opts.wire_model
+                        .unwrap_or(rowankv_fabric::WireModel::CONNECTX5),
+                ),
+                None => opts.wire_model,
+            },
             ..ClusterConfig::default()
         })
         .map(|c| Target::Loopback(Box::new(c)))
@@ -975,6 +996,8 @@ impl LoadGenerators {
                 worker_hint: c,
                 inflight_max: opts.depth,
                 timeout: Duration::from_secs(10),
+                // The cluster's clock: modelled time on the CPU model.
+                clock: target.clock(),
                 ..ClientConfig::default()
             };
             let gen = Generator::new(

@@ -109,6 +109,9 @@ pub const INFLIGHT_PER_CLIENT_MAX_DEFAULT: usize = 16;
 pub const KEPT_UP_FRACTION_MIN: f64 = 0.95;
 /// How long the harness waits for the clients to hand in a point's figures.
 const HAND_IN_WAIT_MAX: Duration = Duration::from_secs(10);
+/// How often the sweep's controller reads the cluster's clock while it waits
+/// for a window to pass.
+const CLOCK_POLL: Duration = Duration::from_micros(200);
 /// Mixed into each client's seeds, so that its workload stream differs from
 /// the closed-loop generators' and from every other client's.
 const SWEEP_SEED_SALT: u64 = 0x5377_6565_704f_4c31; // "SweepOL1"
@@ -318,17 +321,41 @@ pub struct SweepPoint {
     /// Media write bandwidth per DIMM of the timing mode, when `media_timing` is on.
     pub media_write_bytes_per_sec_per_dimm: Option<u64>,
     pub fabric: FabricKind,
+    /// The wire and CPU models the point ran with, as [`models_label`] says
+    /// them (`None`: neither; real time).
+    #[serde(default)]
+    pub models: Option<String>,
 }
 
 impl SweepPoint {
-    /// The media timing model as every printed line says it.
+    /// The timing models (media, and wire and CPU when on) as every printed
+    /// line says them.
     pub fn media_timing_label(&self) -> String {
-        media_timing_label(
+        let media = media_timing_label(
             self.fabric,
             self.media_timing,
             self.media_write_bytes_per_sec_per_dimm,
-        )
+        );
+        match &self.models {
+            Some(m) => format!("{media}; {m}"),
+            None => media,
+        }
     }
+}
+
+/// The wire and CPU models of a run (`None` when it has neither): a cluster
+/// on the CPU model always has the wire model on.
+pub fn models_label(y: &YcsbOptions) -> Option<String> {
+    let wire = match y.cpu_model {
+        Some(_) => Some(y.wire_model.unwrap_or(rowankv_fabric::WireModel::CONNECTX5)),
+        None => y.wire_model,
+    };
+    let labels: Vec<String> = wire
+        .map(|w| w.label())
+        .into_iter()
+        .chain(y.cpu_model.map(|c| c.label()))
+        .collect();
+    (!labels.is_empty()).then(|| labels.join("; "))
 }
 
 /// Whether a point achieving `achieved` ops/s kept up with `offered`.
@@ -830,6 +857,8 @@ fn sweep_one(
             worker_hint: c,
             inflight_max: opts.inflight_per_client_max.max(y.depth),
             timeout: Duration::from_secs(10),
+            // The cluster's clock: modelled time on the CPU model.
+            clock: target.clock(),
             ..ClientConfig::default()
         };
         let parts = SweepParts {
@@ -855,17 +884,27 @@ fn sweep_one(
         target.spawn_client(config, parts).map_err(cluster)?;
     }
     let set_stage = |stage: Stage| shared.stage.store(stage.encode(), Ordering::Release);
+    // Windows are measured on the cluster's clock: real time, or modelled
+    // time when the cluster runs on the CPU model.
+    let clock = target.clock();
+    let wait_until = |t_ns: u64| {
+        while clock.now_ns() < t_ns {
+            std::thread::sleep(CLOCK_POLL);
+        }
+    };
+    let wait = |seconds: f64| wait_until(clock.now_ns() + (seconds * 1e9) as u64);
+    let since = |start_ns: u64| clock.now_ns().saturating_sub(start_ns) as f64 / 1e9;
 
     let (rates, fractions, probe) = match &opts.rates {
         Rates::Fixed(rates) => (rates.clone(), None, None),
         Rates::OfProbePeak(fractions) => {
             set_stage(Stage::Probe { measuring: false });
-            std::thread::sleep(Duration::from_secs_f64(opts.warmup_seconds));
-            let start = Instant::now();
+            wait(opts.warmup_seconds);
+            let start = clock.now_ns();
             set_stage(Stage::Probe { measuring: true });
-            std::thread::sleep(Duration::from_secs_f64(opts.probe_seconds));
+            wait(opts.probe_seconds);
             let ops = shared.probe_ops.load(Ordering::Relaxed);
-            let peak = ops as f64 / start.elapsed().as_secs_f64();
+            let peak = ops as f64 / since(start);
             if ops == 0 {
                 set_stage(Stage::Stop);
                 return Err(SweepError::NoProbePeak {
@@ -939,6 +978,7 @@ fn sweep_one(
                 .media_bandwidth
                 .filter(|_| y.fabric == FabricKind::Loopback),
             fabric: y.fabric,
+            models: models_label(y),
         }
     };
     // The clients hand in a point when they see the next stage.
@@ -965,7 +1005,7 @@ fn sweep_one(
     let mut points = Vec::with_capacity(rates.len());
     let mut window_seconds = vec![0.0; rates.len()];
     for index in 0..rates.len() {
-        let warmup_start = Instant::now();
+        let warmup_end = clock.now_ns() + (opts.warmup_seconds * 1e9) as u64;
         set_stage(Stage::Point {
             index,
             measuring: false,
@@ -976,15 +1016,14 @@ fn sweep_one(
             on_event(SweepEvent::Point(&p));
             points.push(p);
         }
-        let warmup = Duration::from_secs_f64(opts.warmup_seconds);
-        std::thread::sleep(warmup.saturating_sub(warmup_start.elapsed()));
-        let window_start = Instant::now();
+        wait_until(warmup_end);
+        let window_start = clock.now_ns();
         set_stage(Stage::Point {
             index,
             measuring: true,
         });
-        std::thread::sleep(Duration::from_secs_f64(y.seconds));
-        window_seconds[index] = window_start.elapsed().as_secs_f64();
+        wait(y.seconds);
+        window_seconds[index] = since(window_start);
     }
     set_stage(Stage::Stop);
     let last = rates.len() - 1;
@@ -1545,6 +1584,7 @@ mod tests {
             media_timing: true,
             media_write_bytes_per_sec_per_dimm: Some(4_000_000),
             fabric: FabricKind::Loopback,
+            models: None,
         }
     }
 
