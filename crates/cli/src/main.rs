@@ -619,6 +619,11 @@ fn ycsb_options(args: &YcsbArgs) -> Result<rowankv_bench::ycsb::YcsbOptions> {
             opts.fabric == rowankv_bench::ycsb::FabricKind::Loopback,
             "--cpu-model runs the cluster in this process on modelled time: it needs the loopback fabric"
         );
+        anyhow::ensure!(
+            args.media_bandwidth.is_none(),
+            "--cpu-model runs with media timing off (docs/cpu-model.md): drop --media-bandwidth"
+        );
+        opts.media_bandwidth = None;
         opts.cpu_model = Some(rowankv_server::CpuModel::default());
         opts.wire_model = Some(
             opts.wire_model

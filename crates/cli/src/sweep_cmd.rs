@@ -84,6 +84,13 @@ pub(crate) fn run(args: &YcsbArgs, ycsb: YcsbOptions) -> Result<()> {
         opts.warmup_seconds,
         args.fabric,
     );
+    let setting = match &args.from {
+        Some(file) => format!(
+            "replotted from {} (its points carry their own setting)",
+            file.display()
+        ),
+        None => setting,
+    };
     eprintln!("{setting}");
     let mut on_event = |e: SweepEvent<'_>| {
         match e {

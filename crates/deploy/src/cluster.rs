@@ -165,6 +165,9 @@ pub struct Cluster {
 impl Cluster {
     /// Build and start a cluster.
     pub fn start(config: ClusterConfig) -> Result<Cluster, ClusterError> {
+        if let Placement::Modelled(m) = config.placement {
+            m.check().map_err(ClusterError)?;
+        }
         // On modelled time the executor moves a manual clock and drives the
         // fabric itself (`docs/cpu-model.md`).
         let manual = matches!(config.placement, Placement::Modelled(_)).then(ManualClock::new);

@@ -163,9 +163,23 @@ impl CpuModel {
     pub fn label(&self) -> String {
         format!(
             "CPU model on (modelled time): a core per role, charged its measured step time \
-             minus fabric calls, + {} ns per post, {} ns per poll; idle poll gap {} ns",
-            self.post_ns, self.poll_ns, self.idle_poll_ns
+             minus fabric calls, + {} ns per post, {} ns per poll; idle poll gap {} ns \
+             ({} ns for background roles), fabric driven every {} ns",
+            self.post_ns, self.poll_ns, self.idle_poll_ns, self.background_poll_ns, self.drive_ns
         )
+    }
+
+    /// Refuses gaps of zero: modelled time would stop (a drive loop that
+    /// never moves on, an idle step that costs nothing).
+    pub fn check(&self) -> Result<(), String> {
+        if self.idle_poll_ns == 0 || self.background_poll_ns == 0 || self.drive_ns == 0 {
+            return Err(format!(
+                "CPU model: idle_poll_ns, background_poll_ns and drive_ns must be positive \
+                 ({}, {}, {})",
+                self.idle_poll_ns, self.background_poll_ns, self.drive_ns
+            ));
+        }
+        Ok(())
     }
 }
 
@@ -241,6 +255,9 @@ impl Executor {
         clock: Arc<ManualClock>,
         drive: Box<dyn FnMut() -> Option<u64> + Send>,
     ) -> Executor {
+        if let Err(e) = model.check() {
+            panic!("{e}");
+        }
         let (tx, rx) = channel::unbounded();
         let stop = Arc::new(AtomicBool::new(false));
         let dyn_clock: Arc<dyn Clock> = clock.clone();
